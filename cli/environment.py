@@ -1,0 +1,31 @@
+"""Process settings that must be in place before Prefect, MLflow or transformers are imported."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from storage.paths import STATE_ENV, StatePaths
+
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def prepare_environment(state_dir: str | Path | None = None) -> StatePaths:
+    """Point every store at the state folder and keep the process offline."""
+    if state_dir is not None:
+        os.environ[STATE_ENV] = str(Path(state_dir).resolve())
+    paths = StatePaths.from_env().ensure()
+    os.environ[STATE_ENV] = str(paths.root)
+    os.environ.setdefault("PREFECT_HOME", str(paths.prefect_home))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MLFLOW_TRACKING_URI", paths.tracking_uri)
+    os.environ.setdefault("MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK", "true")
+    for key, value in OFFLINE.items():
+        os.environ.setdefault(key, value)
+    return paths

@@ -1,0 +1,64 @@
+"""`r1 run` runs the pipeline flow on a profile and prints the per-stage table; `r1 config`
+shows the validated profile."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import yaml
+
+from cli.environment import prepare_environment
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="r1", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (("run", "run the pipeline flow"), ("config", "print the validated profile")):
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("--profile", default="tiny", help="profile name in configs/ or a YAML path")
+        cmd.add_argument(
+            "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+            help="override one setting, e.g. --set cold_start_sft.train.epochs=1 (repeatable)",
+        )
+        cmd.add_argument("--state-dir", help="where runs keep their state (default: $R1_STATE_DIR or ./state)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    paths = prepare_environment(args.state_dir)
+    from configs.loader import ConfigError, load_profile
+
+    try:
+        config = load_profile(args.profile, args.overrides)
+    except ConfigError as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 2
+    if args.command == "config":
+        print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        return 0
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("httpx", "alembic", "mlflow.store"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from rich.console import Console
+
+    from cli.table import filter_table, stage_table
+    from flows.r1_pipeline import r1_pipeline
+
+    result = r1_pipeline(config)
+    console = Console(width=max(120, Console().width))
+    console.print(stage_table(result))
+    if result.filter_counts:
+        console.print(filter_table(result.filter_counts))
+    console.print(f"state folder:   {paths.root}")
+    console.print(f"DuckDB:         {paths.duckdb}")
+    console.print(f"MLflow run:     {result.parent_run_id}")
+    console.print(f"MLflow UI:      mlflow ui --backend-store-uri {paths.tracking_uri}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

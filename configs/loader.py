@@ -1,0 +1,74 @@
+"""Load a profile: YAML -> dict (+ dotted overrides) -> PipelineConfig, with errors by key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from configs.schema import PipelineConfig
+
+PROFILES_DIR = Path(__file__).parent
+
+
+class ConfigError(ValueError):
+    """A profile that cannot be loaded; the message names each bad key's path and the reason."""
+
+
+def profile_path(profile: str | Path) -> Path:
+    """A profile name ("tiny") or a path to a YAML file."""
+    path = Path(profile)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    return PROFILES_DIR / f"{profile}.yaml"
+
+
+def known_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Set `a.b.c=value` in nested `data`; the value is read as YAML (`3`, `0.5`, `true`, `[1]`)."""
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} is not of the form key.path=value")
+    dotted, raw = assignment.split("=", 1)
+    keys = dotted.strip().split(".")
+    node = data
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {key} is a value, not a section")
+        node = child
+    node[keys[-1]] = yaml.safe_load(raw)
+
+
+def _format_errors(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: {err.error_count()} invalid setting(s)"]
+    for e in err.errors():
+        where = ".".join(str(part) for part in e["loc"]) or "(top level)"
+        lines.append(f"  {where}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def validate(data: dict[str, Any], source: str = "config") -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(source, err)) from None
+
+
+def load_profile(profile: str | Path = "tiny", overrides: list[str] | None = None) -> PipelineConfig:
+    path = profile_path(profile)
+    if not path.exists():
+        raise ConfigError(f"no profile {str(profile)!r}; known: {known_profiles()} or a .yaml path")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    for assignment in overrides or []:
+        apply_override(data, assignment)
+    return validate(data, source=str(path))

@@ -1,0 +1,81 @@
+"""Cold-start filters, applied in order; each counts the traces it removed.
+
+DeepSeek-R1 keeps cold-start traces that are well formatted, readable (a summary at the end, no
+degenerate repetition), in one language, correct, of bounded length, and not duplicated.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from configs.schema import FilterConfig
+from curation.teacher import Trace
+from rewards.accuracy import grade
+from rewards.format import answer_block, is_well_formed
+from rewards.language import language_consistency
+
+_WORD = re.compile(r"\S+")
+
+
+def distinct_trigram_share(text: str) -> float:
+    """Distinct word trigrams over all trigrams: 1.0 for varied text, low for repetition loops."""
+    words = _WORD.findall(text)
+    grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def is_readable(completion: str, spec: FilterConfig) -> bool:
+    summary = answer_block(completion) or ""
+    return (
+        len(_WORD.findall(summary)) >= spec.min_summary_words
+        and distinct_trigram_share(completion) >= spec.min_distinct_trigrams
+    )
+
+
+def normalized(completion: str) -> str:
+    return " ".join(completion.split()).lower()
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    kept: list[Trace]
+    removed: list[tuple[Trace, str]]  # (trace, name of the filter that removed it)
+    counts: dict[str, int]  # filter name -> traces it removed, in filter order
+
+
+TraceCheck = Callable[[Trace], bool]
+
+
+def build_checks(spec: FilterConfig, count_tokens: Callable[[str], int]) -> list[tuple[str, TraceCheck]]:
+    """The per-trace filters in the order they apply; deduplication runs after them."""
+    return [
+        ("format", lambda t: is_well_formed(t.completion)),
+        ("language", lambda t: language_consistency(t.completion, t.language) >= spec.min_language_share),
+        ("length", lambda t: spec.min_tokens <= count_tokens(t.completion) <= spec.max_tokens),
+        ("readability", lambda t: is_readable(t.completion, spec)),
+        ("correctness", lambda t: grade(t.completion, t.answer).correct is True),
+    ]
+
+
+def apply_filters(
+    traces: Sequence[Trace], spec: FilterConfig, count_tokens: Callable[[str], int]
+) -> FilterResult:
+    checks = build_checks(spec, count_tokens)
+    counts = {name: 0 for name, _ in checks} | {"duplicates": 0}
+    kept: list[Trace] = []
+    removed: list[tuple[Trace, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for trace in traces:
+        failed = next((name for name, check in checks if not check(trace)), None)
+        if failed is None:
+            identity = (trace.problem_id, normalized(trace.completion))
+            failed = "duplicates" if identity in seen else None
+            seen.add(identity)
+        if failed is None:
+            kept.append(trace)
+        else:
+            counts[failed] += 1
+            removed.append((trace, failed))
+    return FilterResult(kept, removed, counts)

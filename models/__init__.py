@@ -1,0 +1,1 @@
+"""Model and tokenizer machinery shared by the stages: build, train a tokenizer, load, chat."""

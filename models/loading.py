@@ -1,0 +1,87 @@
+"""Build small decoders from configs, and load models and tokenizers from local paths.
+
+Nothing here downloads: a model id that is not a local folder fails with a message saying what
+to provide.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+)
+
+_ARCHITECTURES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model or tokenizer path that does not hold one; nothing is fetched from a hub."""
+
+
+def build_model(
+    architecture: str,
+    vocab_size: int,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    pad_token_id: int,
+    eos_token_id: int,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """A freshly initialised Qwen2- or Llama-architecture decoder."""
+    if architecture not in _ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}; known: {sorted(_ARCHITECTURES)}")
+    config = _ARCHITECTURES[architecture](
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def _require_local(path: str | Path, what: str) -> Path:
+    path = Path(path)
+    if not (path / "config.json").exists() and what == "model":
+        raise ModelNotFoundError(
+            f"{path}: no {what} here (no config.json). This pipeline runs offline: give a local "
+            "folder saved with save_pretrained, or download the checkpoint on a connected machine first."
+        )
+    if not path.is_dir():
+        raise ModelNotFoundError(f"{path}: no {what} folder here")
+    return path
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(_require_local(path, "model"), dtype=dtype)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(_require_local(path, "tokenizer"))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,48 @@
+"""A byte-level BPE tokenizer trained locally, with the chat template and format tags.
+
+Digits are split one per token so arithmetic is learnable by a small model; the format tags are
+single tokens (kept when decoding) and the chat markers are special tokens (dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from models.chat import CHAT_TEMPLATE, EOS, FORMAT_TOKENS, IM_END, PAD, SPECIAL_TOKENS
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(texts, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=IM_END,
+        pad_token=PAD,
+        additional_special_tokens=[EOS],
+    )
+    tokenizer.add_tokens(FORMAT_TOKENS)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,41 @@
+"""Final-answer extraction from free text: GSM8K `#### 42` and MATH `\\boxed{42}` styles."""
+
+from __future__ import annotations
+
+import re
+
+_HASHES = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` in `text`, with nested braces balanced."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    i = start + len("\\boxed{")
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j].strip()
+    return None
+
+
+def final_answer_text(text: str) -> str:
+    """The part of a solution that states the final answer.
+
+    `#### 42` (GSM8K) gives what follows the last `####`; `\\boxed{42}` (MATH) gives the box's
+    content; anything else is returned stripped, for the verifier to search.
+    """
+    if "####" in text:
+        tail = text[text.rfind("####") :]
+        match = _HASHES.match(tail)
+        if match:
+            return match.group(1).replace(",", "").strip()
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    return text.strip()

@@ -1,0 +1,63 @@
+"""Writing systems: which script a text is in, and the tiny world's second language.
+
+Language consistency is measured by script (the share of letters in the prompt's script), the
+same signal DeepSeek-R1 uses for its Chinese/English mixing. The tiny world's second language is
+English written in Greek letters: a different script with the same grammar, so a model can mix
+the two mid-sentence just as R1-Zero mixes languages.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+
+_LATIN = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_GREEK = "αβψδεφγηιξκλμνοπϙρστθϝωχυζΑΒΨΔΕΦΓΗΙΞΚΛΜΝΟΠϘΡΣΤΘϜΩΧΥΖ"
+_TO_GREEK = str.maketrans(_LATIN, _GREEK)
+_MARKUP = re.compile(r"</?[a-z_]+>|\\[a-zA-Z]+")
+
+SCRIPTS = ("latin", "greek")
+
+
+def to_script(text: str, script: str) -> str:
+    """Render tiny-world text in `script` ("latin" leaves it as is)."""
+    if script == "latin":
+        return text
+    if script == "greek":
+        return text.translate(_TO_GREEK)
+    raise ValueError(f"unknown script {script!r}; expected one of {SCRIPTS}")
+
+
+def char_script(ch: str) -> str | None:
+    """Script of one letter, from its Unicode name ("LATIN SMALL LETTER A" -> "latin")."""
+    if not ch.isalpha():
+        return None
+    name = unicodedata.name(ch, "")
+    return name.split(" ", 1)[0].lower() if name else None
+
+
+def strip_markup(text: str) -> str:
+    """Drop format tags and LaTeX commands, which are ASCII whatever the language."""
+    return _MARKUP.sub(" ", text)
+
+
+def script_counts(text: str) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for ch in strip_markup(text):
+        script = char_script(ch)
+        if script:
+            counts[script] += 1
+    return counts
+
+
+def dominant_script(text: str, default: str = "latin") -> str:
+    counts = script_counts(text)
+    return counts.most_common(1)[0][0] if counts else default
+
+
+def script_share(text: str, script: str) -> float:
+    """Share of the letters of `text` (markup aside) written in `script`; 1.0 with no letters."""
+    counts = script_counts(text)
+    total = sum(counts.values())
+    return counts[script] / total if total else 1.0

@@ -1,0 +1,42 @@
+"""The problem record every stage passes around."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A question with a gold answer.
+
+    `key` identifies the underlying problem independently of its wording and language, so that
+    the train/held-out split can keep a problem and its rephrasings on the same side. `steps` are
+    worked intermediate results ("7 + 5 = 12") when the source knows them; the programmatic
+    teacher needs them, real data usually lacks them.
+    """
+
+    id: str
+    question: str
+    answer: str
+    language: str = "latin"
+    source: str = "files"
+    key: str = ""
+    steps: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["steps"] = list(self.steps)
+        return row
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> Problem:
+        return cls(
+            id=str(row["id"]),
+            question=str(row["question"]),
+            answer=str(row["answer"]),
+            language=str(row.get("language") or "latin"),
+            source=str(row.get("source") or "files"),
+            key=str(row.get("key") or row["id"]),
+            steps=tuple(row.get("steps") or ()),
+        )

@@ -1,0 +1,1 @@
+"""Stage implementations: `run(config, inputs, tracker) -> outputs`; no Prefect, no MLflow."""

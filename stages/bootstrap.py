@@ -1,0 +1,87 @@
+"""Stage 0 (tiny world only): a tokenizer and a small Qwen2/Llama base model from scratch.
+
+The base is pretrained on a synthetic corpus (problems.corpus) whose style mix makes it what R1
+starts from, in miniature: sometimes right, sometimes mixing languages, rarely using the
+think/answer format.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+
+from configs.schema import BootstrapConfig, TeacherConfig
+from curation.teacher import write_traces
+from models.chat import render_completion, render_prompt
+from models.loading import build_model, parameter_count
+from models.tokenizer import save_tokenizer, train_tokenizer
+from problems.corpus import build_corpus
+from problems.loader import load_problems
+from stages.fingerprint import fingerprint
+from stages.refs import ModelRef, ProblemSet
+from stages.tracking import Tracker
+from training.examples import lm_examples
+from training.loop import train
+
+log = logging.getLogger(__name__)
+
+
+def _tokenizer_texts(docs: list, train_problems: list, seed: int) -> list[str]:
+    """The corpus plus clean teacher traces.
+
+    A real tokenizer is trained on far broader text than a base model's answers; without the
+    reasoning vocabulary, every later long trace would fall apart into byte-level pieces (two per
+    Greek letter). The traces shape only the vocabulary, not the base model.
+    """
+    traces = write_traces(train_problems, TeacherConfig(slip_share=0, drop_tags_share=0,
+        mix_language_share=0, ramble_share=0, repeat_share=0, no_summary_share=0,
+        duplicate_share=0, seed=seed))
+    return [d.question for d in docs] + [d.response for d in docs] + [t.completion for t in traces]
+
+
+def run(
+    config: BootstrapConfig, problems: ProblemSet, out_dir: Path, tracker: Tracker, seed: int = 0
+) -> ModelRef:
+    train_problems = load_problems(problems.train_path)
+    docs = build_corpus(train_problems, config.corpus, seed=seed)
+    styles = Counter(d.style for d in docs)
+    tracker.log_metrics({f"corpus/{style}": float(n) for style, n in styles.items()})
+
+    tokenizer = train_tokenizer(_tokenizer_texts(docs, train_problems, seed), config.vocab_size)
+    texts = [render_prompt(tokenizer, d.question) + render_completion(d.response) for d in docs]
+    examples = lm_examples(tokenizer, texts, config.train.max_length)
+
+    m = config.model
+    model = build_model(
+        m.architecture,
+        len(tokenizer),
+        hidden_size=m.hidden_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        seed=seed,
+    )
+    n_params = parameter_count(model)
+    log.info("bootstrap: %d documents, vocab %d, %d parameters", len(docs), len(tokenizer), n_params)
+    tracker.log_metrics({"corpus/documents": float(len(docs)), "model/parameters": float(n_params)})
+
+    report = train(
+        model,
+        examples,
+        config.train,
+        out_dir / "checkpoints",
+        fingerprint(config, problems.train_path, seed),
+        tracker.log_metrics,
+        pad_id=tokenizer.pad_token_id,
+        desc="bootstrap",
+    )
+    tracker.log_metrics({"train/tokens_per_second": report.tokens_per_second, "train/steps": report.steps})
+    model_dir = out_dir / "model"
+    model.save_pretrained(model_dir)
+    save_tokenizer(tokenizer, model_dir)
+    return ModelRef(path=model_dir, parameters=n_params)

@@ -1,0 +1,66 @@
+"""Stage 1: cold-start curation of long chain-of-thought traces.
+
+The teacher writes traces for the training problems; the filters keep the well-formed, readable,
+single-language, correct, length-bounded, distinct ones and count what each removed. The kept
+set is saved as a Hugging Face dataset; every candidate, with the filter that removed it, is
+saved as Parquet for the record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datasets import Dataset
+
+from configs.schema import CurationConfig
+from curation.filters import apply_filters
+from curation.teacher import write_traces
+from models.loading import load_tokenizer
+from problems.loader import load_problems
+from stages.refs import CuratedSet, ModelRef, ProblemSet
+from stages.tracking import Tracker
+
+COLUMNS = ("problem_id", "question", "answer", "language", "completion")
+
+
+def run(
+    config: CurationConfig, problems: ProblemSet, base: ModelRef, out_dir: Path, tracker: Tracker
+) -> CuratedSet:
+    train = load_problems(problems.train_path)[: config.max_problems]
+    tokenizer = load_tokenizer(base.path)
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    traces = write_traces(train, config.teacher)
+    result = apply_filters(traces, config.filters, count_tokens)
+    tracker.log_metrics(
+        {f"filter/{name}_removed": float(n) for name, n in result.counts.items()}
+        | {"curation/candidates": float(len(traces)), "curation/kept": float(len(result.kept))}
+    )
+    if not result.kept:
+        raise ValueError(f"curation kept none of {len(traces)} traces; removed: {result.counts}")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dataset_path = out_dir / "curated"
+    Dataset.from_list([{c: getattr(t, c) for c in COLUMNS} for t in result.kept]).save_to_disk(
+        str(dataset_path)
+    )
+    candidates = [
+        {**{c: getattr(t, c) for c in COLUMNS}, "teacher_fault": t.fault, "removed_by": None}
+        for t in result.kept
+    ] + [
+        {**{c: getattr(t, c) for c in COLUMNS}, "teacher_fault": t.fault, "removed_by": name}
+        for t, name in result.removed
+    ]
+    candidates_path = out_dir / "candidates.parquet"
+    pq.write_table(pa.Table.from_pylist(candidates), candidates_path)
+    return CuratedSet(
+        dataset_path=dataset_path,
+        candidates_path=candidates_path,
+        n_candidates=len(traces),
+        n_kept=len(result.kept),
+        filter_counts=result.counts,
+    )

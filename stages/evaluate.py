@@ -1,0 +1,66 @@
+"""Evaluation on the held-out problems: n samples each, graded, summarised, samples kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from configs.schema import EvalConfig
+from evaluation.metrics import ProblemSamples, summarize
+from models.chat import render_prompt
+from models.loading import load_model, load_tokenizer
+from problems.loader import load_problems
+from rewards.accuracy import gold_is_verifiable, grade
+from rewards.format import is_well_formed
+from rewards.language import is_language_consistent
+from sampling.hf import HFSampler
+from sampling.types import SamplingParams
+from stages.refs import EvalReport, ModelRef, ProblemSet
+from stages.tracking import Tracker
+
+
+def run(
+    config: EvalConfig, model: ModelRef, problems: ProblemSet, out_dir: Path, tracker: Tracker
+) -> EvalReport:
+    heldout = [p for p in load_problems(problems.heldout_path) if gold_is_verifiable(p.answer)]
+    heldout = heldout[: config.max_problems]
+    if not heldout:
+        raise ValueError(f"{problems.heldout_path}: no held-out problem has a verifiable answer")
+    tokenizer = load_tokenizer(model.path)
+    sampler = HFSampler(load_model(model.path), tokenizer, batch_size=config.batch_size)
+    params = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, config.seed)
+    completions = sampler.generate([render_prompt(tokenizer, p.question) for p in heldout], config.n_samples, params)
+
+    graded, rows = [], []
+    for problem, samples in zip(heldout, completions, strict=True):
+        grades = [grade(c.text, problem.answer) for c in samples]
+        formed = [is_well_formed(c.text) for c in samples]
+        consistent = [is_language_consistent(c.text, problem.language) for c in samples]
+        graded.append(
+            ProblemSamples([g.answer for g in grades], [g.correct is True for g in grades], formed, consistent)
+        )
+        for i, (c, g, f, lc) in enumerate(zip(samples, grades, formed, consistent, strict=True)):
+            rows.append(
+                {
+                    "problem_id": problem.id,
+                    "sample": i,
+                    "question": problem.question,
+                    "gold": problem.answer,
+                    "completion": c.text,
+                    "extracted": g.answer,
+                    "correct": g.correct is True,
+                    "well_formed": f,
+                    "language_consistent": lc,
+                    "finish_reason": c.finish_reason,
+                    "completion_tokens": len(c.token_ids),
+                }
+            )
+    metrics = summarize(graded, config.k)
+    metrics["mean_completion_tokens"] = sum(r["completion_tokens"] for r in rows) / len(rows)
+    tracker.log_metrics({f"eval/{name}": value for name, value in metrics.items()})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    samples_path = out_dir / "eval_samples.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), samples_path)
+    return EvalReport(metrics=metrics, samples_path=samples_path, n_problems=len(heldout))

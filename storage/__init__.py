@@ -1,0 +1,1 @@
+"""Where things are kept: the state folder, MLflow tracking, the DuckDB store, content digests."""

@@ -1,0 +1,55 @@
+"""The state folder: everything a pipeline run keeps lives under one directory.
+
+`R1_STATE_DIR` moves it (default: `./state`). Inside: the MLflow SQLite store and artifacts, the
+DuckDB file, stage outputs and checkpoints, and Prefect's home.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_ENV = "R1_STATE_DIR"
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    root: Path
+
+    @classmethod
+    def from_env(cls, default: str | Path = "state") -> StatePaths:
+        return cls(Path(os.environ.get(STATE_ENV) or default).resolve())
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.root / "mlflow.db"
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"sqlite:///{self.mlflow_db}"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.root / "mlartifacts"
+
+    @property
+    def duckdb(self) -> Path:
+        return self.root / "r1.duckdb"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.root / "prefect"
+
+    @property
+    def runs(self) -> Path:
+        """Stage outputs (data, models, checkpoints), one folder per pipeline run."""
+        return self.root / "runs"
+
+    def stage_dir(self, pipeline_run: str, stage: str) -> Path:
+        return self.runs / pipeline_run / stage
+
+    def ensure(self) -> StatePaths:
+        for path in (self.root, self.mlflow_artifacts, self.prefect_home, self.runs):
+            path.mkdir(parents=True, exist_ok=True)
+        return self

@@ -1,0 +1,128 @@
+"""MLflow tracking: one parent run per pipeline run, a nested run per stage.
+
+Every call names its run id explicitly: MLflow's active run is thread-local and Prefect runs
+tasks on worker threads, so nothing here relies on `mlflow.start_run` state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, RunStatus
+
+from storage.paths import StatePaths
+
+log = logging.getLogger(__name__)
+
+os.environ.setdefault("MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK", "true")
+
+PARENT_TAG = "mlflow.parentRunId"
+FLOW_RUN_TAG = "prefect.flow_run_id"
+STAGE_TAG = "r1.stage"
+
+
+def tracking_client(paths: StatePaths) -> MlflowClient:
+    return MlflowClient(tracking_uri=paths.tracking_uri)
+
+
+def experiment_id(client: MlflowClient, name: str, paths: StatePaths) -> str:
+    """The experiment called `name`, created with its artifacts inside the state folder."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    return client.create_experiment(name, artifact_location=paths.mlflow_artifacts.as_uri())
+
+
+def start_pipeline_run(
+    client: MlflowClient, experiment: str, name: str, flow_run_id: str, config: dict[str, Any]
+) -> str:
+    run = client.create_run(experiment, run_name=name, tags={FLOW_RUN_TAG: flow_run_id, STAGE_TAG: "pipeline"})
+    client.log_dict(run.info.run_id, config, "config.json")
+    return run.info.run_id
+
+
+class MlflowTracker:
+    """The stages' Tracker, writing to one MLflow run."""
+
+    def __init__(self, client: MlflowClient, run_id: str):
+        self.client = client
+        self.run_id = run_id
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        now = int(time.time() * 1000)
+        batch = [Metric(key, float(value), now, step or 0) for key, value in metrics.items()]
+        self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+
+@contextmanager
+def stage_run(
+    client: MlflowClient, parent_run_id: str, stage: str, config: dict[str, Any]
+) -> Iterator[MlflowTracker]:
+    """A nested run for one stage; marked FAILED if the stage raises, FINISHED otherwise."""
+    parent = client.get_run(parent_run_id)
+    run = client.create_run(
+        parent.info.experiment_id,
+        run_name=stage,
+        tags={PARENT_TAG: parent_run_id, STAGE_TAG: stage, FLOW_RUN_TAG: parent.data.tags.get(FLOW_RUN_TAG, "")},
+    )
+    run_id = run.info.run_id
+    client.log_dict(run_id, config, "config.json")
+    try:
+        yield MlflowTracker(client, run_id)
+    except BaseException:
+        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+        raise
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+
+def finish_run(client: MlflowClient, run_id: str, failed: bool = False) -> None:
+    status = RunStatus.FAILED if failed else RunStatus.FINISHED
+    client.set_terminated(run_id, RunStatus.to_string(status))
+
+
+def log_dataset(
+    client: MlflowClient,
+    run_id: str,
+    name: str,
+    digest: str,
+    source: Path,
+    context: str,
+    rows: int,
+) -> None:
+    """Record a dataset as an input of `run_id`, under our own digest of its full content.
+
+    (MLflow's automatic digest looks at the first 10,000 rows only.)
+    """
+    dataset = Dataset(
+        name=name,
+        digest=digest[:36],
+        source_type="local",
+        source=f'{{"uri": "{source.resolve().as_uri()}"}}',
+        profile=f'{{"num_rows": {rows}}}',
+    )
+    tags = [InputTag("mlflow.data.context", context)]
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset, tags)])
+
+
+def register_model(client: MlflowClient, run_id: str, model_dir: Path, name: str, alias: str) -> str:
+    """Log a model folder as the run's `model` artifact and register it under `name@alias`."""
+    client.log_artifacts(run_id, str(model_dir), "model")
+    if client.search_registered_models(filter_string=f"name = '{name}'") == []:
+        client.create_registered_model(name)
+    source = f"{client.get_run(run_id).info.artifact_uri}/model"
+    version = client.create_model_version(name, source, run_id=run_id)
+    client.set_registered_model_alias(name, alias, version.version)
+    return version.version

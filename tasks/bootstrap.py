@@ -1,0 +1,34 @@
+"""Stage 0 task: the tiny world's tokenizer and base model."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from configs.schema import BootstrapConfig
+from stages import bootstrap as bootstrap_stage
+from stages.refs import ModelRef, ProblemSet
+from storage import store
+from storage.digests import file_digest, tree_digest
+from storage.tracking import log_dataset, register_model
+from tasks.context import RunContext, StageResult, tracked_stage
+
+STAGE = "bootstrap"
+
+
+@task(name="bootstrap-base-model")
+def bootstrap_base(
+    config: BootstrapConfig, ctx: RunContext, problems: ProblemSet, seed: int = 0
+) -> StageResult[ModelRef]:
+    train_digest = file_digest(problems.train_path)
+    with tracked_stage(ctx, STAGE, config) as (tracker, timing):
+        log_dataset(
+            tracker.client, tracker.run_id, "problems-train", train_digest, problems.train_path, "train", problems.n_train
+        )
+        model = bootstrap_stage.run(config, problems, ctx.stage_dir(STAGE), tracker, seed)
+        digest = tree_digest(model.path)
+        version = register_model(tracker.client, tracker.run_id, model.path, ctx.model_name, STAGE)
+    store.record_lineage(ctx.paths.duckdb, str(model.path), "model", digest, STAGE, tracker.run_id, [train_digest])
+    return StageResult(
+        STAGE, tracker.run_id, model, timing["seconds"], digest,
+        {"params": f"{model.parameters / 1e6:.2f}M", "registered": f"v{version}"},
+    )

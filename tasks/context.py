@@ -1,0 +1,62 @@
+"""What every stage task needs to know about the pipeline run it belongs to."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from mlflow import MlflowClient
+from pydantic import BaseModel
+
+from storage.paths import StatePaths
+from storage.tracking import MlflowTracker, stage_run, tracking_client
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Small and picklable: Prefect passes it between tasks."""
+
+    state_root: Path
+    parent_run_id: str
+    flow_run_id: str
+    model_name: str
+
+    @property
+    def paths(self) -> StatePaths:
+        return StatePaths(self.state_root)
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.paths.stage_dir(self.parent_run_id, stage)
+
+    def client(self) -> MlflowClient:
+        return tracking_client(self.paths)
+
+
+@dataclass(frozen=True)
+class StageResult(Generic[T]):
+    """A stage's output with the MLflow run that recorded it and how long it took."""
+
+    stage: str
+    run_id: str
+    output: T
+    seconds: float
+    digest: str = ""
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def tracked_stage(ctx: RunContext, stage: str, config: BaseModel) -> Iterator[tuple[MlflowTracker, dict]]:
+    """A nested MLflow run around a stage; the dict collects `seconds` when the block ends."""
+    client = ctx.client()
+    timing: dict[str, float] = {}
+    with stage_run(client, ctx.parent_run_id, stage, config.model_dump(mode="json")) as tracker:
+        began = time.perf_counter()
+        yield tracker, timing
+        timing["seconds"] = time.perf_counter() - began
+        tracker.log_metrics({"stage/seconds": timing["seconds"]})

@@ -1,0 +1,43 @@
+"""Stage 1 task: curate cold-start traces into DuckDB and a Hugging Face dataset."""
+
+from __future__ import annotations
+
+from datasets import load_from_disk
+from prefect import task
+
+from configs.schema import CurationConfig
+from stages import curation as curation_stage
+from stages.refs import CuratedSet, ModelRef, ProblemSet
+from storage import store
+from storage.digests import file_digest, rows_digest
+from storage.tracking import log_dataset
+from tasks.context import RunContext, StageResult, tracked_stage
+
+STAGE = "cold_start_curation"
+
+
+@task(name="curate-cold-start")
+def curate_cold_start(
+    config: CurationConfig, ctx: RunContext, problems: ProblemSet, base: StageResult[ModelRef]
+) -> StageResult[CuratedSet]:
+    train_digest = file_digest(problems.train_path)
+    with tracked_stage(ctx, STAGE, config) as (tracker, timing):
+        log_dataset(
+            tracker.client, tracker.run_id, "problems-train", train_digest, problems.train_path, "train", problems.n_train
+        )
+        curated = curation_stage.run(config, problems, base.output, ctx.stage_dir(STAGE), tracker)
+        digest = rows_digest(load_from_disk(str(curated.dataset_path)))
+        tracker.client.log_dict(tracker.run_id, curated.filter_counts, "filter_counts.json")
+        tracker.log_artifact(curated.candidates_path, "candidates")
+        tracker.client.set_tag(tracker.run_id, "dataset.digest", digest)
+        store.write_curation(
+            ctx.paths.duckdb, ctx.parent_run_id, tracker.run_id, curated.candidates_path, curated.filter_counts
+        )
+    store.record_lineage(
+        ctx.paths.duckdb, str(curated.dataset_path), "dataset", digest, STAGE, tracker.run_id,
+        [train_digest, base.digest],
+    )
+    return StageResult(
+        STAGE, tracker.run_id, curated, timing["seconds"], digest,
+        {"kept": f"{curated.n_kept}/{curated.n_candidates}"},
+    )

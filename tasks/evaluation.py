@@ -1,0 +1,35 @@
+"""Evaluation task: held-out metrics for a stage's model, logged into that stage's run."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+from prefect import get_run_logger, task
+
+from configs.schema import EvalConfig
+from stages import evaluate as evaluate_stage
+from stages.refs import EvalReport, ModelRef, ProblemSet
+from storage.digests import file_digest
+from storage.tracking import MlflowTracker, log_dataset
+from tasks.context import RunContext, StageResult
+
+SAMPLE_ROWS = 50  # completions shown in the MLflow table; all of them stay in the Parquet file
+
+
+@task(name="evaluate-model")
+def evaluate_model(
+    config: EvalConfig, ctx: RunContext, stage: StageResult[ModelRef], problems: ProblemSet
+) -> EvalReport:
+    client = ctx.client()
+    tracker = MlflowTracker(client, stage.run_id)
+    log_dataset(
+        client, stage.run_id, "problems-heldout", file_digest(problems.heldout_path),
+        problems.heldout_path, "eval", problems.n_heldout,
+    )
+    report = evaluate_stage.run(config, stage.output, problems, ctx.stage_dir(stage.stage) / "eval", tracker)
+    tracker.log_artifact(report.samples_path, "eval")
+    samples = pq.read_table(report.samples_path).slice(0, SAMPLE_ROWS).to_pylist()
+    client.log_table(stage.run_id, {k: [r[k] for r in samples] for k in samples[0]}, "eval/samples.json")
+    get_run_logger().info(
+        "%s: %s", stage.stage, ", ".join(f"{k}={v:.3f}" for k, v in report.metrics.items())
+    )
+    return report

@@ -1,0 +1,89 @@
+"""Open and close the pipeline's parent MLflow run."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from prefect import get_run_logger, runtime, task
+
+from configs.schema import PipelineConfig
+from stages.refs import CuratedSet, EvalReport
+from storage.paths import StatePaths
+from storage.tracking import (
+    FLOW_RUN_TAG,
+    MlflowTracker,
+    experiment_id,
+    finish_run,
+    start_pipeline_run,
+    tracking_client,
+)
+from tasks.context import RunContext, StageResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One line of the per-stage table."""
+
+    stage: str
+    seconds: float
+    metrics: dict[str, float]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    parent_run_id: str
+    flow_run_id: str
+    state_root: str
+    rows: list[StageRow]
+    filter_counts: dict[str, int]
+
+
+@task(name="open-pipeline-run")
+def open_pipeline_run(config: PipelineConfig) -> RunContext:
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    paths = StatePaths.from_env().ensure()
+    client = tracking_client(paths)
+    flow_run_id = str(runtime.flow_run.id or "no-flow-run")
+    experiment = experiment_id(client, config.name, paths)
+    run_id = start_pipeline_run(
+        client, experiment, f"{config.name}-{flow_run_id[:8]}", flow_run_id, config.model_dump(mode="json")
+    )
+    get_run_logger().info("MLflow parent run %s in %s", run_id, paths.tracking_uri)
+    return RunContext(paths.root, run_id, flow_run_id, model_name=config.name)
+
+
+@task(name="close-pipeline-run")
+def close_pipeline_run(
+    ctx: RunContext, stages: list[StageResult], evals: dict[str, EvalReport]
+) -> PipelineResult:
+    """Put each stage's headline figures on the parent run and build the per-stage table."""
+    client = ctx.client()
+    parent = MlflowTracker(client, ctx.parent_run_id)
+    rows = []
+    for result in stages:
+        metrics = dict(evals[result.stage].metrics) if result.stage in evals else {}
+        parent.log_metrics({f"{result.stage}/{k}": v for k, v in metrics.items()})
+        parent.log_metrics({f"{result.stage}/seconds": result.seconds})
+        note = ", ".join(f"{k} {v}" for k, v in result.notes.items())
+        rows.append(StageRow(result.stage, result.seconds, metrics, note))
+    finish_run(client, ctx.parent_run_id)
+    counts = next((r.output.filter_counts for r in stages if isinstance(r.output, CuratedSet)), {})
+    return PipelineResult(ctx.parent_run_id, ctx.flow_run_id, str(ctx.state_root), rows, counts)
+
+
+def mark_pipeline_failed(flow, flow_run, state) -> None:
+    """Flow failure hook: close the parent run of this flow run as FAILED."""
+    client = tracking_client(StatePaths.from_env())
+    runs = client.search_runs(
+        experiment_ids=[e.experiment_id for e in client.search_experiments()],
+        filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run.id}' AND tags.`r1.stage` = 'pipeline'",
+    )
+    for run in runs:
+        finish_run(client, run.info.run_id, failed=True)
+        log.error("pipeline run %s marked FAILED: %s", run.info.run_id, state.message)

@@ -1,0 +1,133 @@
+"""The tiny pipeline end to end on the micro profile: a real Prefect run (test harness server),
+a real MLflow SQLite store and a real DuckDB file, checked for what they recorded."""
+
+import json
+
+import duckdb
+import pytest
+from datasets import load_from_disk
+from mlflow import MlflowClient
+
+from configs import load_profile
+
+STAGES = {"bootstrap", "cold_start_curation", "cold_start_sft"}
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture(scope="module")
+def micro_run(prefect_server, tmp_path_factory):
+    state = tmp_path_factory.mktemp("state")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("R1_STATE_DIR", str(state))
+    from flows.r1_pipeline import r1_pipeline
+
+    result = r1_pipeline(load_profile("micro"))
+    yield state, result
+    mp.undo()
+
+
+def test_prefect_recorded_a_completed_flow_run_with_every_task(micro_run):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    _, result = micro_run
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(result.flow_run_id)
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    assert flow_run.state.is_completed()
+    names = {t.name.rsplit("-", 1)[0] for t in task_runs}
+    assert {"prepare-problems", "bootstrap-base-model", "curate-cold-start", "cold-start-sft", "evaluate-model"} <= names
+    assert all(t.state.is_completed() for t in task_runs)
+
+
+def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
+    state, result = micro_run
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    parent = client.get_run(result.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["prefect.flow_run_id"] == result.flow_run_id
+    assert {i.dataset.name for i in parent.inputs.dataset_inputs} == {"problems-train", "problems-eval"}
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    by_stage = {r.data.tags["r1.stage"]: r for r in children}
+    assert set(by_stage) == STAGES and len(children) == 3
+    for run in children:
+        assert run.info.status == "FINISHED"
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert "config.json" in artifacts
+        assert run.data.metrics["stage/seconds"] > 0
+    for stage in ("bootstrap", "cold_start_sft"):
+        metrics = by_stage[stage].data.metrics
+        assert {"eval/pass_at_1", "eval/pass_at_2", "eval/cons_at_2", "eval/format_rate",
+                "eval/language_consistency_rate", "train/loss"} <= set(metrics)
+        assert 0.0 <= metrics["eval/pass_at_1"] <= metrics["eval/pass_at_2"] <= 1.0
+        assert parent.data.metrics[f"{stage}/format_rate"] == metrics["eval/format_rate"]
+        version = client.get_model_version_by_alias("r1-micro", stage)
+        assert version.run_id == by_stage[stage].info.run_id
+    curation = by_stage["cold_start_curation"]
+    sft_inputs = by_stage["cold_start_sft"].inputs.dataset_inputs
+    assert [i.dataset.digest for i in sft_inputs if i.dataset.name == "cold-start-curated"] == [
+        curation.data.tags["dataset.digest"][:36]
+    ]
+
+
+def test_duckdb_holds_the_curated_set_and_the_filter_counts(micro_run):
+    state, result = micro_run
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    parent = client.get_run(result.parent_run_id)
+    (curation,) = client.search_runs(
+        [parent.info.experiment_id], filter_string="tags.`r1.stage` = 'cold_start_curation'"
+    )
+    with duckdb.connect(str(state / "r1.duckdb"), read_only=True) as con:
+        counts = dict(con.execute(
+            "SELECT filter, removed FROM curation_filters WHERE stage_run_id = ? ORDER BY position",
+            [curation.info.run_id],
+        ).fetchall())
+        kept, removed = con.execute(
+            "SELECT count(*) FILTER (WHERE kept), count(*) FILTER (WHERE NOT kept) FROM curated_traces"
+        ).fetchone()
+        by_filter = dict(con.execute(
+            "SELECT removed_by, count(*) FROM curated_traces WHERE NOT kept GROUP BY removed_by"
+        ).fetchall())
+        lineage = con.execute("SELECT kind, stage, inputs FROM lineage ORDER BY created_at").fetchall()
+    assert list(counts) == ["format", "language", "length", "readability", "correctness", "duplicates"]
+    assert {k: v for k, v in counts.items() if v} == by_filter
+    assert removed == sum(counts.values())
+    assert counts == {k.split("/")[1].removesuffix("_removed"): int(v)
+                      for k, v in curation.data.metrics.items() if k.startswith("filter/")}
+    dataset_path = state / "runs" / result.parent_run_id / "cold_start_curation" / "curated"
+    assert len(load_from_disk(str(dataset_path))) == kept > 0
+    kinds = [(kind, stage) for kind, stage, _ in lineage]
+    assert ("dataset", "cold_start_curation") in kinds and ("model", "cold_start_sft") in kinds
+    sft_inputs = json.loads(next(i for k, s, i in lineage if s == "cold_start_sft"))
+    assert curation.data.tags["dataset.digest"] in sft_inputs
+
+
+def test_the_stage_table_has_a_row_per_stage(micro_run):
+    _, result = micro_run
+    assert [r.stage for r in result.rows] == ["bootstrap", "cold_start_curation", "cold_start_sft"]
+    assert "format_rate" in result.rows[0].metrics and "format_rate" in result.rows[2].metrics
+    assert result.rows[1].note.startswith("kept ")
+
+
+def test_a_failing_stage_marks_the_mlflow_runs_failed(prefect_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("R1_STATE_DIR", str(tmp_path / "state"))
+    from flows.r1_pipeline import r1_pipeline
+
+    config = load_profile(
+        "micro", ["data.source=files", f"data.files={{train_path: {tmp_path}/no.jsonl, heldout_path: {tmp_path}/no.jsonl}}"]
+    )
+    with pytest.raises(Exception, match="no such file"):
+        r1_pipeline(config)
+    client = MlflowClient(f"sqlite:///{tmp_path}/state/mlflow.db")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "r1-micro"]
+    (parent,) = client.search_runs([experiment.experiment_id])
+    assert parent.info.status == "FAILED"

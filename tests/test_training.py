@@ -1,0 +1,98 @@
+import pytest
+import torch
+
+from configs.schema import TrainConfig
+from models.chat import render_completion, render_prompt
+from models.loading import build_model
+from models.tokenizer import train_tokenizer
+from training.examples import IGNORE, lm_examples, sft_examples
+from training.loop import batch_order, train
+
+TEXTS = [f"What is {a} + {b}? The answer is {a + b}." for a in range(10) for b in range(10)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(TEXTS + ["<think> x </think> <answer> y </answer>"], vocab_size=300)
+
+
+def tiny_model(tokenizer, seed=0):
+    return build_model(
+        "qwen2", len(tokenizer), hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+        intermediate_size=32, max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, seed=seed,
+    )
+
+
+def test_tokenizer_keeps_tags_whole_and_splits_digits(tokenizer):
+    ids = tokenizer("<think> 123 </think>", add_special_tokens=False)["input_ids"]
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    assert pieces[0] == "<think>" and pieces[-1] == "</think>"
+    assert all(sum(ch.isdigit() for ch in piece) <= 1 for piece in pieces)
+    text = "<think> 1 + 2 = 3 </think> <answer> 3 </answer>"
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"], skip_special_tokens=True) == text
+
+
+def test_sft_examples_put_the_loss_on_the_completion_only(tokenizer):
+    prompt = render_prompt(tokenizer, "What is 1 + 2?")
+    (example,) = sft_examples(tokenizer, [prompt], [render_completion("The answer is 3.")], max_length=256)
+    n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    assert example.labels[:n_prompt] == [IGNORE] * n_prompt
+    assert example.labels[n_prompt:] == example.input_ids[n_prompt:]
+    assert example.input_ids[-1] == tokenizer.eos_token_id
+
+
+def test_sft_examples_drop_rows_whose_completion_is_truncated_away(tokenizer):
+    prompt = render_prompt(tokenizer, "What is 1 + 2?")
+    assert sft_examples(tokenizer, [prompt], ["3"], max_length=3) == []
+
+
+def test_batch_order_covers_fractional_epochs():
+    cfg = TrainConfig(epochs=1.5, batch_size=4, seed=1)
+    order = batch_order(10, cfg)
+    assert len(order) == 4 and all(len(b) == 4 for b in order)
+    assert sorted(i for b in order[:2] for i in b)[:8] == sorted(set(i for b in order[:2] for i in b))
+
+
+def test_training_lowers_the_loss_and_changes_parameters(tokenizer, tmp_path):
+    model = tiny_model(tokenizer)
+    before = [p.detach().clone() for p in model.parameters()]
+    examples = lm_examples(tokenizer, TEXTS, max_length=64)
+    losses = []
+    cfg = TrainConfig(epochs=6, batch_size=20, learning_rate=1e-2, warmup_steps=0, log_every=1, checkpoint_every=100)
+    train(model, examples, cfg, tmp_path, "fp", lambda m, s: losses.append(m["train/loss"]), tokenizer.pad_token_id)
+    assert losses[-1] < 0.7 * losses[0]
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_weights(tokenizer, tmp_path):
+    examples = lm_examples(tokenizer, TEXTS, max_length=64)
+    cfg = TrainConfig(epochs=1, batch_size=10, learning_rate=5e-3, warmup_steps=2, log_every=1, checkpoint_every=4)
+
+    straight = tiny_model(tokenizer)
+    train(straight, examples, cfg, tmp_path / "a", "fp", lambda m, s: None, tokenizer.pad_token_id)
+
+    def crash_at_step_7(metrics, step):
+        if step == 7:
+            raise Crash
+
+    interrupted = tiny_model(tokenizer)
+    with pytest.raises(Crash):
+        train(interrupted, examples, cfg, tmp_path / "b", "fp", crash_at_step_7, tokenizer.pad_token_id)
+    resumed = tiny_model(tokenizer)
+    report = train(resumed, examples, cfg, tmp_path / "b", "fp", lambda m, s: None, tokenizer.pad_token_id)
+    assert report.resumed_from == 4
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_checkpoint_of_another_run_is_not_resumed(tokenizer, tmp_path):
+    examples = lm_examples(tokenizer, TEXTS[:20], max_length=64)
+    cfg = TrainConfig(epochs=1, batch_size=10, checkpoint_every=1)
+    train(tiny_model(tokenizer), examples, cfg, tmp_path, "run-a", lambda m, s: None, tokenizer.pad_token_id)
+    report = train(tiny_model(tokenizer), examples, cfg, tmp_path, "run-b", lambda m, s: None, tokenizer.pad_token_id)
+    assert report.resumed_from == 0

@@ -1,0 +1,1 @@
+"""Causal-LM training on one process: examples, the loop, checkpoints that resume."""

@@ -1,0 +1,154 @@
+"""The training loop shared by pretraining and SFT, with checkpoints that resume exactly.
+
+A checkpoint holds weights, optimizer and scheduler state, RNG state and the data cursor (the
+step: batch order is a pure function of the seed), so a run killed mid-way continues where its
+last checkpoint left off instead of starting over.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from configs.schema import TrainConfig
+from training.examples import IGNORE, Example
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    steps: int
+    resumed_from: int
+    final_loss: float
+    tokens_per_second: float
+    seconds: float
+
+
+def batch_order(n_examples: int, cfg: TrainConfig) -> list[list[int]]:
+    """Indices of each step's batch: one seeded permutation per epoch, fractional epochs cut."""
+    total_steps = max(1, math.ceil(cfg.epochs * n_examples / cfg.batch_size))
+    generator = torch.Generator().manual_seed(cfg.seed)
+    flat: list[int] = []
+    while len(flat) < total_steps * cfg.batch_size:
+        flat += torch.randperm(n_examples, generator=generator).tolist()
+    return [flat[i * cfg.batch_size : (i + 1) * cfg.batch_size] for i in range(total_steps)]
+
+
+def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # (B, T)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)  # (B, T)
+    for row, e in enumerate(examples):
+        ids[row, : len(e.input_ids)] = torch.tensor(e.input_ids)
+        labels[row, : len(e.labels)] = torch.tensor(e.labels)
+        mask[row, : len(e.input_ids)] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def lr_lambda(cfg: TrainConfig, total_steps: int):
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+
+    def scale(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return scale
+
+
+def _save_checkpoint(ckpt_dir: Path, state: dict) -> None:
+    """Write to a scratch folder, then swap it in: a crash mid-write keeps the previous one."""
+    tmp, last, old = ckpt_dir / "last.tmp", ckpt_dir / "last", ckpt_dir / "last.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(state, tmp / "state.pt")
+    if last.exists():
+        last.rename(old)
+    tmp.rename(last)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_checkpoint(ckpt_dir: Path, fingerprint: str) -> dict | None:
+    path = ckpt_dir / "last" / "state.pt"
+    if not path.exists():
+        return None
+    state = torch.load(path, weights_only=False)
+    if state.get("fingerprint") != fingerprint:
+        log.warning("ignoring checkpoint at %s: it belongs to a different run", path.parent)
+        return None
+    return state
+
+
+def train(
+    model: PreTrainedModel,
+    examples: list[Example],
+    cfg: TrainConfig,
+    ckpt_dir: Path,
+    fingerprint: str,
+    log_metrics: Callable[[dict[str, float], int], None],
+    pad_id: int,
+    desc: str = "train",
+) -> TrainReport:
+    """Train `model` in place on `examples`; resume from `ckpt_dir` if it holds this run's state."""
+    if not examples:
+        raise ValueError(f"{desc}: no training examples")
+    order = batch_order(len(examples), cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, len(order)))
+    start = 0
+    state = _load_checkpoint(ckpt_dir, fingerprint)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        start = state["step"]
+        log.info("%s: resuming from step %d of %d", desc, start, len(order))
+    model.train()
+    loss_value, tokens, began = float("nan"), 0, time.perf_counter()
+    bar = tqdm(total=len(order), initial=start, desc=desc, unit="step", leave=False)
+    for step in range(start, len(order)):
+        batch = collate([examples[i] for i in order[step]], pad_id)
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = loss.item()
+        tokens += int(batch["attention_mask"].sum())
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_value:.3f}")
+        done = step + 1
+        if done % cfg.log_every == 0 or done == len(order):
+            log_metrics({"train/loss": loss_value, "train/lr": scheduler.get_last_lr()[0]}, done)
+            if done % (cfg.log_every * 10) == 0:
+                log.info("%s: step %d/%d loss %.4f", desc, done, len(order), loss_value)
+        if done % cfg.checkpoint_every == 0 or done == len(order):
+            _save_checkpoint(
+                ckpt_dir,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "rng": torch.get_rng_state(),
+                    "step": done,
+                    "fingerprint": fingerprint,
+                },
+            )
+    bar.close()
+    model.eval()
+    seconds = time.perf_counter() - began
+    return TrainReport(len(order), start, loss_value, tokens / max(seconds, 1e-9), seconds)
