@@ -15,14 +15,25 @@ from cli.environment import prepare_environment
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="r1", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("run", "run the pipeline flow"), ("config", "print the validated profile")):
+    for name, help_text in (
+        ("run", "run the pipeline flow"),
+        ("config", "print the validated profile"),
+    ):
         cmd = sub.add_parser(name, help=help_text)
-        cmd.add_argument("--profile", default="tiny", help="profile name in configs/ or a YAML path")
         cmd.add_argument(
-            "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+            "--profile", default="tiny", help="profile name in configs/ or a YAML path"
+        )
+        cmd.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
             help="override one setting, e.g. --set cold_start_sft.train.epochs=1 (repeatable)",
         )
-        cmd.add_argument("--state-dir", help="where runs keep their state (default: $R1_STATE_DIR or ./state)")
+        cmd.add_argument(
+            "--state-dir", help="where runs keep their state (default: $R1_STATE_DIR or ./state)"
+        )
     return parser
 
 
@@ -50,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = r1_pipeline(config)
     console = Console(width=max(120, Console().width))
-    console.print(stage_table(result))
+    console.print(stage_table(result, config.evaluation.k))
     if result.filter_counts:
         console.print(filter_table(result.filter_counts))
     console.print(f"state folder:   {paths.root}")

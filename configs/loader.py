@@ -59,7 +59,9 @@ def validate(data: dict[str, Any], source: str = "config") -> PipelineConfig:
         raise ConfigError(_format_errors(source, err)) from None
 
 
-def load_profile(profile: str | Path = "tiny", overrides: list[str] | None = None) -> PipelineConfig:
+def load_profile(
+    profile: str | Path = "tiny", overrides: list[str] | None = None
+) -> PipelineConfig:
     path = profile_path(profile)
     if not path.exists():
         raise ConfigError(f"no profile {str(profile)!r}; known: {known_profiles()} or a .yaml path")

@@ -51,7 +51,9 @@ class DataConfig(Strict):
     @model_validator(mode="after")
     def _files_given(self) -> DataConfig:
         if self.source == "files" and self.files is None:
-            raise ValueError("source 'files' needs a 'files' section with train_path and heldout_path")
+            raise ValueError(
+                "source 'files' needs a 'files' section with train_path and heldout_path"
+            )
         return self
 
 
@@ -69,9 +71,13 @@ class ModelConfig(Strict):
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}"
+            )
         return self
 
 
@@ -141,7 +147,9 @@ class FilterConfig(Strict):
     @model_validator(mode="after")
     def _bounds(self) -> FilterConfig:
         if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})")
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})"
+            )
         return self
 
 

@@ -48,11 +48,16 @@ class FilterResult:
 TraceCheck = Callable[[Trace], bool]
 
 
-def build_checks(spec: FilterConfig, count_tokens: Callable[[str], int]) -> list[tuple[str, TraceCheck]]:
+def build_checks(
+    spec: FilterConfig, count_tokens: Callable[[str], int]
+) -> list[tuple[str, TraceCheck]]:
     """The per-trace filters in the order they apply; deduplication runs after them."""
     return [
         ("format", lambda t: is_well_formed(t.completion)),
-        ("language", lambda t: language_consistency(t.completion, t.language) >= spec.min_language_share),
+        (
+            "language",
+            lambda t: language_consistency(t.completion, t.language) >= spec.min_language_share,
+        ),
         ("length", lambda t: spec.min_tokens <= count_tokens(t.completion) <= spec.max_tokens),
         ("readability", lambda t: is_readable(t.completion, spec)),
         ("correctness", lambda t: grade(t.completion, t.answer).correct is True),

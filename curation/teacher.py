@@ -3,8 +3,8 @@
 A trace reasons step by step, checks itself, then summarises: `<think> ... </think> <answer>
 summary, answer </answer>`, the readable pattern DeepSeek-R1 asks of its cold-start data. The
 teacher also makes the faults that R1-Zero outputs show (arithmetic slips, missing tags, mixed
-languages, rambling, repetition loops, a bare answer with no summary, duplicates) at configured rates, so every filter has
-something real to remove and its count means something.
+languages, rambling, repetition loops, a bare answer with no summary, duplicates) at configured
+rates, so every filter has something real to remove and its count means something.
 """
 
 from __future__ import annotations
@@ -115,7 +115,9 @@ def write_traces(problems: list[Problem], spec: TeacherConfig) -> list[Trace]:
     for problem in problems:
         for _ in range(spec.traces_per_problem):
             completion, fault = write_trace(problem, rng, spec)
-            trace = Trace(problem.id, problem.question, problem.answer, problem.language, completion, fault)
+            trace = Trace(
+                problem.id, problem.question, problem.answer, problem.language, completion, fault
+            )
             traces.append(trace)
             if rng.random() < spec.duplicate_share:
                 traces.append(Trace(**{**trace.__dict__, "fault": "duplicate"}))

@@ -48,7 +48,8 @@ def cons_at_k(samples: ProblemSamples, k: int) -> float:
     vote = majority_vote(samples.answers[:k])
     if vote is None:
         return 0.0
-    return float(any(a == vote and ok for a, ok in zip(samples.answers, samples.correct)))
+    pairs = zip(samples.answers, samples.correct, strict=True)
+    return float(any(a == vote and ok for a, ok in pairs))
 
 
 def summarize(problems: Sequence[ProblemSamples], k: int) -> dict[str, float]:

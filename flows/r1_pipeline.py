@@ -9,7 +9,12 @@ from configs.schema import PipelineConfig
 from tasks.bootstrap import bootstrap_base
 from tasks.curation import curate_cold_start
 from tasks.evaluation import evaluate_model
-from tasks.pipeline import PipelineResult, close_pipeline_run, mark_pipeline_failed, open_pipeline_run
+from tasks.pipeline import (
+    PipelineResult,
+    close_pipeline_run,
+    mark_pipeline_failed,
+    open_pipeline_run,
+)
 from tasks.problems import prepare_problems
 from tasks.sft import cold_start_sft
 

@@ -65,7 +65,8 @@ def _require_local(path: str | Path, what: str) -> Path:
     if not (path / "config.json").exists() and what == "model":
         raise ModelNotFoundError(
             f"{path}: no {what} here (no config.json). This pipeline runs offline: give a local "
-            "folder saved with save_pretrained, or download the checkpoint on a connected machine first."
+            "folder saved with save_pretrained, or download the checkpoint on a connected machine "
+            "first."
         )
     if not path.is_dir():
         raise ModelNotFoundError(f"{path}: no {what} folder here")

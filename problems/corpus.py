@@ -70,5 +70,9 @@ def build_corpus(problems: list[Problem], spec: CorpusConfig, seed: int) -> list
             style = rng.choices(STYLES, weights=weights)[0]
             correct = rng.random() >= spec.wrong_answer_share
             final = problem.answer if correct else _perturbed(problem.answer, rng)
-            docs.append(Document(problem.question, render_response(problem, style, final, rng), style, correct))
+            docs.append(
+                Document(
+                    problem.question, render_response(problem, style, final, rng), style, correct
+                )
+            )
     return docs

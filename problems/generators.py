@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+
 from configs.schema import WorldConfig
 from problems.scripts import to_script
 from problems.types import Problem
@@ -63,10 +64,7 @@ def expression(start: int, ops: list[Op]) -> str:
     """Infix form that evaluates left to right under the usual precedence."""
     expr, has_sum = str(start), False
     for sym, n in ops:
-        if sym == "*" and has_sum:
-            expr = f"({expr}) * {n}"
-        else:
-            expr = f"{expr} {sym} {n}"
+        expr = f"({expr}) * {n}" if sym == "*" and has_sum else f"{expr} {sym} {n}"
         has_sum = has_sum or sym in "+-"
     return expr
 

@@ -56,7 +56,9 @@ def grade(completion: str, gold: str) -> Grade:
         return Grade(answer, None)
     if not pred_parsed:
         return Grade(None, False)
-    return Grade(answer, bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=_timeout())))
+    return Grade(
+        answer, bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=_timeout()))
+    )
 
 
 def accuracy_reward(

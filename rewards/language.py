@@ -15,7 +15,9 @@ def language_consistency(completion: str, language: str) -> float:
     return script_share(completion, language)
 
 
-def is_language_consistent(completion: str, language: str, threshold: float = CONSISTENT_AT) -> bool:
+def is_language_consistent(
+    completion: str, language: str, threshold: float = CONSISTENT_AT
+) -> bool:
     return language_consistency(completion, language) >= threshold
 
 

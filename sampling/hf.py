@@ -32,7 +32,9 @@ class HFSampler:
         torch.manual_seed(params.seed)
         out: list[Completion] = []
         batches = range(0, len(flat), self.batch_size)
-        for start in tqdm(batches, desc="sample", unit="batch", leave=False, disable=not self.show_progress):
+        for start in tqdm(
+            batches, desc="sample", unit="batch", leave=False, disable=not self.show_progress
+        ):
             out += self._generate_batch(flat[start : start + self.batch_size], params)
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -58,7 +60,8 @@ class HFSampler:
         logprobs = self.model.compute_transition_scores(
             result.sequences, result.scores, normalize_logits=True
         )  # (B, T_new)
-        return [self._completion(row, lp) for row, lp in zip(new_tokens.tolist(), logprobs.tolist())]
+        rows = zip(new_tokens.tolist(), logprobs.tolist(), strict=True)
+        return [self._completion(ids, lps) for ids, lps in rows]
 
     def _completion(self, ids: list[int], logprobs: list[float]) -> Completion:
         eos = self.tokenizer.eos_token_id

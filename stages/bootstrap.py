@@ -34,9 +34,19 @@ def _tokenizer_texts(docs: list, train_problems: list, seed: int) -> list[str]:
     reasoning vocabulary, every later long trace would fall apart into byte-level pieces (two per
     Greek letter). The traces shape only the vocabulary, not the base model.
     """
-    traces = write_traces(train_problems, TeacherConfig(slip_share=0, drop_tags_share=0,
-        mix_language_share=0, ramble_share=0, repeat_share=0, no_summary_share=0,
-        duplicate_share=0, seed=seed))
+    traces = write_traces(
+        train_problems,
+        TeacherConfig(
+            slip_share=0,
+            drop_tags_share=0,
+            mix_language_share=0,
+            ramble_share=0,
+            repeat_share=0,
+            no_summary_share=0,
+            duplicate_share=0,
+            seed=seed,
+        ),
+    )
     return [d.question for d in docs] + [d.response for d in docs] + [t.completion for t in traces]
 
 
@@ -67,7 +77,9 @@ def run(
         seed=seed,
     )
     n_params = parameter_count(model)
-    log.info("bootstrap: %d documents, vocab %d, %d parameters", len(docs), len(tokenizer), n_params)
+    log.info(
+        "bootstrap: %d documents, vocab %d, %d parameters", len(docs), len(tokenizer), n_params
+    )
     tracker.log_metrics({"corpus/documents": float(len(docs)), "model/parameters": float(n_params)})
 
     report = train(
@@ -80,7 +92,9 @@ def run(
         pad_id=tokenizer.pad_token_id,
         desc="bootstrap",
     )
-    tracker.log_metrics({"train/tokens_per_second": report.tokens_per_second, "train/steps": report.steps})
+    tracker.log_metrics(
+        {"train/tokens_per_second": report.tokens_per_second, "train/steps": report.steps}
+    )
     model_dir = out_dir / "model"
     model.save_pretrained(model_dir)
     save_tokenizer(tokenizer, model_dir)

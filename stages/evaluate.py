@@ -31,7 +31,9 @@ def run(
     tokenizer = load_tokenizer(model.path)
     sampler = HFSampler(load_model(model.path), tokenizer, batch_size=config.batch_size)
     params = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, config.seed)
-    completions = sampler.generate([render_prompt(tokenizer, p.question) for p in heldout], config.n_samples, params)
+    completions = sampler.generate(
+        [render_prompt(tokenizer, p.question) for p in heldout], config.n_samples, params
+    )
 
     graded, rows = [], []
     for problem, samples in zip(heldout, completions, strict=True):
@@ -39,7 +41,9 @@ def run(
         formed = [is_well_formed(c.text) for c in samples]
         consistent = [is_language_consistent(c.text, problem.language) for c in samples]
         graded.append(
-            ProblemSamples([g.answer for g in grades], [g.correct is True for g in grades], formed, consistent)
+            ProblemSamples(
+                [g.answer for g in grades], [g.correct is True for g in grades], formed, consistent
+            )
         )
         for i, (c, g, f, lc) in enumerate(zip(samples, grades, formed, consistent, strict=True)):
             rows.append(

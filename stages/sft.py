@@ -17,7 +17,12 @@ from training.loop import train
 
 
 def run(
-    config: SFTConfig, base: ModelRef, data: CuratedSet, out_dir: Path, tracker: Tracker, desc: str = "sft"
+    config: SFTConfig,
+    base: ModelRef,
+    data: CuratedSet,
+    out_dir: Path,
+    tracker: Tracker,
+    desc: str = "sft",
 ) -> ModelRef:
     tokenizer = load_tokenizer(base.path)
     model = load_model(base.path)
@@ -38,7 +43,9 @@ def run(
         pad_id=tokenizer.pad_token_id,
         desc=desc,
     )
-    tracker.log_metrics({"train/tokens_per_second": report.tokens_per_second, "train/steps": report.steps})
+    tracker.log_metrics(
+        {"train/tokens_per_second": report.tokens_per_second, "train/steps": report.steps}
+    )
     model_dir = out_dir / "model"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)

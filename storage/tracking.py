@@ -43,7 +43,9 @@ def experiment_id(client: MlflowClient, name: str, paths: StatePaths) -> str:
 def start_pipeline_run(
     client: MlflowClient, experiment: str, name: str, flow_run_id: str, config: dict[str, Any]
 ) -> str:
-    run = client.create_run(experiment, run_name=name, tags={FLOW_RUN_TAG: flow_run_id, STAGE_TAG: "pipeline"})
+    run = client.create_run(
+        experiment, run_name=name, tags={FLOW_RUN_TAG: flow_run_id, STAGE_TAG: "pipeline"}
+    )
     client.log_dict(run.info.run_id, config, "config.json")
     return run.info.run_id
 
@@ -76,7 +78,11 @@ def stage_run(
     run = client.create_run(
         parent.info.experiment_id,
         run_name=stage,
-        tags={PARENT_TAG: parent_run_id, STAGE_TAG: stage, FLOW_RUN_TAG: parent.data.tags.get(FLOW_RUN_TAG, "")},
+        tags={
+            PARENT_TAG: parent_run_id,
+            STAGE_TAG: stage,
+            FLOW_RUN_TAG: parent.data.tags.get(FLOW_RUN_TAG, ""),
+        },
     )
     run_id = run.info.run_id
     client.log_dict(run_id, config, "config.json")
@@ -117,7 +123,9 @@ def log_dataset(
     client.log_inputs(run_id, datasets=[DatasetInput(dataset, tags)])
 
 
-def register_model(client: MlflowClient, run_id: str, model_dir: Path, name: str, alias: str) -> str:
+def register_model(
+    client: MlflowClient, run_id: str, model_dir: Path, name: str, alias: str
+) -> str:
     """Log a model folder as the run's `model` artifact and register it under `name@alias`."""
     client.log_artifacts(run_id, str(model_dir), "model")
     if client.search_registered_models(filter_string=f"name = '{name}'") == []:

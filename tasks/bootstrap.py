@@ -22,13 +22,25 @@ def bootstrap_base(
     train_digest = file_digest(problems.train_path)
     with tracked_stage(ctx, STAGE, config) as (tracker, timing):
         log_dataset(
-            tracker.client, tracker.run_id, "problems-train", train_digest, problems.train_path, "train", problems.n_train
+            tracker.client,
+            tracker.run_id,
+            "problems-train",
+            train_digest,
+            problems.train_path,
+            "train",
+            problems.n_train,
         )
         model = bootstrap_stage.run(config, problems, ctx.stage_dir(STAGE), tracker, seed)
         digest = tree_digest(model.path)
         version = register_model(tracker.client, tracker.run_id, model.path, ctx.model_name, STAGE)
-    store.record_lineage(ctx.paths.duckdb, str(model.path), "model", digest, STAGE, tracker.run_id, [train_digest])
+    store.record_lineage(
+        ctx.paths.duckdb, str(model.path), "model", digest, STAGE, tracker.run_id, [train_digest]
+    )
     return StageResult(
-        STAGE, tracker.run_id, model, timing["seconds"], digest,
-        {"params": f"{model.parameters / 1e6:.2f}M", "registered": f"v{version}"},
+        STAGE,
+        tracker.run_id,
+        model,
+        timing["seconds"],
+        digest,
+        {"params": f"{model.parameters / 1e6:.2f}M", "model": f"v{version}"},
     )

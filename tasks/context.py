@@ -51,7 +51,9 @@ class StageResult(Generic[T]):
 
 
 @contextmanager
-def tracked_stage(ctx: RunContext, stage: str, config: BaseModel) -> Iterator[tuple[MlflowTracker, dict]]:
+def tracked_stage(
+    ctx: RunContext, stage: str, config: BaseModel
+) -> Iterator[tuple[MlflowTracker, dict]]:
     """A nested MLflow run around a stage; the dict collects `seconds` when the block ends."""
     client = ctx.client()
     timing: dict[str, float] = {}

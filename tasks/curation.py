@@ -23,7 +23,13 @@ def curate_cold_start(
     train_digest = file_digest(problems.train_path)
     with tracked_stage(ctx, STAGE, config) as (tracker, timing):
         log_dataset(
-            tracker.client, tracker.run_id, "problems-train", train_digest, problems.train_path, "train", problems.n_train
+            tracker.client,
+            tracker.run_id,
+            "problems-train",
+            train_digest,
+            problems.train_path,
+            "train",
+            problems.n_train,
         )
         curated = curation_stage.run(config, problems, base.output, ctx.stage_dir(STAGE), tracker)
         digest = rows_digest(load_from_disk(str(curated.dataset_path)))
@@ -31,13 +37,26 @@ def curate_cold_start(
         tracker.log_artifact(curated.candidates_path, "candidates")
         tracker.client.set_tag(tracker.run_id, "dataset.digest", digest)
         store.write_curation(
-            ctx.paths.duckdb, ctx.parent_run_id, tracker.run_id, curated.candidates_path, curated.filter_counts
+            ctx.paths.duckdb,
+            ctx.parent_run_id,
+            tracker.run_id,
+            curated.candidates_path,
+            curated.filter_counts,
         )
     store.record_lineage(
-        ctx.paths.duckdb, str(curated.dataset_path), "dataset", digest, STAGE, tracker.run_id,
+        ctx.paths.duckdb,
+        str(curated.dataset_path),
+        "dataset",
+        digest,
+        STAGE,
+        tracker.run_id,
         [train_digest, base.digest],
     )
     return StageResult(
-        STAGE, tracker.run_id, curated, timing["seconds"], digest,
+        STAGE,
+        tracker.run_id,
+        curated,
+        timing["seconds"],
+        digest,
         {"kept": f"{curated.n_kept}/{curated.n_candidates}"},
     )

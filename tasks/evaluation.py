@@ -22,13 +22,22 @@ def evaluate_model(
     client = ctx.client()
     tracker = MlflowTracker(client, stage.run_id)
     log_dataset(
-        client, stage.run_id, "problems-heldout", file_digest(problems.heldout_path),
-        problems.heldout_path, "eval", problems.n_heldout,
+        client,
+        stage.run_id,
+        "problems-heldout",
+        file_digest(problems.heldout_path),
+        problems.heldout_path,
+        "eval",
+        problems.n_heldout,
     )
-    report = evaluate_stage.run(config, stage.output, problems, ctx.stage_dir(stage.stage) / "eval", tracker)
+    report = evaluate_stage.run(
+        config, stage.output, problems, ctx.stage_dir(stage.stage) / "eval", tracker
+    )
     tracker.log_artifact(report.samples_path, "eval")
     samples = pq.read_table(report.samples_path).slice(0, SAMPLE_ROWS).to_pylist()
-    client.log_table(stage.run_id, {k: [r[k] for r in samples] for k in samples[0]}, "eval/samples.json")
+    client.log_table(
+        stage.run_id, {k: [r[k] for r in samples] for k in samples[0]}, "eval/samples.json"
+    )
     get_run_logger().info(
         "%s: %s", stage.stage, ", ".join(f"{k}={v:.3f}" for k, v in report.metrics.items())
     )

@@ -52,7 +52,11 @@ def open_pipeline_run(config: PipelineConfig) -> RunContext:
     flow_run_id = str(runtime.flow_run.id or "no-flow-run")
     experiment = experiment_id(client, config.name, paths)
     run_id = start_pipeline_run(
-        client, experiment, f"{config.name}-{flow_run_id[:8]}", flow_run_id, config.model_dump(mode="json")
+        client,
+        experiment,
+        f"{config.name}-{flow_run_id[:8]}",
+        flow_run_id,
+        config.model_dump(mode="json"),
     )
     get_run_logger().info("MLflow parent run %s in %s", run_id, paths.tracking_uri)
     return RunContext(paths.root, run_id, flow_run_id, model_name=config.name)

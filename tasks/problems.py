@@ -23,5 +23,7 @@ def prepare_problems(config: DataConfig, ctx: RunContext) -> ProblemSet:
     ):
         digest = file_digest(path)
         log_dataset(client, ctx.parent_run_id, f"problems-{context}", digest, path, context, rows)
-        store.record_lineage(ctx.paths.duckdb, str(path), "problems", digest, "problems", ctx.parent_run_id, [])
+        store.record_lineage(
+            ctx.paths.duckdb, str(path), "problems", digest, "problems", ctx.parent_run_id, []
+        )
     return problems

@@ -33,7 +33,9 @@ def test_bad_value_names_its_path_and_reason(tmp_path):
 
 
 def test_cross_field_rules(tmp_path):
-    with pytest.raises(ConfigError, match=r"evaluation: Value error, k \(8\) exceeds n_samples \(4\)"):
+    with pytest.raises(
+        ConfigError, match=r"evaluation: Value error, k \(8\) exceeds n_samples \(4\)"
+    ):
         load_profile(write(tmp_path, "evaluation: {k: 8, n_samples: 4}\n"))
     with pytest.raises(ConfigError, match="style shares sum to"):
         load_profile(write(tmp_path, "bootstrap: {corpus: {direct_share: 0.9}}\n"))

@@ -6,7 +6,9 @@ from curation.teacher import Trace, write_trace, write_traces
 from problems.generators import split_world
 from rewards.format import is_well_formed
 
-SPEC = FilterConfig(min_tokens=10, max_tokens=120, min_language_share=0.95, min_distinct_trigrams=0.75)
+SPEC = FilterConfig(
+    min_tokens=10, max_tokens=120, min_language_share=0.95, min_distinct_trigrams=0.75
+)
 GOOD = (
     "<think> Let me work through this step by step. First, 7 + 5 = 12. Finally, 12 * 2 = 24. "
     "Let me check the last step: 12 * 2 gives 24, which matches. </think> "
@@ -36,14 +38,20 @@ def test_format_filter():
 
 
 def test_language_filter():
-    mixed = GOOD.replace("Let me work through this step by step.", "Λετ με ωορκ τηροθγη τηισ στεπ βυ στεπ.")
+    mixed = GOOD.replace(
+        "Let me work through this step by step.", "Λετ με ωορκ τηροθγη τηισ στεπ βυ στεπ."
+    )
     assert only(mixed)["language"] == 1
-    greek = "<think> Φιρστ, 7 + 5 = 12. Τηεν 12 * 2 = 24. </think> <answer> Τηε ανσωερ ισ 24. </answer>"
+    greek = (
+        "<think> Φιρστ, 7 + 5 = 12. Τηεν 12 * 2 = 24. </think> <answer> Τηε ανσωερ ισ 24. </answer>"
+    )
     assert only(greek, language="greek")["language"] == 0
 
 
 def test_length_filter_both_bounds():
-    assert only(GOOD.replace("Let me check", " ".join(["and"] * 100) + " Let me check"))["length"] == 1
+    assert (
+        only(GOOD.replace("Let me check", " ".join(["and"] * 100) + " Let me check"))["length"] == 1
+    )
     assert only("<think> 24 </think> <answer> The answer is 24. </answer>")["length"] == 1
 
 
@@ -70,7 +78,14 @@ def test_duplicates_filter_is_per_problem_and_whitespace_blind():
 def test_counts_follow_filter_order_and_each_trace_counts_once():
     both = GOOD.replace("<think>", "")  # fails format; would fail nothing else
     result = apply_filters([trace(both, answer="99")], SPEC, words)
-    assert result.counts == {"format": 1, "language": 0, "length": 0, "readability": 0, "correctness": 0, "duplicates": 0}
+    assert result.counts == {
+        "format": 1,
+        "language": 0,
+        "length": 0,
+        "readability": 0,
+        "correctness": 0,
+        "duplicates": 0,
+    }
     assert [name for _, name in result.removed] == ["format"]
 
 
@@ -85,8 +100,15 @@ def test_teacher_faults_are_each_caught_by_the_filters():
 
 def test_clean_teacher_traces_are_well_formed_and_correct():
     train, _ = split_world(WorldConfig(seed=0, n_train=50, n_heldout=5))
-    clean = TeacherConfig(slip_share=0, drop_tags_share=0, mix_language_share=0, ramble_share=0,
-                          repeat_share=0, no_summary_share=0, duplicate_share=0)
+    clean = TeacherConfig(
+        slip_share=0,
+        drop_tags_share=0,
+        mix_language_share=0,
+        ramble_share=0,
+        repeat_share=0,
+        no_summary_share=0,
+        duplicate_share=0,
+    )
     traces = write_traces(train, clean)
     assert all(is_well_formed(t.completion) for t in traces)
     result = apply_filters(traces, SPEC, words)

@@ -39,14 +39,20 @@ def test_majority_vote_ignores_missing_and_breaks_ties_by_first_seen():
 
 
 def test_cons_at_k_uses_only_first_k_samples():
-    samples = ProblemSamples(["7", "7", "9", "9", "9"], [False, False, True, True, True], [True] * 5, [True] * 5)
+    samples = ProblemSamples(
+        ["7", "7", "9", "9", "9"], [False, False, True, True, True], [True] * 5, [True] * 5
+    )
     assert cons_at_k(samples, 2) == 0.0
     assert cons_at_k(samples, 5) == 1.0
 
 
 def test_summarize_worked_example():
-    a = ProblemSamples(["1", "1", "2", "1"], [True, True, False, True], [True, False, True, True], [True] * 4)
-    b = ProblemSamples([None, "4", "4", "5"], [False, False, False, False], [False] * 4, [True, True, False, False])
+    a = ProblemSamples(
+        ["1", "1", "2", "1"], [True, True, False, True], [True, False, True, True], [True] * 4
+    )
+    b = ProblemSamples(
+        [None, "4", "4", "5"], [False, False, False, False], [False] * 4, [True, True, False, False]
+    )
     m = summarize([a, b], k=2)
     assert m["pass_at_1"] == pytest.approx((3 / 4 + 0) / 2)
     assert m["pass_at_2"] == pytest.approx((pass_at_k(4, 3, 2) + 0) / 2)

@@ -40,10 +40,18 @@ def test_prefect_recorded_a_completed_flow_run_with_every_task(micro_run):
     _, result = micro_run
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(result.flow_run_id)
-        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+        )
     assert flow_run.state.is_completed()
     names = {t.name.rsplit("-", 1)[0] for t in task_runs}
-    assert {"prepare-problems", "bootstrap-base-model", "curate-cold-start", "cold-start-sft", "evaluate-model"} <= names
+    assert {
+        "prepare-problems",
+        "bootstrap-base-model",
+        "curate-cold-start",
+        "cold-start-sft",
+        "evaluate-model",
+    } <= names
     assert all(t.state.is_completed() for t in task_runs)
 
 
@@ -53,9 +61,13 @@ def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
     parent = client.get_run(result.parent_run_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["prefect.flow_run_id"] == result.flow_run_id
-    assert {i.dataset.name for i in parent.inputs.dataset_inputs} == {"problems-train", "problems-eval"}
+    assert {i.dataset.name for i in parent.inputs.dataset_inputs} == {
+        "problems-train",
+        "problems-eval",
+    }
     children = client.search_runs(
-        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
     )
     by_stage = {r.data.tags["r1.stage"]: r for r in children}
     assert set(by_stage) == STAGES and len(children) == 3
@@ -66,8 +78,14 @@ def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
         assert run.data.metrics["stage/seconds"] > 0
     for stage in ("bootstrap", "cold_start_sft"):
         metrics = by_stage[stage].data.metrics
-        assert {"eval/pass_at_1", "eval/pass_at_2", "eval/cons_at_2", "eval/format_rate",
-                "eval/language_consistency_rate", "train/loss"} <= set(metrics)
+        assert {
+            "eval/pass_at_1",
+            "eval/pass_at_2",
+            "eval/cons_at_2",
+            "eval/format_rate",
+            "eval/language_consistency_rate",
+            "train/loss",
+        } <= set(metrics)
         assert 0.0 <= metrics["eval/pass_at_1"] <= metrics["eval/pass_at_2"] <= 1.0
         assert parent.data.metrics[f"{stage}/format_rate"] == metrics["eval/format_rate"]
         version = client.get_model_version_by_alias("r1-micro", stage)
@@ -87,22 +105,40 @@ def test_duckdb_holds_the_curated_set_and_the_filter_counts(micro_run):
         [parent.info.experiment_id], filter_string="tags.`r1.stage` = 'cold_start_curation'"
     )
     with duckdb.connect(str(state / "r1.duckdb"), read_only=True) as con:
-        counts = dict(con.execute(
-            "SELECT filter, removed FROM curation_filters WHERE stage_run_id = ? ORDER BY position",
-            [curation.info.run_id],
-        ).fetchall())
+        counts = dict(
+            con.execute(
+                "SELECT filter, removed FROM curation_filters WHERE stage_run_id = ? "
+                "ORDER BY position",
+                [curation.info.run_id],
+            ).fetchall()
+        )
         kept, removed = con.execute(
-            "SELECT count(*) FILTER (WHERE kept), count(*) FILTER (WHERE NOT kept) FROM curated_traces"
+            "SELECT count(*) FILTER (WHERE kept), count(*) FILTER (WHERE NOT kept) "
+            "FROM curated_traces"
         ).fetchone()
-        by_filter = dict(con.execute(
-            "SELECT removed_by, count(*) FROM curated_traces WHERE NOT kept GROUP BY removed_by"
-        ).fetchall())
-        lineage = con.execute("SELECT kind, stage, inputs FROM lineage ORDER BY created_at").fetchall()
-    assert list(counts) == ["format", "language", "length", "readability", "correctness", "duplicates"]
+        by_filter = dict(
+            con.execute(
+                "SELECT removed_by, count(*) FROM curated_traces WHERE NOT kept GROUP BY removed_by"
+            ).fetchall()
+        )
+        lineage = con.execute(
+            "SELECT kind, stage, inputs FROM lineage ORDER BY created_at"
+        ).fetchall()
+    assert list(counts) == [
+        "format",
+        "language",
+        "length",
+        "readability",
+        "correctness",
+        "duplicates",
+    ]
     assert {k: v for k, v in counts.items() if v} == by_filter
     assert removed == sum(counts.values())
-    assert counts == {k.split("/")[1].removesuffix("_removed"): int(v)
-                      for k, v in curation.data.metrics.items() if k.startswith("filter/")}
+    assert counts == {
+        k.split("/")[1].removesuffix("_removed"): int(v)
+        for k, v in curation.data.metrics.items()
+        if k.startswith("filter/")
+    }
     dataset_path = state / "runs" / result.parent_run_id / "cold_start_curation" / "curated"
     assert len(load_from_disk(str(dataset_path))) == kept > 0
     kinds = [(kind, stage) for kind, stage, _ in lineage]
@@ -123,7 +159,11 @@ def test_a_failing_stage_marks_the_mlflow_runs_failed(prefect_server, tmp_path, 
     from flows.r1_pipeline import r1_pipeline
 
     config = load_profile(
-        "micro", ["data.source=files", f"data.files={{train_path: {tmp_path}/no.jsonl, heldout_path: {tmp_path}/no.jsonl}}"]
+        "micro",
+        [
+            "data.source=files",
+            f"data.files={{train_path: {tmp_path}/no.jsonl, heldout_path: {tmp_path}/no.jsonl}}",
+        ],
     )
     with pytest.raises(Exception, match="no such file"):
         r1_pipeline(config)

@@ -4,12 +4,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from configs.schema import WorldConfig
+from configs.schema import CorpusConfig, WorldConfig
 from problems.corpus import build_corpus
 from problems.generators import evaluate, expression, split_world, worked_steps
 from problems.loader import ProblemFileError, load_problems, write_problems
 from problems.scripts import dominant_script, to_script
-from configs.schema import CorpusConfig
 
 WORLD = WorldConfig(seed=3, n_train=600, n_heldout=100)
 
@@ -75,7 +74,10 @@ def test_loader_reads_gsm8k_jsonl(tmp_path):
 
 def test_loader_reads_math_parquet_with_other_column_names(tmp_path):
     path = tmp_path / "math.parquet"
-    pq.write_table(pa.Table.from_pylist([{"problem": "1/2 + 0?", "solution": r"It is $\boxed{\frac12}$."}]), path)
+    pq.write_table(
+        pa.Table.from_pylist([{"problem": "1/2 + 0?", "solution": r"It is $\boxed{\frac12}$."}]),
+        path,
+    )
     problems = load_problems(path, question_field="problem", answer_field="solution")
     assert problems[0].answer == r"\frac12"
 

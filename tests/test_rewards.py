@@ -47,7 +47,9 @@ def test_grade_reads_answer_block_gsm8k_and_boxed_gold():
     assert grade("<think> 2 + 2 = 4 </think> <answer> The answer is 4. </answer>", "#### 4").correct
     assert grade(r"The answer is \boxed{4}.", "#### 4").correct
     assert grade("The answer is 4.", r"so it is \boxed{4}").correct
-    assert grade("<think> 4 </think> <answer> 5 </answer>", "4") == grade("<think> 4 </think> <answer> 5 </answer>", "4")
+    assert grade("<think> 4 </think> <answer> 5 </answer>", "4") == grade(
+        "<think> 4 </think> <answer> 5 </answer>", "4"
+    )
     assert grade("<think> 4 </think> <answer> 5 </answer>", "4").correct is False
     assert grade("no number at all", "4").correct is False
     assert answer_block("<answer> 1 </answer> <answer> 2 </answer>") == "2"

@@ -18,9 +18,17 @@ def tokenizer():
 
 def tiny_model(tokenizer, seed=0):
     return build_model(
-        "qwen2", len(tokenizer), hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-        intermediate_size=32, max_position_embeddings=128,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, seed=seed,
+        "qwen2",
+        len(tokenizer),
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=32,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        seed=seed,
     )
 
 
@@ -30,12 +38,19 @@ def test_tokenizer_keeps_tags_whole_and_splits_digits(tokenizer):
     assert pieces[0] == "<think>" and pieces[-1] == "</think>"
     assert all(sum(ch.isdigit() for ch in piece) <= 1 for piece in pieces)
     text = "<think> 1 + 2 = 3 </think> <answer> 3 </answer>"
-    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"], skip_special_tokens=True) == text
+    assert (
+        tokenizer.decode(
+            tokenizer(text, add_special_tokens=False)["input_ids"], skip_special_tokens=True
+        )
+        == text
+    )
 
 
 def test_sft_examples_put_the_loss_on_the_completion_only(tokenizer):
     prompt = render_prompt(tokenizer, "What is 1 + 2?")
-    (example,) = sft_examples(tokenizer, [prompt], [render_completion("The answer is 3.")], max_length=256)
+    (example,) = sft_examples(
+        tokenizer, [prompt], [render_completion("The answer is 3.")], max_length=256
+    )
     n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     assert example.labels[:n_prompt] == [IGNORE] * n_prompt
     assert example.labels[n_prompt:] == example.input_ids[n_prompt:]
@@ -51,7 +66,9 @@ def test_batch_order_covers_fractional_epochs():
     cfg = TrainConfig(epochs=1.5, batch_size=4, seed=1)
     order = batch_order(10, cfg)
     assert len(order) == 4 and all(len(b) == 4 for b in order)
-    assert sorted(i for b in order[:2] for i in b)[:8] == sorted(set(i for b in order[:2] for i in b))
+    assert sorted(i for b in order[:2] for i in b)[:8] == sorted(
+        set(i for b in order[:2] for i in b)
+    )
 
 
 def test_training_lowers_the_loss_and_changes_parameters(tokenizer, tmp_path):
@@ -59,10 +76,25 @@ def test_training_lowers_the_loss_and_changes_parameters(tokenizer, tmp_path):
     before = [p.detach().clone() for p in model.parameters()]
     examples = lm_examples(tokenizer, TEXTS, max_length=64)
     losses = []
-    cfg = TrainConfig(epochs=6, batch_size=20, learning_rate=1e-2, warmup_steps=0, log_every=1, checkpoint_every=100)
-    train(model, examples, cfg, tmp_path, "fp", lambda m, s: losses.append(m["train/loss"]), tokenizer.pad_token_id)
+    cfg = TrainConfig(
+        epochs=6,
+        batch_size=20,
+        learning_rate=1e-2,
+        warmup_steps=0,
+        log_every=1,
+        checkpoint_every=100,
+    )
+    train(
+        model,
+        examples,
+        cfg,
+        tmp_path,
+        "fp",
+        lambda m, s: losses.append(m["train/loss"]),
+        tokenizer.pad_token_id,
+    )
     assert losses[-1] < 0.7 * losses[0]
-    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 class Crash(RuntimeError):
@@ -71,7 +103,9 @@ class Crash(RuntimeError):
 
 def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_weights(tokenizer, tmp_path):
     examples = lm_examples(tokenizer, TEXTS, max_length=64)
-    cfg = TrainConfig(epochs=1, batch_size=10, learning_rate=5e-3, warmup_steps=2, log_every=1, checkpoint_every=4)
+    cfg = TrainConfig(
+        epochs=1, batch_size=10, learning_rate=5e-3, warmup_steps=2, log_every=1, checkpoint_every=4
+    )
 
     straight = tiny_model(tokenizer)
     train(straight, examples, cfg, tmp_path / "a", "fp", lambda m, s: None, tokenizer.pad_token_id)
@@ -82,17 +116,43 @@ def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_weights(tokenizer
 
     interrupted = tiny_model(tokenizer)
     with pytest.raises(Crash):
-        train(interrupted, examples, cfg, tmp_path / "b", "fp", crash_at_step_7, tokenizer.pad_token_id)
+        train(
+            interrupted,
+            examples,
+            cfg,
+            tmp_path / "b",
+            "fp",
+            crash_at_step_7,
+            tokenizer.pad_token_id,
+        )
     resumed = tiny_model(tokenizer)
-    report = train(resumed, examples, cfg, tmp_path / "b", "fp", lambda m, s: None, tokenizer.pad_token_id)
+    report = train(
+        resumed, examples, cfg, tmp_path / "b", "fp", lambda m, s: None, tokenizer.pad_token_id
+    )
     assert report.resumed_from == 4
-    for a, b in zip(straight.parameters(), resumed.parameters()):
+    for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
 
 
 def test_a_checkpoint_of_another_run_is_not_resumed(tokenizer, tmp_path):
     examples = lm_examples(tokenizer, TEXTS[:20], max_length=64)
     cfg = TrainConfig(epochs=1, batch_size=10, checkpoint_every=1)
-    train(tiny_model(tokenizer), examples, cfg, tmp_path, "run-a", lambda m, s: None, tokenizer.pad_token_id)
-    report = train(tiny_model(tokenizer), examples, cfg, tmp_path, "run-b", lambda m, s: None, tokenizer.pad_token_id)
+    train(
+        tiny_model(tokenizer),
+        examples,
+        cfg,
+        tmp_path,
+        "run-a",
+        lambda m, s: None,
+        tokenizer.pad_token_id,
+    )
+    report = train(
+        tiny_model(tokenizer),
+        examples,
+        cfg,
+        tmp_path,
+        "run-b",
+        lambda m, s: None,
+        tokenizer.pad_token_id,
+    )
     assert report.resumed_from == 0

@@ -105,7 +105,9 @@ def train(
     if not examples:
         raise ValueError(f"{desc}: no training examples")
     order = batch_order(len(examples), cfg)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, len(order)))
     start = 0
     state = _load_checkpoint(ckpt_dir, fingerprint)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs the project with its dev tools, CPU-only.
+# Re-running is cheap: it reinstalls only when pyproject.toml or the constraints change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="${R1_VENV:-.venv}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating $venv with $("$python" --version)" >&2
+  "$python" -m venv "$venv"
+fi
+
+stamp="$venv/.r1-install-stamp"
+wanted="$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
+  echo "setup: installing the project into $venv (CPU build of torch; first time takes a few minutes)" >&2
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet -c constraints/cpu.txt -e ".[dev]"
+  echo "$wanted" > "$stamp"
+fi

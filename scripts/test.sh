@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Tests: set up on first use, then run the default (fast) suite, which includes the end-to-end
+# pipeline test on the micro profile. Extra arguments go to pytest (e.g. -m slow).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec "${R1_VENV:-.venv}/bin/python" -m pytest "$@"
