@@ -136,6 +136,12 @@ class TeacherConfig(Strict):
     duplicate_share: float = Field(0.05, ge=0, le=1)
     seed: int = 0
 
+    @classmethod
+    def faultless(cls, seed: int = 0) -> TeacherConfig:
+        """A teacher that makes no deliberate faults: every trace is clean."""
+        shares = [name for name in cls.model_fields if name.endswith("_share")]
+        return cls(seed=seed, **dict.fromkeys(shares, 0.0))
+
 
 class FilterConfig(Strict):
     min_tokens: int = Field(16, ge=1)

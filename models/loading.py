@@ -19,6 +19,8 @@ from transformers import (
     Qwen2Config,
 )
 
+from configs.schema import ModelConfig
+
 _ARCHITECTURES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "llama": LlamaConfig}
 
 
@@ -27,30 +29,17 @@ class ModelNotFoundError(FileNotFoundError):
 
 
 def build_model(
-    architecture: str,
-    vocab_size: int,
-    *,
-    hidden_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    intermediate_size: int,
-    max_position_embeddings: int,
-    pad_token_id: int,
-    eos_token_id: int,
-    seed: int = 0,
+    spec: ModelConfig, vocab_size: int, pad_token_id: int, eos_token_id: int, seed: int = 0
 ) -> PreTrainedModel:
     """A freshly initialised Qwen2- or Llama-architecture decoder."""
-    if architecture not in _ARCHITECTURES:
-        raise ValueError(f"unknown architecture {architecture!r}; known: {sorted(_ARCHITECTURES)}")
-    config = _ARCHITECTURES[architecture](
+    config = _ARCHITECTURES[spec.architecture](
         vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_position_embeddings,
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_id,
         bos_token_id=None,

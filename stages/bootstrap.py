@@ -34,19 +34,7 @@ def _tokenizer_texts(docs: list, train_problems: list, seed: int) -> list[str]:
     reasoning vocabulary, every later long trace would fall apart into byte-level pieces (two per
     Greek letter). The traces shape only the vocabulary, not the base model.
     """
-    traces = write_traces(
-        train_problems,
-        TeacherConfig(
-            slip_share=0,
-            drop_tags_share=0,
-            mix_language_share=0,
-            ramble_share=0,
-            repeat_share=0,
-            no_summary_share=0,
-            duplicate_share=0,
-            seed=seed,
-        ),
-    )
+    traces = write_traces(train_problems, TeacherConfig.faultless(seed))
     return [d.question for d in docs] + [d.response for d in docs] + [t.completion for t in traces]
 
 
@@ -62,19 +50,8 @@ def run(
     texts = [render_prompt(tokenizer, d.question) + render_completion(d.response) for d in docs]
     examples = lm_examples(tokenizer, texts, config.train.max_length)
 
-    m = config.model
     model = build_model(
-        m.architecture,
-        len(tokenizer),
-        hidden_size=m.hidden_size,
-        num_layers=m.num_layers,
-        num_heads=m.num_heads,
-        num_kv_heads=m.num_kv_heads,
-        intermediate_size=m.intermediate_size,
-        max_position_embeddings=m.max_position_embeddings,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        seed=seed,
+        config.model, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed
     )
     n_params = parameter_count(model)
     log.info(

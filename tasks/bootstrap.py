@@ -8,9 +8,9 @@ from configs.schema import BootstrapConfig
 from stages import bootstrap as bootstrap_stage
 from stages.refs import ModelRef, ProblemSet
 from storage import store
-from storage.digests import file_digest, tree_digest
-from storage.tracking import log_dataset, register_model
-from tasks.context import RunContext, StageResult, tracked_stage
+from storage.digests import tree_digest
+from storage.tracking import register_model
+from tasks.context import RunContext, StageResult, log_problems, tracked_stage
 
 STAGE = "bootstrap"
 
@@ -19,17 +19,8 @@ STAGE = "bootstrap"
 def bootstrap_base(
     config: BootstrapConfig, ctx: RunContext, problems: ProblemSet, seed: int = 0
 ) -> StageResult[ModelRef]:
-    train_digest = file_digest(problems.train_path)
     with tracked_stage(ctx, STAGE, config) as (tracker, timing):
-        log_dataset(
-            tracker.client,
-            tracker.run_id,
-            "problems-train",
-            train_digest,
-            problems.train_path,
-            "train",
-            problems.n_train,
-        )
+        train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
         model = bootstrap_stage.run(config, problems, ctx.stage_dir(STAGE), tracker, seed)
         digest = tree_digest(model.path)
         version = register_model(tracker.client, tracker.run_id, model.path, ctx.model_name, STAGE)

@@ -12,8 +12,10 @@ from typing import Any, Generic, TypeVar
 from mlflow import MlflowClient
 from pydantic import BaseModel
 
+from stages.refs import ProblemSet
+from storage.digests import file_digest
 from storage.paths import StatePaths
-from storage.tracking import MlflowTracker, stage_run, tracking_client
+from storage.tracking import MlflowTracker, log_dataset, stage_run, tracking_client
 
 T = TypeVar("T")
 
@@ -48,6 +50,18 @@ class StageResult(Generic[T]):
     seconds: float
     digest: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
+
+
+def log_problems(client: MlflowClient, run_id: str, problems: ProblemSet, split: str) -> str:
+    """Record a problem file as an input of `run_id`; returns its content digest."""
+    path, rows, context = (
+        (problems.train_path, problems.n_train, "train")
+        if split == "train"
+        else (problems.heldout_path, problems.n_heldout, "eval")
+    )
+    digest = file_digest(path)
+    log_dataset(client, run_id, f"problems-{split}", digest, path, context, rows)
+    return digest
 
 
 @contextmanager

@@ -9,9 +9,8 @@ from configs.schema import CurationConfig
 from stages import curation as curation_stage
 from stages.refs import CuratedSet, ModelRef, ProblemSet
 from storage import store
-from storage.digests import file_digest, rows_digest
-from storage.tracking import log_dataset
-from tasks.context import RunContext, StageResult, tracked_stage
+from storage.digests import rows_digest
+from tasks.context import RunContext, StageResult, log_problems, tracked_stage
 
 STAGE = "cold_start_curation"
 
@@ -20,17 +19,8 @@ STAGE = "cold_start_curation"
 def curate_cold_start(
     config: CurationConfig, ctx: RunContext, problems: ProblemSet, base: StageResult[ModelRef]
 ) -> StageResult[CuratedSet]:
-    train_digest = file_digest(problems.train_path)
     with tracked_stage(ctx, STAGE, config) as (tracker, timing):
-        log_dataset(
-            tracker.client,
-            tracker.run_id,
-            "problems-train",
-            train_digest,
-            problems.train_path,
-            "train",
-            problems.n_train,
-        )
+        train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
         curated = curation_stage.run(config, problems, base.output, ctx.stage_dir(STAGE), tracker)
         digest = rows_digest(load_from_disk(str(curated.dataset_path)))
         tracker.client.log_dict(tracker.run_id, curated.filter_counts, "filter_counts.json")

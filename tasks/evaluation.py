@@ -8,9 +8,8 @@ from prefect import get_run_logger, task
 from configs.schema import EvalConfig
 from stages import evaluate as evaluate_stage
 from stages.refs import EvalReport, ModelRef, ProblemSet
-from storage.digests import file_digest
-from storage.tracking import MlflowTracker, log_dataset
-from tasks.context import RunContext, StageResult
+from storage.tracking import MlflowTracker
+from tasks.context import RunContext, StageResult, log_problems
 
 SAMPLE_ROWS = 50  # completions shown in the MLflow table; all of them stay in the Parquet file
 
@@ -21,15 +20,7 @@ def evaluate_model(
 ) -> EvalReport:
     client = ctx.client()
     tracker = MlflowTracker(client, stage.run_id)
-    log_dataset(
-        client,
-        stage.run_id,
-        "problems-heldout",
-        file_digest(problems.heldout_path),
-        problems.heldout_path,
-        "eval",
-        problems.n_heldout,
-    )
+    log_problems(client, stage.run_id, problems, "heldout")
     report = evaluate_stage.run(
         config, stage.output, problems, ctx.stage_dir(stage.stage) / "eval", tracker
     )

@@ -8,21 +8,15 @@ from configs.schema import DataConfig
 from stages import problems as problems_stage
 from stages.refs import ProblemSet
 from storage import store
-from storage.digests import file_digest
-from storage.tracking import log_dataset
-from tasks.context import RunContext
+from tasks.context import RunContext, log_problems
 
 
 @task(name="prepare-problems", retries=1)
 def prepare_problems(config: DataConfig, ctx: RunContext) -> ProblemSet:
     problems = problems_stage.run(config, ctx.stage_dir("problems"))
     client = ctx.client()
-    for path, rows, context in (
-        (problems.train_path, problems.n_train, "train"),
-        (problems.heldout_path, problems.n_heldout, "eval"),
-    ):
-        digest = file_digest(path)
-        log_dataset(client, ctx.parent_run_id, f"problems-{context}", digest, path, context, rows)
+    for split, path in (("train", problems.train_path), ("heldout", problems.heldout_path)):
+        digest = log_problems(client, ctx.parent_run_id, problems, split)
         store.record_lineage(
             ctx.paths.duckdb, str(path), "problems", digest, "problems", ctx.parent_run_id, []
         )

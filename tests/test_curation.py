@@ -100,15 +100,7 @@ def test_teacher_faults_are_each_caught_by_the_filters():
 
 def test_clean_teacher_traces_are_well_formed_and_correct():
     train, _ = split_world(WorldConfig(seed=0, n_train=50, n_heldout=5))
-    clean = TeacherConfig(
-        slip_share=0,
-        drop_tags_share=0,
-        mix_language_share=0,
-        ramble_share=0,
-        repeat_share=0,
-        no_summary_share=0,
-        duplicate_share=0,
-    )
+    clean = TeacherConfig.faultless()
     traces = write_traces(train, clean)
     assert all(is_well_formed(t.completion) for t in traces)
     result = apply_filters(traces, SPEC, words)

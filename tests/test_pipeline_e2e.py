@@ -63,7 +63,7 @@ def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
     assert parent.data.tags["prefect.flow_run_id"] == result.flow_run_id
     assert {i.dataset.name for i in parent.inputs.dataset_inputs} == {
         "problems-train",
-        "problems-eval",
+        "problems-heldout",
     }
     children = client.search_runs(
         [parent.info.experiment_id],

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from configs.schema import TrainConfig
+from configs.schema import ModelConfig, TrainConfig
 from models.chat import render_completion, render_prompt
 from models.loading import build_model
 from models.tokenizer import train_tokenizer
@@ -17,19 +17,15 @@ def tokenizer():
 
 
 def tiny_model(tokenizer, seed=0):
-    return build_model(
-        "qwen2",
-        len(tokenizer),
+    spec = ModelConfig(
         hidden_size=16,
         num_layers=1,
         num_heads=2,
         num_kv_heads=1,
         intermediate_size=32,
         max_position_embeddings=128,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        seed=seed,
     )
+    return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
 
 
 def test_tokenizer_keeps_tags_whole_and_splits_digits(tokenizer):

@@ -1,0 +1,24 @@
+import os
+
+import pytest
+
+from cli.main import main
+
+
+@pytest.fixture(autouse=True)
+def private_environment(monkeypatch):
+    """`r1` points the process environment at its state folder; keep that inside each test."""
+    monkeypatch.setattr(os, "environ", os.environ.copy())
+
+
+def test_config_prints_the_validated_profile(capsys, tmp_path):
+    assert main(["config", "--profile", "micro", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "name: r1-micro" in out and "n_samples: 2" in out
+
+
+def test_a_bad_setting_exits_2_naming_the_key(capsys, tmp_path):
+    code = main(["run", "--set", "cold_start_sft.train.epohcs=2", "--state-dir", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "cold_start_sft.train.epohcs: Extra inputs are not permitted" in err
