@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from cli.table import filter_table, stage_table
     from flows.r1_pipeline import r1_pipeline
 
-    result = r1_pipeline(config)
+    result = r1_pipeline(config=config)
     console = Console(width=max(120, Console().width))
     console.print(stage_table(result, config.evaluation.k))
     if result.filter_counts:

@@ -20,9 +20,9 @@ from tasks.sft import cold_start_sft
 
 
 @flow(name="r1_pipeline", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
-def r1_pipeline(config: PipelineConfig | None = None) -> PipelineResult:
-    """Run the stages in order; `config` defaults to the tiny profile."""
-    config = config or load_profile("tiny")
+def r1_pipeline(profile: str = "tiny", config: PipelineConfig | None = None) -> PipelineResult:
+    """Run the stages in order on `config`, or, when none is given, on the named profile."""
+    config = config or load_profile(profile)
     ctx = open_pipeline_run(config)
     problems = prepare_problems(config.data, ctx)
 

@@ -28,7 +28,7 @@ def micro_run(prefect_server, tmp_path_factory):
     mp.setenv("R1_STATE_DIR", str(state))
     from flows.r1_pipeline import r1_pipeline
 
-    result = r1_pipeline(load_profile("micro"))
+    result = r1_pipeline(profile="micro")
     yield state, result
     mp.undo()
 
@@ -166,7 +166,7 @@ def test_a_failing_stage_marks_the_mlflow_runs_failed(prefect_server, tmp_path, 
         ],
     )
     with pytest.raises(Exception, match="no such file"):
-        r1_pipeline(config)
+        r1_pipeline(config=config)
     client = MlflowClient(f"sqlite:///{tmp_path}/state/mlflow.db")
     (experiment,) = [e for e in client.search_experiments() if e.name == "r1-micro"]
     (parent,) = client.search_runs([experiment.experiment_id])

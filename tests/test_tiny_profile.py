@@ -5,8 +5,6 @@ Run with `bash scripts/test.sh -m slow`.
 
 import pytest
 
-from configs import load_profile
-
 
 @pytest.mark.slow
 def test_tiny_profile_meets_its_promises(tmp_path, monkeypatch):
@@ -16,7 +14,7 @@ def test_tiny_profile_meets_its_promises(tmp_path, monkeypatch):
     from flows.r1_pipeline import r1_pipeline
 
     with prefect_test_harness(server_startup_timeout=180):
-        result = r1_pipeline(load_profile("tiny"))
+        result = r1_pipeline(profile="tiny")
     base, _, sft = result.rows
     assert 0.05 <= base.metrics["pass_at_1"] <= 0.60
     assert base.metrics["language_consistency_rate"] < 0.98  # the base mixes scripts
