@@ -94,7 +94,7 @@ def test_training_lowers_the_loss_and_changes_parameters(tokenizer, tmp_path):
 
 
 class Crash(RuntimeError):
-    pass
+    """Stands for a process dying mid-run."""
 
 
 def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_weights(tokenizer, tmp_path):
