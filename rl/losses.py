@@ -1,0 +1,108 @@
+"""The GRPO objective: importance ratios, the clipped surrogate, KL estimators, aggregation.
+
+All functions take per-token log-probabilities of the sampled tokens, shape (B, T), and a mask
+(B, T) that is 1 on completion tokens that count. Losses are to be minimised (the negated
+objective).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token log pi/pi_ref: unbiased for KL(pi || pi_ref), may be negative."""
+    return logp - ref_logp
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token pi_ref/pi - log(pi_ref/pi) - 1 (DeepSeekMath eq. 4): unbiased and >= 0."""
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": kl_k1,
+    "k3": kl_k3,
+}
+
+
+def clipped_surrogate(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A) per token, and the ratios rho.
+
+    `advantages` is (B, T), or (B,) for outcome supervision (broadcast over tokens). A larger
+    eps_high than eps_low is DAPO's clip-higher.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]  # (B, 1)
+    ratio = torch.exp(logp - old_logp)  # (B, T)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
+    return torch.minimum(unclipped, clipped), ratio  # (B, T), (B, T)
+
+
+def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Original GRPO: mean over each sequence's tokens, then over sequences."""
+    per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (B,)
+    return per_seq.mean()
+
+
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    """DAPO: mean over all tokens of the batch, so long sequences weigh by their length."""
+    return (per_token * mask).sum() / mask.sum().clamp(min=1)
+
+
+def constant_normaliser(per_token: torch.Tensor, mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Dr. GRPO: sum over tokens divided by a constant (batch size x max completion length)."""
+    return (per_token * mask).sum() / (per_token.shape[0] * max_len)
+
+
+AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = {
+    "sequence_mean": sequence_mean,
+    "token_mean": token_mean,
+    "constant": constant_normaliser,
+}
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    beta: float = 0.0,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    kl_estimator: str = "k3",
+    aggregation: str = "sequence_mean",
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The negated GRPO objective -(surrogate - beta * KL), aggregated, and its statistics."""
+    objective, ratio = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
+    per_token = -objective
+    stats: dict[str, float] = {}
+    m = mask.float()
+    n = m.sum().clamp(min=1)
+    if beta > 0.0:
+        if ref_logp is None:
+            raise ValueError("beta > 0 needs the reference log-probabilities")
+        kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp)
+        per_token = per_token + beta * kl
+        stats["kl"] = float((kl.detach() * m).sum() / n)
+    reduce = AGGREGATIONS[aggregation]
+    loss = reduce(per_token, m, max_len or logp.shape[1])
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    low = (ratio < 1.0 - eps_low) & (adv < 0)  # the clip bound that is active for A < 0
+    high = (ratio > 1.0 + eps_high) & (adv > 0)  # and for A > 0
+    stats["clip_low_fraction"] = float((low.float() * m).sum() / n)
+    stats["clip_high_fraction"] = float((high.float() * m).sum() / n)
+    return loss, stats
