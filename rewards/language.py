@@ -7,6 +7,7 @@ measure filters cold-start traces and gives the evaluation's language-consistenc
 from __future__ import annotations
 
 from problems.scripts import script_share
+from rewards.format import think_block
 
 CONSISTENT_AT = 0.95
 
@@ -24,4 +25,10 @@ def is_language_consistent(
 def language_reward(
     prompts: list[str], completions: list[str], language: list[str], **_: object
 ) -> list[float | None]:
-    return [language_consistency(c, lang) for c, lang in zip(completions, language, strict=True)]
+    """Share of the reasoning (the think block, else the whole completion) in the target script,
+    the language-consistency reward of DeepSeek-R1's reasoning RL."""
+    rewards: list[float | None] = []
+    for completion, lang in zip(completions, language, strict=True):
+        reasoning = think_block(completion)
+        rewards.append(language_consistency(reasoning if reasoning else completion, lang))
+    return rewards

@@ -1,24 +1,70 @@
-"""Reward functions by the names that configs use."""
+"""Reward functions by the names that configs use, and their weighted combination."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 from rewards.accuracy import accuracy_reward
 from rewards.format import format_reward
 from rewards.language import language_reward
+from rewards.length import overlong_reward
+from rewards.repetition import repetition_reward
+from rewards.tags import tag_count_reward
 
 RewardFn = Callable[..., list[float | None]]
 
 REWARDS: dict[str, RewardFn] = {
     "accuracy": accuracy_reward,
     "format": format_reward,
+    "tag_count": tag_count_reward,
     "language": language_reward,
+    "overlong": overlong_reward,
+    "repetition": repetition_reward,
 }
 
 
-def get_reward(name: str) -> RewardFn:
+def get_reward(name: str, **params: Any) -> RewardFn:
+    """The reward called `name`, with `params` bound (e.g. overlong's max_tokens)."""
     try:
-        return REWARDS[name]
+        fn = REWARDS[name]
     except KeyError:
         raise KeyError(f"unknown reward {name!r}; known: {sorted(REWARDS)}") from None
+    return partial(fn, **params) if params else fn
+
+
+def safe_scores(
+    fn: RewardFn, prompts: list[str], completions: list[str], **columns: Any
+) -> list[float | None]:
+    """Call a reward; a sample it fails on scores None (cannot be verified) instead of raising."""
+    try:
+        scores = fn(prompts, completions, **columns)
+    except Exception:  # one malformed completion must not stop training
+        scores = []
+        for i in range(len(completions)):
+            row = {k: v[i : i + 1] for k, v in columns.items()}
+            try:
+                scores += fn(prompts[i : i + 1], completions[i : i + 1], **row)
+            except Exception:
+                scores.append(None)
+    if len(scores) != len(completions):
+        raise ValueError(f"reward returned {len(scores)} scores for {len(completions)} completions")
+    return scores
+
+
+def combine(
+    per_reward: dict[str, Sequence[float | None]], weights: dict[str, float]
+) -> list[float | None]:
+    """Weighted sum per sample over the rewards that could score it; None if none could.
+
+    A reward that cannot verify a sample (None) is left out of that sample's sum rather than
+    counted as 0, so an unverifiable answer is not punished as a wrong one.
+    """
+    n = len(next(iter(per_reward.values())))
+    total: list[float | None] = []
+    for i in range(n):
+        values = [(per_reward[name][i], w) for name, w in weights.items()]
+        known = [v * w for v, w in values if v is not None]
+        total.append(sum(known) if known else None)
+    return total

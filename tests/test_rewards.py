@@ -5,6 +5,10 @@ from rewards import REWARDS, get_reward
 from rewards.accuracy import accuracy_reward, grade
 from rewards.format import answer_block, format_reward, is_well_formed
 from rewards.language import language_consistency, language_reward
+from rewards.length import overlong_penalty
+from rewards.registry import combine, safe_scores
+from rewards.repetition import repeated_ngram_share, repetition_reward
+from rewards.tags import tag_count
 
 
 @pytest.mark.parametrize(
@@ -68,7 +72,58 @@ def test_language_consistency_by_script_ignores_tags():
     assert language_reward(["", ""], ["abc", "αβψ"], language=["latin", "latin"]) == [1.0, 0.0]
 
 
-def test_registry_by_name():
-    assert set(REWARDS) == {"accuracy", "format", "language"}
+def test_registry_by_name_binds_params():
+    assert {"accuracy", "format", "tag_count", "language", "overlong", "repetition"} <= set(REWARDS)
     with pytest.raises(KeyError, match="unknown reward"):
         get_reward("nope")
+    overlong = get_reward("overlong", max_tokens=10, buffer=4)
+    assert overlong(["q"] * 3, ["a"] * 3, completion_tokens=[6, 8, 10]) == [0.0, -0.5, -1.0]
+
+
+def test_tag_count_gives_partial_credit():
+    assert tag_count("<think> a </think> <answer> 1 </answer>") == 1.0
+    assert tag_count("<think> a </think> 1") == 0.5
+    assert tag_count("<think><think> a </think>") == 0.25
+    assert tag_count("") == 0.0
+
+
+def test_overlong_penalty_is_linear_in_the_buffer():
+    assert [overlong_penalty(n, 100, 20) for n in (50, 80, 90, 100, 130)] == [0, 0, -0.5, -1, -1]
+    with pytest.raises(ValueError):
+        overlong_penalty(5, 100, 0)
+
+
+def test_repetition_share():
+    assert repeated_ngram_share("a b c d e") == 0.0
+    assert repeated_ngram_share("a b c a b c a b c") == pytest.approx(1 - 3 / 7)
+    assert repetition_reward([""], ["x y"]) == [-0.0]
+
+
+def test_language_reward_reads_the_reasoning():
+    mixed = "<think> Τηε στεπσ </think> <answer> the answer is 4 </answer>"
+    assert language_reward([""], [mixed], language=["greek"]) == [1.0]
+    assert language_reward([""], ["plain text"], language=["greek"]) == [0.0]
+
+
+def test_combine_skips_what_cannot_be_verified():
+    per = {"accuracy": [1.0, None, None], "format": [1.0, 0.0, None]}
+    assert combine(per, {"accuracy": 1.0, "format": 0.5}) == [1.5, 0.0, None]
+
+
+def test_malformed_completions_never_raise():
+    weird = ["", "<answer>", "\\boxed{", "</think></think>", "\x00" * 50, "9" * 5000]
+    for name, fn in REWARDS.items():
+        columns = {
+            "answer": ["4"] * len(weird),
+            "language": ["latin"] * len(weird),
+            "completion_tokens": [len(w) for w in weird],
+        }
+        scores = safe_scores(fn, [""] * len(weird), weird, **columns)
+        assert len(scores) == len(weird), name
+
+
+def test_safe_scores_isolates_a_failing_sample():
+    def fragile(prompts, completions, **_):
+        return [1 / len(c) for c in completions]
+
+    assert safe_scores(fragile, ["", ""], ["ab", ""]) == [0.5, None]
