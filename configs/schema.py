@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -192,6 +192,65 @@ class EvalConfig(Strict):
         return self
 
 
+class RewardTerm(Strict):
+    """One reward function by registry name, its weight, and parameters bound to it."""
+
+    name: str
+    weight: float = 1.0
+    params: dict[str, float | int | str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        from rewards.registry import REWARDS  # imported here: configs stays a leaf at import time
+
+        if name not in REWARDS:
+            raise ValueError(f"unknown reward {name!r}; known: {sorted(REWARDS)}")
+        return name
+
+
+class GRPOConfig(Strict):
+    """Group Relative Policy Optimization (DeepSeekMath) and the knobs later work made standard."""
+
+    steps: int = Field(40, ge=1)
+    prompts_per_step: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=2)
+    max_new_tokens: int = Field(160, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    learning_rate: float = Field(5e-5, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    inner_iterations: int = Field(1, ge=1, description="mu: policy updates per sampled batch")
+    beta: float = Field(0.0, ge=0, description="KL weight; 0 loads no reference model")
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    ref_refresh_every: int = Field(
+        0, ge=0, description="copy the policy into the reference every N steps; 0: never"
+    )
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    eps_high: float = Field(0.2, ge=0, description="> eps_low is DAPO's clip-higher")
+    aggregation: Literal["sequence_mean", "token_mean", "constant"] = "sequence_mean"
+    scale_std: bool = Field(True, description="False: Dr. GRPO's centred-only advantages")
+    dynamic_sampling: bool = Field(True, description="drop groups whose rewards are all equal")
+    mask_truncated: bool = Field(True, description="no loss on completions cut at max_new_tokens")
+    rewards: list[RewardTerm] = Field(
+        default_factory=lambda: [RewardTerm(name="accuracy"), RewardTerm(name="format", weight=0.5)]
+    )
+    checkpoint_every: int = Field(10, ge=1)
+    samples_every: int = Field(
+        10, ge=1, description="log a table of sample completions every N steps"
+    )
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _rewards_given(self) -> GRPOConfig:
+        if not self.rewards:
+            raise ValueError("at least one reward is needed")
+        names = [r.name for r in self.rewards]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a reward is listed twice: {names}")
+        return self
+
+
 class PipelineConfig(Strict):
     """A whole profile: what the flow takes as its parameter and what MLflow logs."""
 
@@ -201,4 +260,12 @@ class PipelineConfig(Strict):
     bootstrap: BootstrapConfig = BootstrapConfig()
     curation: CurationConfig = CurationConfig()
     cold_start_sft: SFTConfig = SFTConfig()
+    reasoning_rl: GRPOConfig = GRPOConfig(
+        rewards=[
+            RewardTerm(name="accuracy"),
+            RewardTerm(name="format", weight=0.2),
+            RewardTerm(name="language", weight=0.2),
+        ]
+    )
+    r1_zero: GRPOConfig = GRPOConfig()
     evaluation: EvalConfig = EvalConfig()

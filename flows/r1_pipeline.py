@@ -1,4 +1,5 @@
-"""The R1 pipeline: bootstrap -> cold-start curation -> cold-start SFT, evaluating each model."""
+"""The R1 pipeline: bootstrap -> cold-start curation -> cold-start SFT -> reasoning RL (GRPO),
+evaluating each model."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tasks.pipeline import (
     open_pipeline_run,
 )
 from tasks.problems import prepare_problems
+from tasks.reasoning_rl import grpo
 from tasks.sft import cold_start_sft
 
 
@@ -34,6 +36,11 @@ def r1_pipeline(profile: str = "tiny", config: PipelineConfig | None = None) -> 
     model_1 = cold_start_sft(config.cold_start_sft, ctx, base, curated)
     model_1_eval = evaluate_model(config.evaluation, ctx, model_1, problems)
 
+    model_2 = grpo(config.reasoning_rl, ctx, model_1, problems, stage="reasoning_rl")
+    model_2_eval = evaluate_model(config.evaluation, ctx, model_2, problems)
+
     return close_pipeline_run(
-        ctx, [base, curated, model_1], {base.stage: base_eval, model_1.stage: model_1_eval}
+        ctx,
+        [base, curated, model_1, model_2],
+        {base.stage: base_eval, model_1.stage: model_1_eval, model_2.stage: model_2_eval},
     )

@@ -44,7 +44,7 @@ class PipelineResult:
 
 
 @task(name="open-pipeline-run")
-def open_pipeline_run(config: PipelineConfig) -> RunContext:
+def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunContext:
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     paths = StatePaths.from_env().ensure()
@@ -54,10 +54,11 @@ def open_pipeline_run(config: PipelineConfig) -> RunContext:
     run_id = start_pipeline_run(
         client,
         experiment,
-        f"{config.name}-{flow_run_id[:8]}",
+        f"{flow}-{flow_run_id[:8]}",
         flow_run_id,
         config.model_dump(mode="json"),
     )
+    client.set_tag(run_id, "r1.flow", flow)
     get_run_logger().info("MLflow parent run %s in %s", run_id, paths.tracking_uri)
     return RunContext(paths.root, run_id, flow_run_id, model_name=config.name)
 

@@ -10,7 +10,8 @@ from mlflow import MlflowClient
 
 from configs import load_profile
 
-STAGES = {"bootstrap", "cold_start_curation", "cold_start_sft"}
+STAGES = {"bootstrap", "cold_start_curation", "cold_start_sft", "reasoning_rl"}
+MODEL_STAGES = ("bootstrap", "cold_start_sft", "reasoning_rl")
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +71,13 @@ def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
         filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
     )
     by_stage = {r.data.tags["r1.stage"]: r for r in children}
-    assert set(by_stage) == STAGES and len(children) == 3
+    assert set(by_stage) == STAGES and len(children) == len(STAGES)
     for run in children:
         assert run.info.status == "FINISHED"
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert "config.json" in artifacts
         assert run.data.metrics["stage/seconds"] > 0
-    for stage in ("bootstrap", "cold_start_sft"):
+    for stage in MODEL_STAGES:
         metrics = by_stage[stage].data.metrics
         assert {
             "eval/pass_at_1",
@@ -84,7 +85,6 @@ def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
             "eval/cons_at_2",
             "eval/format_rate",
             "eval/language_consistency_rate",
-            "train/loss",
         } <= set(metrics)
         assert 0.0 <= metrics["eval/pass_at_1"] <= metrics["eval/pass_at_2"] <= 1.0
         assert parent.data.metrics[f"{stage}/format_rate"] == metrics["eval/format_rate"]
@@ -149,7 +149,12 @@ def test_duckdb_holds_the_curated_set_and_the_filter_counts(micro_run):
 
 def test_the_stage_table_has_a_row_per_stage(micro_run):
     _, result = micro_run
-    assert [r.stage for r in result.rows] == ["bootstrap", "cold_start_curation", "cold_start_sft"]
+    assert [r.stage for r in result.rows] == [
+        "bootstrap",
+        "cold_start_curation",
+        "cold_start_sft",
+        "reasoning_rl",
+    ]
     assert "format_rate" in result.rows[0].metrics and "format_rate" in result.rows[2].metrics
     assert result.rows[1].note.startswith("kept ")
 
@@ -171,3 +176,64 @@ def test_a_failing_stage_marks_the_mlflow_runs_failed(prefect_server, tmp_path, 
     (experiment,) = [e for e in client.search_experiments() if e.name == "r1-micro"]
     (parent,) = client.search_runs([experiment.experiment_id])
     assert parent.info.status == "FAILED"
+
+
+def test_training_stages_log_their_curves(micro_run):
+    state, result = micro_run
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    runs = client.search_runs(
+        [client.get_run(result.parent_run_id).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'",
+    )
+    by_stage = {r.data.tags["r1.stage"]: r for r in runs}
+    assert "train/loss" in by_stage["bootstrap"].data.metrics
+    assert "train/loss" in by_stage["cold_start_sft"].data.metrics
+
+
+def test_reasoning_rl_logs_grpo_signals_samples_and_a_reward_curve(micro_run):
+    state, result = micro_run
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    parent = client.get_run(result.parent_run_id)
+    (rl,) = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' "
+        "AND tags.`r1.stage` = 'reasoning_rl'",
+    )
+    history = client.get_metric_history(rl.info.run_id, "reward/mean")
+    assert [m.step for m in history] == [1, 2]
+    assert {
+        "reward/accuracy/mean",
+        "groups/zero_spread_fraction",
+        "completion/mean_tokens",
+        "time/tokens_per_second",
+    } <= set(rl.data.metrics)
+    artifacts = {a.path for a in client.list_artifacts(rl.info.run_id)}
+    assert {"reward_curve.png", "samples", "model", "config.json"} <= artifacts
+    assert len(client.list_artifacts(rl.info.run_id, "samples")) == 2
+    assert client.get_model_version_by_alias("r1-micro", "reasoning_rl").run_id == rl.info.run_id
+    (sft,) = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' "
+        "AND tags.`r1.stage` = 'cold_start_sft'",
+    )
+    with duckdb.connect(str(state / "r1.duckdb"), read_only=True) as con:
+        rows = con.execute(
+            "SELECT produced_by, digest FROM lineage WHERE kind = 'model'"
+        ).fetchall()
+        (inputs,) = con.execute(
+            "SELECT inputs FROM lineage WHERE stage = 'reasoning_rl'"
+        ).fetchone()
+    sft_digest = dict(rows)[sft.info.run_id]
+    assert json.loads(inputs)[0] == sft_digest == rl.data.tags["policy.digest"]
+
+
+def test_r1_zero_flow_runs_grpo_on_the_base(prefect_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("R1_STATE_DIR", str(tmp_path / "state"))
+    from flows.r1_zero import r1_zero
+
+    result = r1_zero(profile="micro")
+    assert [r.stage for r in result.rows] == ["bootstrap", "r1_zero_rl"]
+    client = MlflowClient(f"sqlite:///{tmp_path}/state/mlflow.db")
+    parent = client.get_run(result.parent_run_id)
+    assert parent.data.tags["r1.flow"] == "r1_zero" and parent.info.status == "FINISHED"
+    assert "r1_zero_rl/pass_at_1" in parent.data.metrics

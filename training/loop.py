@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from configs.schema import TrainConfig
+from training.checkpoints import load_checkpoint, save_checkpoint
 from training.examples import IGNORE, Example
 
 log = logging.getLogger(__name__)
@@ -68,29 +68,6 @@ def lr_lambda(cfg: TrainConfig, total_steps: int):
     return scale
 
 
-def _save_checkpoint(ckpt_dir: Path, state: dict) -> None:
-    """Write to a scratch folder, then swap it in: a crash mid-write keeps the previous one."""
-    tmp, last, old = ckpt_dir / "last.tmp", ckpt_dir / "last", ckpt_dir / "last.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(state, tmp / "state.pt")
-    if last.exists():
-        last.rename(old)
-    tmp.rename(last)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _load_checkpoint(ckpt_dir: Path, fingerprint: str) -> dict | None:
-    path = ckpt_dir / "last" / "state.pt"
-    if not path.exists():
-        return None
-    state = torch.load(path, weights_only=False)
-    if state.get("fingerprint") != fingerprint:
-        log.warning("ignoring checkpoint at %s: it belongs to a different run", path.parent)
-        return None
-    return state
-
-
 def train(
     model: PreTrainedModel,
     examples: list[Example],
@@ -110,7 +87,7 @@ def train(
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, len(order)))
     start = 0
-    state = _load_checkpoint(ckpt_dir, fingerprint)
+    state = load_checkpoint(ckpt_dir, fingerprint)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -139,7 +116,7 @@ def train(
             if done % (cfg.log_every * 10) == 0:
                 log.info("%s: step %d/%d loss %.4f", desc, done, len(order), loss_value)
         if done % cfg.checkpoint_every == 0 or done == len(order):
-            _save_checkpoint(
+            save_checkpoint(
                 ckpt_dir,
                 {
                     "model": model.state_dict(),

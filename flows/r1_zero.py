@@ -1,0 +1,34 @@
+"""R1-Zero: GRPO with rule rewards straight on the base model, no cold start."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from configs.loader import load_profile
+from configs.schema import PipelineConfig
+from tasks.bootstrap import bootstrap_base
+from tasks.evaluation import evaluate_model
+from tasks.pipeline import (
+    PipelineResult,
+    close_pipeline_run,
+    mark_pipeline_failed,
+    open_pipeline_run,
+)
+from tasks.problems import prepare_problems
+from tasks.reasoning_rl import grpo
+
+
+@flow(name="r1_zero", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
+def r1_zero(profile: str = "tiny", config: PipelineConfig | None = None) -> PipelineResult:
+    """Run R1-Zero on `config`, or, when none is given, on the named profile."""
+    config = config or load_profile(profile)
+    ctx = open_pipeline_run(config, flow="r1_zero")
+    problems = prepare_problems(config.data, ctx)
+
+    base = bootstrap_base(config.bootstrap, ctx, problems, seed=config.data.world.seed)
+    base_eval = evaluate_model(config.evaluation, ctx, base, problems)
+
+    zero = grpo(config.r1_zero, ctx, base, problems, stage="r1_zero_rl")
+    zero_eval = evaluate_model(config.evaluation, ctx, zero, problems)
+
+    return close_pipeline_run(ctx, [base, zero], {base.stage: base_eval, zero.stage: zero_eval})

@@ -1,0 +1,71 @@
+"""Turning sampled groups into training tensors, and per-token log-probabilities of a policy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass
+class PolicyBatch:
+    """Prompts left-padded to one width, completions right-padded after them."""
+
+    input_ids: torch.Tensor  # (N, P + C)
+    attention_mask: torch.Tensor  # (N, P + C)
+    completion_mask: torch.Tensor  # (N, C): 1 on completion tokens that carry loss
+    prompt_width: int
+
+    @property
+    def completion_width(self) -> int:
+        return self.input_ids.shape[1] - self.prompt_width
+
+
+def build_batch(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    completions: Sequence[Sequence[int]],
+    pad_id: int,
+) -> PolicyBatch:
+    tokenizer.padding_side = "left"
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+    width = max(1, max(len(c) for c in completions))
+    ids = torch.full((len(completions), width), pad_id, dtype=torch.long)  # (N, C)
+    mask = torch.zeros((len(completions), width), dtype=torch.long)  # (N, C)
+    for row, tokens in enumerate(completions):
+        ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        mask[row, : len(tokens)] = 1
+    return PolicyBatch(
+        input_ids=torch.cat([enc["input_ids"], ids], dim=1),
+        attention_mask=torch.cat([enc["attention_mask"], mask], dim=1),
+        completion_mask=mask,
+        prompt_width=enc["input_ids"].shape[1],
+    )
+
+
+def completion_logprobs(
+    model: PreTrainedModel, batch: PolicyBatch, temperature: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities (N, C) of the completion tokens under `model` at `temperature`.
+
+    Only the completion positions go through the output projection (`logits_to_keep`); position
+    ids follow the attention mask so left padding does not shift the prompt.
+    """
+    position_ids = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    width = batch.completion_width
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=width + 1,
+    ).logits[:, :-1, :]  # (N, C, V): position t predicts completion token t
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    targets = batch.input_ids[:, batch.prompt_width :]  # (N, C)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, C)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(dim=-1)  # (N, C)
+    return logp, entropy

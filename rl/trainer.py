@@ -1,0 +1,316 @@
+"""The GRPO loop: sample G completions per prompt from pi_old, score, normalise within groups,
+and update the policy for mu inner iterations on the samples that carry signal.
+
+Departures from the paper, by name in the config: clip-higher (eps_high), token-level or
+constant-normaliser aggregation, centred-only advantages, dynamic sampling (groups with equal
+rewards are dropped before any gradient work and counted), masking of truncated completions,
+and periodic reference refresh. With beta = 0 no reference model is kept at all.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from configs.schema import GRPOConfig
+from models.chat import render_prompt
+from problems.types import Problem
+from rewards.registry import RewardFn, combine, get_reward, safe_scores
+from rl.advantages import EPS, group_advantages, zero_spread_groups
+from rl.losses import grpo_loss
+from rl.rollouts import build_batch, completion_logprobs
+from sampling.hf import HFSampler
+from sampling.types import Completion, SamplingParams
+from training.checkpoints import load_checkpoint, save_checkpoint
+
+log = logging.getLogger(__name__)
+
+MetricsFn = Callable[[dict[str, float], int], None]
+SamplesFn = Callable[[int, list[dict[str, Any]]], None]
+
+
+@dataclass
+class GRPOReport:
+    steps: int
+    resumed_from: int
+    reward_curve: list[float] = field(default_factory=list)  # mean total reward per step
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ScoredGroups:
+    rewards: torch.Tensor  # (B, G) total reward, NaN where no reward could score the sample
+    per_reward: dict[str, list[float | None]]  # name -> B*G scores
+
+
+def prompt_order(n_problems: int, steps: int, per_step: int, seed: int) -> list[list[int]]:
+    """Problem indices for each step: seeded permutations, one after another."""
+    generator = torch.Generator().manual_seed(seed)
+    flat: list[int] = []
+    while len(flat) < steps * per_step:
+        flat += torch.randperm(n_problems, generator=generator).tolist()
+    return [flat[i * per_step : (i + 1) * per_step] for i in range(steps)]
+
+
+def score(
+    problems: Sequence[Problem],
+    prompts: Sequence[str],
+    groups: Sequence[Sequence[Completion]],
+    reward_fns: dict[str, RewardFn],
+    weights: dict[str, float],
+) -> ScoredGroups:
+    g = len(groups[0])
+    flat = [c for group in groups for c in group]
+    columns = {
+        "answer": [p.answer for p in problems for _ in range(g)],
+        "language": [p.language for p in problems for _ in range(g)],
+        "completion_tokens": [len(c.token_ids) for c in flat],
+    }
+    texts = [c.text for c in flat]
+    flat_prompts = [p for p in prompts for _ in range(g)]
+    per_reward = {
+        name: safe_scores(fn, flat_prompts, texts, **columns) for name, fn in reward_fns.items()
+    }
+    total = [math.nan if r is None else r for r in combine(per_reward, weights)]
+    return ScoredGroups(torch.tensor(total, dtype=torch.float32).view(len(groups), g), per_reward)
+
+
+def masked_advantages(rewards: torch.Tensor, scale_std: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages (B, G) over the scorable samples, and the groups (B,) with no reward spread.
+
+    Unscorable samples (NaN) are left out of their group's mean and std and get advantage 0; the
+    caller masks them out of the loss. With every sample scorable this is `group_advantages`.
+    """
+    valid = ~torch.isnan(rewards)  # (B, G)
+    if bool(valid.all()):
+        return group_advantages(rewards, scale_std=scale_std), zero_spread_groups(rewards)
+    counts = valid.sum(dim=1, keepdim=True).clamp(min=1)
+    mean = torch.where(valid, rewards, 0.0).sum(dim=1, keepdim=True) / counts
+    centred = torch.where(valid, rewards - mean, 0.0)  # (B, G)
+    std = (centred.pow(2).sum(dim=1, keepdim=True) / counts).sqrt()
+    zero = (std.squeeze(1) <= 1e-6) | (valid.sum(dim=1) < 2)
+    return (centred / (std + EPS) if scale_std else centred), zero
+
+
+class GRPOTrainer:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        cfg: GRPOConfig,
+        log_metrics: MetricsFn,
+        log_samples: SamplesFn | None = None,
+        show_progress: bool = True,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.log_metrics = log_metrics
+        self.log_samples = log_samples
+        self.show_progress = show_progress
+        self.reward_fns = {r.name: get_reward(r.name, **r.params) for r in cfg.rewards}
+        self.weights = {r.name: r.weight for r in cfg.rewards}
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=cfg.learning_rate, weight_decay=0.0
+        )
+        self.reference = self._frozen_copy() if cfg.beta > 0 else None
+        self._curve: list[float] = []
+        self.sampler = HFSampler(
+            model, tokenizer, batch_size=cfg.prompts_per_step * cfg.group_size, show_progress=False
+        )
+
+    def _frozen_copy(self) -> PreTrainedModel:
+        ref = copy.deepcopy(self.model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    def train(self, problems: Sequence[Problem], ckpt_dir: Path, fingerprint: str) -> GRPOReport:
+        cfg = self.cfg
+        order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, cfg.seed)
+        report = GRPOReport(steps=cfg.steps, resumed_from=self._resume(ckpt_dir, fingerprint))
+        report.reward_curve = list(self._curve)
+        began = time.perf_counter()
+        bar = tqdm(
+            total=cfg.steps,
+            initial=report.resumed_from,
+            desc="grpo",
+            unit="step",
+            leave=False,
+            disable=not self.show_progress,
+        )
+        for step in range(report.resumed_from, cfg.steps):
+            metrics = self.step(step, [problems[i] for i in order[step]])
+            report.reward_curve.append(metrics["reward/mean"])
+            self._curve = report.reward_curve
+            self.log_metrics(metrics, step + 1)
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+            if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:
+                self.reference.load_state_dict(self.model.state_dict())
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                self._checkpoint(ckpt_dir, fingerprint, step + 1)
+        bar.close()
+        self.model.eval()
+        report.seconds = time.perf_counter() - began
+        return report
+
+    def step(self, step: int, batch: Sequence[Problem]) -> dict[str, float]:
+        cfg, tok = self.cfg, self.tokenizer
+        t0 = time.perf_counter()
+        prompts = [render_prompt(tok, p.question) for p in batch]
+        params = SamplingParams(
+            cfg.temperature, cfg.top_p, cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + step
+        )
+        self.model.eval()
+        with torch.no_grad():
+            groups = self.sampler.generate(prompts, cfg.group_size, params)
+        t_sample = time.perf_counter() - t0
+        scored = score(batch, prompts, groups, self.reward_fns, self.weights)
+        advantages, zero = masked_advantages(scored.rewards, cfg.scale_std)
+
+        flat = [c for group in groups for c in group]
+        keep = ~torch.isnan(scored.rewards)  # (B, G)
+        if cfg.dynamic_sampling:
+            keep &= ~zero[:, None]
+        if cfg.mask_truncated:
+            truncated = torch.tensor([c.finish_reason == "length" for c in flat]).view_as(keep)
+            keep &= ~truncated
+        metrics = self._rollout_metrics(scored, zero, flat, t_sample)
+        rows = keep.flatten().nonzero().flatten().tolist()
+        metrics["samples/trained"] = float(len(rows))
+        if rows:
+            metrics |= self._update(
+                [prompts[i // cfg.group_size] for i in rows],
+                [flat[i].token_ids for i in rows],
+                advantages.flatten()[rows],
+            )
+        if self.log_samples and ((step + 1) % cfg.samples_every == 0 or step == 0):
+            self.log_samples(step + 1, self._sample_rows(batch, flat, scored))
+        metrics["time/step_seconds"] = time.perf_counter() - t0
+        metrics["time/tokens_per_second"] = (
+            sum(len(c.token_ids) for c in flat) / metrics["time/step_seconds"]
+        )
+        return metrics
+
+    def _update(
+        self, prompts: list[str], completions: list[list[int]], adv: torch.Tensor
+    ) -> dict[str, float]:
+        cfg = self.cfg
+        batch = build_batch(self.tokenizer, prompts, completions, self.tokenizer.pad_token_id)
+        mask = batch.completion_mask.float()
+        self.model.train()
+        old_logp = ref_logp = None
+        with torch.no_grad():
+            if cfg.inner_iterations > 1:  # with mu = 1, pi_old is the policy itself: ratio 1
+                old_logp, _ = completion_logprobs(self.model, batch, cfg.temperature)
+            if self.reference is not None:
+                ref_logp, _ = completion_logprobs(self.reference, batch, cfg.temperature)
+        stats: dict[str, float] = {}
+        for _ in range(cfg.inner_iterations):
+            logp, entropy = completion_logprobs(
+                self.model, batch, cfg.temperature, with_entropy=True
+            )
+            loss, stats = grpo_loss(
+                logp,
+                logp.detach() if old_logp is None else old_logp,
+                adv,
+                mask,
+                ref_logp=ref_logp,
+                beta=cfg.beta,
+                eps_low=cfg.eps_low,
+                eps_high=cfg.eps_high,
+                kl_estimator=cfg.kl_estimator,
+                aggregation=cfg.aggregation,
+                max_len=cfg.max_new_tokens,
+            )
+            loss.backward()
+            stats["grad_norm"] = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+            )
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            stats["loss"] = loss.item()
+            stats["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        return stats
+
+    def _rollout_metrics(
+        self, scored: ScoredGroups, zero: torch.Tensor, flat: list[Completion], t_sample: float
+    ) -> dict[str, float]:
+        valid = scored.rewards[~torch.isnan(scored.rewards)]
+        lengths = torch.tensor([len(c.token_ids) for c in flat], dtype=torch.float32)
+        metrics = {
+            "reward/mean": float(valid.mean()) if valid.numel() else 0.0,
+            "reward/std": float(valid.std(unbiased=False)) if valid.numel() else 0.0,
+            "reward/unscorable_fraction": 1.0 - valid.numel() / scored.rewards.numel(),
+            "groups/zero_spread_fraction": float(zero.float().mean()),
+            "completion/mean_tokens": float(lengths.mean()),
+            "completion/max_tokens": float(lengths.max()),
+            "completion/truncated_fraction": sum(c.finish_reason == "length" for c in flat)
+            / len(flat),
+            "time/sample_seconds": t_sample,
+        }
+        for name, scores in scored.per_reward.items():
+            known = torch.tensor([s for s in scores if s is not None], dtype=torch.float32)
+            if known.numel():
+                metrics[f"reward/{name}/mean"] = float(known.mean())
+                metrics[f"reward/{name}/std"] = float(known.std(unbiased=False))
+        return metrics
+
+    def _sample_rows(
+        self, batch: Sequence[Problem], flat: list[Completion], scored: ScoredGroups
+    ) -> list[dict]:
+        g = self.cfg.group_size
+        return [
+            {
+                "problem_id": batch[i // g].id,
+                "gold": batch[i // g].answer,
+                "completion": c.text,
+                "finish_reason": c.finish_reason,
+                "reward": None
+                if math.isnan(float(scored.rewards.flatten()[i]))
+                else float(scored.rewards.flatten()[i]),
+                **{f"reward/{name}": scores[i] for name, scores in scored.per_reward.items()},
+            }
+            for i, c in enumerate(flat)
+        ]
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    def _checkpoint(self, ckpt_dir: Path, fingerprint: str, step: int) -> None:
+        save_checkpoint(
+            ckpt_dir,
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "reference": self.reference.state_dict() if self.reference is not None else None,
+                "rng": torch.get_rng_state(),
+                "step": step,
+                "curve": list(self._curve),
+                "fingerprint": fingerprint,
+            },
+        )
+
+    def _resume(self, ckpt_dir: Path, fingerprint: str) -> int:
+        self._curve = []
+        state = load_checkpoint(ckpt_dir, fingerprint)
+        if state is None:
+            return 0
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.reference is not None and state["reference"] is not None:
+            self.reference.load_state_dict(state["reference"])
+        torch.set_rng_state(state["rng"])
+        self._curve = list(state["curve"])
+        log.info("grpo: resuming from step %d of %d", state["step"], self.cfg.steps)
+        return state["step"]

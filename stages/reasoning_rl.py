@@ -1,0 +1,69 @@
+"""Stage 3 (reasoning RL) and the R1-Zero run: GRPO with rule-based rewards on the training
+problems, from the cold-start model (stage 3) or straight from the base (R1-Zero)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+
+from configs.schema import GRPOConfig  # noqa: E402
+from models.loading import load_model, load_tokenizer, parameter_count  # noqa: E402
+from problems.loader import load_problems  # noqa: E402
+from rl.trainer import GRPOTrainer  # noqa: E402
+from stages.fingerprint import fingerprint  # noqa: E402
+from stages.refs import ModelRef, ProblemSet  # noqa: E402
+from stages.tracking import Tracker  # noqa: E402
+
+
+def plot_reward_curve(curve: list[float], path: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(curve) + 1), curve, lw=1, alpha=0.5, label="per step")
+    window = max(1, len(curve) // 10)
+    smooth = [
+        sum(curve[max(0, i - window + 1) : i + 1]) / len(curve[max(0, i - window + 1) : i + 1])
+        for i in range(len(curve))
+    ]
+    ax.plot(range(1, len(curve) + 1), smooth, lw=2, label=f"mean of last {window}")
+    ax.set(xlabel="GRPO step", ylabel="mean total reward", title=title)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def run(
+    config: GRPOConfig,
+    policy: ModelRef,
+    problems: ProblemSet,
+    out_dir: Path,
+    tracker: Tracker,
+    desc: str = "reasoning_rl",
+) -> ModelRef:
+    tokenizer = load_tokenizer(policy.path)
+    model = load_model(policy.path)
+    train = load_problems(problems.train_path)
+    samples_dir = out_dir / "samples"
+    samples_dir.mkdir(parents=True, exist_ok=True)
+
+    def log_samples(step: int, rows: list[dict]) -> None:
+        path = samples_dir / f"step_{step:05d}.json"
+        path.write_text(json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8")
+        tracker.log_artifact(path, "samples")
+
+    trainer = GRPOTrainer(model, tokenizer, config, tracker.log_metrics, log_samples)
+    report = trainer.train(
+        train, out_dir / "checkpoints", fingerprint(config, policy.path, problems.train_path)
+    )
+    curve = plot_reward_curve(report.reward_curve, out_dir / "reward_curve.png", desc)
+    tracker.log_artifact(curve)
+    model_dir = out_dir / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return ModelRef(path=model_dir, parameters=parameter_count(model))

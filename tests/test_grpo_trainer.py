@@ -1,0 +1,164 @@
+"""The GRPO loop on a tiny random model: what it trains on, what it skips, and exact resume."""
+
+import pytest
+import torch
+
+from configs.schema import GRPOConfig, ModelConfig, RewardTerm
+from models.loading import build_model
+from models.tokenizer import train_tokenizer
+from problems.types import Problem
+from rl.advantages import group_advantages
+from rl.trainer import GRPOTrainer, masked_advantages, prompt_order
+
+TEXTS = [f"What is {a} + {b}? The answer is {a + b}." for a in range(10) for b in range(10)]
+PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(TEXTS + ["<think> x </think> <answer> y </answer>"], vocab_size=300)
+
+
+def tiny_model(tokenizer):
+    spec = ModelConfig(
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=32,
+        max_position_embeddings=256,
+    )
+    return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed=0)
+
+
+def config(**overrides) -> GRPOConfig:
+    base = dict(
+        steps=4,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=12,
+        learning_rate=1e-2,
+        rewards=[RewardTerm(name="repetition", params={"n": 1}), RewardTerm(name="tag_count")],
+        checkpoint_every=2,
+        temperature=1.0,
+        mask_truncated=False,
+    )
+    return GRPOConfig(**(base | overrides))
+
+
+def run(tokenizer, tmp_path, cfg, log=None, on_step=None):
+    model = tiny_model(tokenizer)
+    records = []
+
+    def log_metrics(metrics, step):
+        records.append((step, metrics))
+        if on_step:
+            on_step(step)
+
+    trainer = GRPOTrainer(model, tokenizer, cfg, log or log_metrics, show_progress=False)
+    report = trainer.train(PROBLEMS, tmp_path, "fp")
+    return model, trainer, report, records
+
+
+def test_prompt_order_is_seeded_and_covers_problems():
+    order = prompt_order(5, steps=5, per_step=2, seed=3)
+    assert order == prompt_order(5, steps=5, per_step=2, seed=3)
+    assert (
+        sorted(i for step in order[:2] for i in step)[:4]
+        == sorted(set(i for s in order[:2] for i in s))[:4]
+    )
+
+
+def test_masked_advantages_skip_unscorable_samples_and_flag_flat_groups():
+    rewards = torch.tensor(
+        [
+            [1.0, 0.0, float("nan"), 1.0],
+            [0.5, 0.5, 0.5, 0.5],
+            [1.0, float("nan"), float("nan"), float("nan")],
+        ]
+    )
+    adv, zero = masked_advantages(rewards, scale_std=True)
+    assert zero.tolist() == [False, True, True]
+    assert adv[0, 2].item() == pytest.approx(0.0, abs=1e-4)  # takes the group mean
+    assert adv[0, 0].item() == pytest.approx(-0.5 * adv[0, 1].item(), abs=1e-4)
+    assert adv[0, 0].item() == pytest.approx((1 - 2 / 3) / ((2 / 9) ** 0.5 + 1e-4), abs=1e-4)
+    full = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    assert torch.equal(masked_advantages(full, True)[0], group_advantages(full))
+
+
+def test_training_changes_the_policy_and_logs_every_signal(tokenizer, tmp_path):
+    model, trainer, report, records = run(tokenizer, tmp_path, config())
+    assert trainer.reference is None  # beta = 0: no reference model is kept
+    assert [s for s, _ in records] == [1, 2, 3, 4]
+    metrics = records[-1][1]
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "reward/repetition/mean",
+        "reward/tag_count/mean",
+        "groups/zero_spread_fraction",
+        "entropy",
+        "clip_low_fraction",
+        "clip_high_fraction",
+        "completion/mean_tokens",
+        "time/step_seconds",
+        "time/tokens_per_second",
+    ):
+        assert key in metrics, key
+    assert len(report.reward_curve) == 4
+    fresh = tiny_model(tokenizer)
+    assert any(
+        not torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters(), strict=True)
+    )
+
+
+def test_beta_keeps_a_frozen_reference_and_logs_kl(tokenizer, tmp_path):
+    _, trainer, _, records = run(tokenizer, tmp_path, config(beta=0.1, steps=2, inner_iterations=2))
+    assert trainer.reference is not None
+    assert all(not p.requires_grad for p in trainer.reference.parameters())
+    assert "kl" in records[-1][1] and records[-1][1]["kl"] >= 0
+
+
+def test_flat_groups_get_no_gradient_work(tokenizer, tmp_path):
+    # format is 0 for every sample of a random model: every group is flat, nothing is trained on
+    cfg = config(rewards=[RewardTerm(name="format")], steps=2)
+    model, _, _, records = run(tokenizer, tmp_path, cfg)
+    assert all(
+        m["groups/zero_spread_fraction"] == 1.0 and m["samples/trained"] == 0 for _, m in records
+    )
+    fresh = tiny_model(tokenizer)
+    assert all(
+        torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters(), strict=True)
+    )
+
+
+def test_truncated_completions_are_masked(tokenizer, tmp_path):
+    cfg = config(max_new_tokens=2, steps=1, mask_truncated=True)  # rarely stops within 2 tokens
+    _, _, _, records = run(tokenizer, tmp_path, cfg)
+    m = records[0][1]
+    assert m["completion/truncated_fraction"] > 0
+    assert m["samples/trained"] <= 8 * (1 - m["completion/truncated_fraction"]) + 1e-9
+
+
+class Killed(RuntimeError):
+    """Stands for the process dying mid-run."""
+
+
+def test_killed_run_resumes_to_the_same_weights_and_metrics(tokenizer, tmp_path):
+    cfg = config(steps=5, checkpoint_every=2)
+    straight, _, report_a, records_a = run(tokenizer, tmp_path / "a", cfg)
+
+    def die_at_4(step):
+        if step == 4:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(tokenizer, tmp_path / "b", cfg, on_step=die_at_4)
+    resumed, _, report_b, records_b = run(tokenizer, tmp_path / "b", cfg)
+    assert report_b.resumed_from == 2
+    assert [s for s, _ in records_b] == [3, 4, 5]
+    for (_, a), (_, b) in zip(records_a[2:], records_b, strict=True):
+        assert b["reward/mean"] == pytest.approx(a["reward/mean"], abs=1e-6)
+    assert report_b.reward_curve == pytest.approx(report_a.reward_curve, abs=1e-6)
+    for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
