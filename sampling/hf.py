@@ -49,7 +49,7 @@ class HFSampler:
             do_sample=not greedy,
             temperature=None if greedy else params.temperature,
             top_p=None if greedy else params.top_p,
-            top_k=None,
+            top_k=0,  # no top-k cut: plain temperature / nucleus sampling
             max_new_tokens=params.max_new_tokens,
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
