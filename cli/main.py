@@ -34,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument(
             "--state-dir", help="where runs keep their state (default: $R1_STATE_DIR or ./state)"
         )
+    sub.choices["run"].add_argument(
+        "--flow",
+        choices=["r1_pipeline", "r1_zero"],
+        default="r1_pipeline",
+        help="the whole recipe (default), or R1-Zero: GRPO straight on the base",
+    )
     return parser
 
 
@@ -57,9 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from cli.table import filter_table, stage_table
-    from flows.r1_pipeline import r1_pipeline
+    if args.flow == "r1_zero":
+        from flows.r1_zero import r1_zero as flow
+    else:
+        from flows.r1_pipeline import r1_pipeline as flow
 
-    result = r1_pipeline(config=config)
+    result = flow(config=config)
     console = Console(width=max(120, Console().width))
     console.print(stage_table(result, config.evaluation.k))
     if result.filter_counts:
