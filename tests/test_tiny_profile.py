@@ -15,7 +15,8 @@ def test_tiny_profile_meets_its_promises(tmp_path, monkeypatch):
 
     with prefect_test_harness(server_startup_timeout=180):
         result = r1_pipeline(profile="tiny")
-    base, _, sft = result.rows
+    rows = {r.stage: r for r in result.rows}
+    base, sft = rows["bootstrap"], rows["cold_start_sft"]
     assert 0.05 <= base.metrics["pass_at_1"] <= 0.60
     assert base.metrics["language_consistency_rate"] < 0.98  # the base mixes scripts
     assert base.metrics["format_rate"] < 0.10  # and rarely uses the format
