@@ -3,32 +3,18 @@
 import pytest
 import torch
 
-from configs.schema import GRPOConfig, ModelConfig, RewardTerm
-from models.loading import build_model
-from models.tokenizer import train_tokenizer
+from configs.schema import GRPOConfig, RewardTerm
 from problems.types import Problem
 from rl.advantages import group_advantages
 from rl.trainer import GRPOTrainer, masked_advantages, prompt_order
+from tests.tiny_models import make_tokenizer, tiny_model
 
-TEXTS = [f"What is {a} + {b}? The answer is {a + b}." for a in range(10) for b in range(10)]
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(12)]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return train_tokenizer(TEXTS + ["<think> x </think> <answer> y </answer>"], vocab_size=300)
-
-
-def tiny_model(tokenizer):
-    spec = ModelConfig(
-        hidden_size=16,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=32,
-        max_position_embeddings=256,
-    )
-    return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed=0)
+    return make_tokenizer()
 
 
 def config(**overrides) -> GRPOConfig:

@@ -1,31 +1,16 @@
 import pytest
 import torch
 
-from configs.schema import ModelConfig, TrainConfig
+from configs.schema import TrainConfig
 from models.chat import render_completion, render_prompt
-from models.loading import build_model
-from models.tokenizer import train_tokenizer
+from tests.tiny_models import TEXTS, make_tokenizer, tiny_model
 from training.examples import IGNORE, lm_examples, sft_examples
 from training.loop import batch_order, train
-
-TEXTS = [f"What is {a} + {b}? The answer is {a + b}." for a in range(10) for b in range(10)]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return train_tokenizer(TEXTS + ["<think> x </think> <answer> y </answer>"], vocab_size=300)
-
-
-def tiny_model(tokenizer, seed=0):
-    spec = ModelConfig(
-        hidden_size=16,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=32,
-        max_position_embeddings=128,
-    )
-    return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
+    return make_tokenizer()
 
 
 def test_tokenizer_keeps_tags_whole_and_splits_digits(tokenizer):
