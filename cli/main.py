@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from cli.table import filter_table, stage_table
+
     if args.flow == "r1_zero":
         from flows.r1_zero import r1_zero as flow
     else:
