@@ -24,6 +24,9 @@ def prepare_environment(state_dir: str | Path | None = None) -> StatePaths:
     os.environ[STATE_ENV] = str(paths.root)
     os.environ.setdefault("PREFECT_HOME", str(paths.prefect_home))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # the temporary server of a run without PREFECT_API_URL may take more than Prefect's default
+    # 20 s to start on a busy 2-core machine
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("MLFLOW_TRACKING_URI", paths.tracking_uri)
     os.environ.setdefault("MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK", "true")
     for key, value in OFFLINE.items():
