@@ -38,7 +38,3 @@ def rows_digest(rows: Iterable[dict]) -> str:
         h.update(json.dumps(row, sort_keys=True, ensure_ascii=False, default=str).encode())
         h.update(b"\n")
     return h.hexdigest()
-
-
-def short(digest: str) -> str:
-    return digest[:12]

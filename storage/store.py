@@ -99,12 +99,3 @@ def record_lineage(
             "INSERT INTO lineage VALUES (?, ?, ?, ?, ?, ?, ?)",
             [artifact, kind, digest, stage, produced_by, json.dumps(inputs), datetime.now(UTC)],
         )
-
-
-def filter_counts(db: Path, stage_run_id: str) -> dict[str, int]:
-    with connect(db) as con:
-        rows = con.execute(
-            "SELECT filter, removed FROM curation_filters WHERE stage_run_id = ? ORDER BY position",
-            [stage_run_id],
-        ).fetchall()
-    return dict(rows)
