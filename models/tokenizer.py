@@ -7,7 +7,6 @@ single tokens (kept when decoding) and the chat markers are special tokens (drop
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -40,9 +39,3 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     tokenizer.add_tokens(FORMAT_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
-
-
-def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir

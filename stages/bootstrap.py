@@ -15,11 +15,11 @@ from configs.schema import BootstrapConfig, TeacherConfig
 from curation.teacher import write_traces
 from models.chat import render_completion, render_prompt
 from models.loading import build_model, parameter_count
-from models.tokenizer import save_tokenizer, train_tokenizer
+from models.tokenizer import train_tokenizer
 from problems.corpus import build_corpus
 from problems.loader import load_problems
 from stages.fingerprint import fingerprint
-from stages.refs import ModelRef, ProblemSet
+from stages.refs import ModelRef, ProblemSet, save_model
 from stages.tracking import Tracker
 from training.examples import lm_examples
 from training.loop import train
@@ -72,7 +72,4 @@ def run(
     tracker.log_metrics(
         {"train/tokens_per_second": report.tokens_per_second, "train/steps": report.steps}
     )
-    model_dir = out_dir / "model"
-    model.save_pretrained(model_dir)
-    save_tokenizer(tokenizer, model_dir)
-    return ModelRef(path=model_dir, parameters=n_params)
+    return save_model(model, tokenizer, out_dir)

@@ -12,11 +12,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 from configs.schema import GRPOConfig  # noqa: E402
-from models.loading import load_model, load_tokenizer, parameter_count  # noqa: E402
+from models.loading import load_model, load_tokenizer  # noqa: E402
 from problems.loader import load_problems  # noqa: E402
 from rl.trainer import GRPOTrainer  # noqa: E402
 from stages.fingerprint import fingerprint  # noqa: E402
-from stages.refs import ModelRef, ProblemSet  # noqa: E402
+from stages.refs import ModelRef, ProblemSet, save_model  # noqa: E402
 from stages.tracking import Tracker  # noqa: E402
 
 
@@ -63,7 +63,4 @@ def run(
     )
     curve = plot_reward_curve(report.reward_curve, out_dir / "reward_curve.png", desc)
     tracker.log_artifact(curve)
-    model_dir = out_dir / "model"
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    return ModelRef(path=model_dir, parameters=parameter_count(model))
+    return save_model(model, tokenizer, out_dir)

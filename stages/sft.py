@@ -8,9 +8,9 @@ from datasets import load_from_disk
 
 from configs.schema import SFTConfig
 from models.chat import render_completion, render_prompt
-from models.loading import load_model, load_tokenizer, parameter_count
+from models.loading import load_model, load_tokenizer
 from stages.fingerprint import fingerprint
-from stages.refs import CuratedSet, ModelRef
+from stages.refs import CuratedSet, ModelRef, save_model
 from stages.tracking import Tracker
 from training.examples import sft_examples
 from training.loop import train
@@ -46,7 +46,4 @@ def run(
     tracker.log_metrics(
         {"train/tokens_per_second": report.tokens_per_second, "train/steps": report.steps}
     )
-    model_dir = out_dir / "model"
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    return ModelRef(path=model_dir, parameters=parameter_count(model))
+    return save_model(model, tokenizer, out_dir)
