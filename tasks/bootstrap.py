@@ -7,10 +7,7 @@ from prefect import task
 from configs.schema import BootstrapConfig
 from stages import bootstrap as bootstrap_stage
 from stages.refs import ModelRef, ProblemSet
-from storage import store
-from storage.digests import tree_digest
-from storage.tracking import register_model
-from tasks.context import RunContext, StageResult, log_problems, tracked_stage
+from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
 
 STAGE = "bootstrap"
 
@@ -22,11 +19,7 @@ def bootstrap_base(
     with tracked_stage(ctx, STAGE, config) as (tracker, timing):
         train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
         model = bootstrap_stage.run(config, problems, ctx.stage_dir(STAGE), tracker, seed)
-        digest = tree_digest(model.path)
-        version = register_model(tracker.client, tracker.run_id, model.path, ctx.model_name, STAGE)
-    store.record_lineage(
-        ctx.paths.duckdb, str(model.path), "model", digest, STAGE, tracker.run_id, [train_digest]
-    )
+        digest, version = record_model(ctx, tracker, STAGE, model, [train_digest])
     return StageResult(
         STAGE,
         tracker.run_id,

@@ -12,10 +12,17 @@ from typing import Any, Generic, TypeVar
 from mlflow import MlflowClient
 from pydantic import BaseModel
 
-from stages.refs import ProblemSet
-from storage.digests import file_digest
+from stages.refs import ModelRef, ProblemSet
+from storage import store
+from storage.digests import file_digest, tree_digest
 from storage.paths import StatePaths
-from storage.tracking import MlflowTracker, log_dataset, stage_run, tracking_client
+from storage.tracking import (
+    MlflowTracker,
+    log_dataset,
+    register_model,
+    stage_run,
+    tracking_client,
+)
 
 T = TypeVar("T")
 
@@ -62,6 +69,21 @@ def log_problems(client: MlflowClient, run_id: str, problems: ProblemSet, split:
     digest = file_digest(path)
     log_dataset(client, run_id, f"problems-{split}", digest, path, context, rows)
     return digest
+
+
+def record_model(
+    ctx: RunContext, tracker: MlflowTracker, stage: str, model: ModelRef, inputs: list[str]
+) -> tuple[str, str]:
+    """Digest a stage's model, register it as `name@stage`, and record where it came from.
+
+    Returns the model's content digest and its registered version.
+    """
+    digest = tree_digest(model.path)
+    version = register_model(tracker.client, tracker.run_id, model.path, ctx.model_name, stage)
+    store.record_lineage(
+        ctx.paths.duckdb, str(model.path), "model", digest, stage, tracker.run_id, inputs
+    )
+    return digest, version
 
 
 @contextmanager

@@ -7,10 +7,7 @@ from prefect import task
 from configs.schema import GRPOConfig
 from stages import reasoning_rl
 from stages.refs import ModelRef, ProblemSet
-from storage import store
-from storage.digests import tree_digest
-from storage.tracking import register_model
-from tasks.context import RunContext, StageResult, log_problems, tracked_stage
+from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
 
 
 @task(name="grpo")
@@ -27,17 +24,7 @@ def grpo(
         model = reasoning_rl.run(
             config, policy.output, problems, ctx.stage_dir(stage), tracker, desc=stage
         )
-        digest = tree_digest(model.path)
-        version = register_model(tracker.client, tracker.run_id, model.path, ctx.model_name, stage)
-    store.record_lineage(
-        ctx.paths.duckdb,
-        str(model.path),
-        "model",
-        digest,
-        stage,
-        tracker.run_id,
-        [policy.digest, train_digest],
-    )
+        digest, version = record_model(ctx, tracker, stage, model, [policy.digest, train_digest])
     return StageResult(
         stage, tracker.run_id, model, timing["seconds"], digest, {"model": f"v{version}"}
     )

@@ -7,10 +7,8 @@ from prefect import task
 from configs.schema import SFTConfig
 from stages import sft as sft_stage
 from stages.refs import CuratedSet, ModelRef
-from storage import store
-from storage.digests import tree_digest
-from storage.tracking import log_dataset, register_model
-from tasks.context import RunContext, StageResult, tracked_stage
+from storage.tracking import log_dataset
+from tasks.context import RunContext, StageResult, record_model, tracked_stage
 
 STAGE = "cold_start_sft"
 
@@ -36,17 +34,7 @@ def cold_start_sft(
         model = sft_stage.run(
             config, base.output, curated.output, ctx.stage_dir(STAGE), tracker, desc=STAGE
         )
-        digest = tree_digest(model.path)
-        version = register_model(tracker.client, tracker.run_id, model.path, ctx.model_name, STAGE)
-    store.record_lineage(
-        ctx.paths.duckdb,
-        str(model.path),
-        "model",
-        digest,
-        STAGE,
-        tracker.run_id,
-        [base.digest, curated.digest],
-    )
+        digest, version = record_model(ctx, tracker, STAGE, model, [base.digest, curated.digest])
     return StageResult(
         STAGE, tracker.run_id, model, timing["seconds"], digest, {"model": f"v{version}"}
     )
