@@ -105,6 +105,10 @@ class CorpusConfig(Strict):
     mixed_share: float = Field(0.17, ge=0, le=1)
     formatted_share: float = Field(0.03, ge=0, le=1)
     wrong_answer_share: float = Field(0.15, ge=0, le=1)
+    fact_docs: int = Field(
+        0, ge=0, description="arithmetic drill documents (lists of equations), as web text has"
+    )
+    facts_per_doc: int = Field(8, ge=1)
 
     @model_validator(mode="after")
     def _shares_sum(self) -> CorpusConfig:
@@ -229,6 +233,13 @@ class GRPOConfig(Strict):
     eps_low: float = Field(0.2, ge=0, lt=1)
     eps_high: float = Field(0.2, ge=0, description="> eps_low is DAPO's clip-higher")
     aggregation: Literal["sequence_mean", "token_mean", "constant"] = "sequence_mean"
+    supervision: Literal["outcome", "process"] = Field(
+        "outcome",
+        description="process: each checked reasoning step is rewarded too (DeepSeekMath 4.1.3)",
+    )
+    step_reward: float = Field(
+        1.0, gt=0, description="process supervision: reward of a right, grounded step (else 0)"
+    )
     scale_std: bool = Field(True, description="False: Dr. GRPO's centred-only advantages")
     dynamic_sampling: bool = Field(True, description="drop groups whose rewards are all equal")
     mask_truncated: bool = Field(True, description="no loss on completions cut at max_new_tokens")

@@ -3,6 +3,8 @@
 Like web text, it answers problems in many styles and is not always right: most documents give
 a bare answer or plain worked steps, some switch script halfway (so the base mixes languages),
 a few use the think/answer format (so the base rarely does), and a share state a wrong result.
+Drill documents list bare equations over the numbers the problems use, the arithmetic a real
+base model brings from its pretraining; they hold no problem, only facts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from problems.scripts import to_script
 from problems.types import Problem
 
 STYLES = ("direct", "steps", "mixed", "formatted")
+DRILL_PROMPT = "Arithmetic practice."
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,39 @@ def render_response(problem: Problem, style: str, final: str, rng: random.Random
     raise ValueError(f"unknown style {style!r}; known: {STYLES}")
 
 
+def _operand_ranges(problems: list[Problem]) -> dict[str, tuple[int, int]]:
+    """Per operator, the largest left and right operands that the problems' steps use."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for problem in problems:
+        for step in problem.steps:
+            left, op, right = step.split("=")[0].split()
+            top_left, top_right = ranges.get(op, (0, 0))
+            ranges[op] = (max(top_left, int(left)), max(top_right, int(right)))
+    return ranges
+
+
+def drill_documents(
+    problems: list[Problem], spec: CorpusConfig, rng: random.Random
+) -> list[Document]:
+    """`spec.fact_docs` lists of true equations in the problems' operand ranges."""
+    ranges = _operand_ranges(problems)
+    if spec.fact_docs and not ranges:
+        raise ValueError("drill documents need problems with worked steps to take ranges from")
+    ops = sorted(ranges)
+    docs = []
+    for _ in range(spec.fact_docs):
+        facts = []
+        for _ in range(spec.facts_per_doc):
+            op = rng.choice(ops)
+            top_left, top_right = ranges[op]
+            right = rng.randint(1, top_right)
+            left = rng.randint(right if op == "-" else 0, max(top_left, right))
+            result = {"+": left + right, "-": left - right, "*": left * right}[op]
+            facts.append(f"{left} {op} {right} = {result}.")
+        docs.append(Document(DRILL_PROMPT, " ".join(facts), "drill", True))
+    return docs
+
+
 def build_corpus(problems: list[Problem], spec: CorpusConfig, seed: int) -> list[Document]:
     rng = random.Random(seed)
     weights = [spec.direct_share, spec.steps_share, spec.mixed_share, spec.formatted_share]
@@ -75,4 +111,4 @@ def build_corpus(problems: list[Problem], spec: CorpusConfig, seed: int) -> list
                     problem.question, render_response(problem, style, final, rng), style, correct
                 )
             )
-    return docs
+    return docs + drill_documents(problems, spec, rng)

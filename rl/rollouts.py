@@ -69,3 +69,27 @@ def completion_logprobs(
         with torch.no_grad():
             entropy = -(logp_all.exp() * logp_all).sum(dim=-1)  # (N, C)
     return logp, entropy
+
+
+def token_ends(
+    tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int], offsets: Sequence[int]
+) -> list[int]:
+    """For each character offset into a completion's text, the index of the token that reaches it.
+
+    The text is the stripped decoding of `token_ids`, as samplers return it. Each offset is found
+    by bisection over decoded prefixes, so a completion costs O(len(offsets) * log T) decodes.
+    """
+    raw = tokenizer.decode(token_ids, skip_special_tokens=True)
+    lead = len(raw) - len(raw.lstrip())
+    ends = []
+    for offset in offsets:
+        lo, hi = 0, len(token_ids) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            prefix = tokenizer.decode(token_ids[: mid + 1], skip_special_tokens=True)
+            if len(prefix) >= offset + lead:
+                hi = mid
+            else:
+                lo = mid + 1
+        ends.append(lo)
+    return ends

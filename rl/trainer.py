@@ -26,9 +26,10 @@ from configs.schema import GRPOConfig
 from models.chat import render_prompt
 from problems.types import Problem
 from rewards.registry import RewardFn, combine, get_reward, safe_scores
-from rl.advantages import EPS, group_advantages, zero_spread_groups
+from rewards.steps import check_steps
+from rl.advantages import EPS, group_advantages, process_advantages, zero_spread_groups
 from rl.losses import grpo_loss
-from rl.rollouts import build_batch, completion_logprobs
+from rl.rollouts import build_batch, completion_logprobs, token_ends
 from sampling.hf import HFSampler
 from sampling.types import Completion, SamplingParams
 from training.checkpoints import load_checkpoint, save_checkpoint
@@ -177,7 +178,11 @@ class GRPOTrainer:
             groups = self.sampler.generate(prompts, cfg.group_size, params)
         t_sample = time.perf_counter() - t0
         scored = score(batch, prompts, groups, self.reward_fns, self.weights)
-        advantages, zero = masked_advantages(scored.rewards, cfg.scale_std)
+        step_metrics: dict[str, float] = {}
+        if cfg.supervision == "process":
+            advantages, zero, step_metrics = self._process_advantages(batch, groups, scored.rewards)
+        else:
+            advantages, zero = masked_advantages(scored.rewards, cfg.scale_std)
 
         flat = [c for group in groups for c in group]
         keep = ~torch.isnan(scored.rewards)  # (B, G)
@@ -186,14 +191,14 @@ class GRPOTrainer:
         if cfg.mask_truncated:
             truncated = torch.tensor([c.finish_reason == "length" for c in flat]).view_as(keep)
             keep &= ~truncated
-        metrics = self._rollout_metrics(scored, zero, flat, t_sample)
+        metrics = self._rollout_metrics(scored, zero, flat, t_sample) | step_metrics
         rows = keep.flatten().nonzero().flatten().tolist()
         metrics["samples/trained"] = float(len(rows))
         if rows:
             metrics |= self._update(
                 [prompts[i // cfg.group_size] for i in rows],
                 [flat[i].token_ids for i in rows],
-                advantages.flatten()[rows],
+                advantages.flatten(0, 1)[rows],
             )
         if self.log_samples and ((step + 1) % cfg.samples_every == 0 or step == 0):
             self.log_samples(step + 1, self._sample_rows(batch, flat, scored))
@@ -203,11 +208,54 @@ class GRPOTrainer:
         )
         return metrics
 
+    def _process_advantages(
+        self,
+        batch: Sequence[Problem],
+        groups: Sequence[Sequence[Completion]],
+        rewards: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """Token advantages (B, G, T) from checked steps plus the outcome as the last step.
+
+        Each equation in a completion is a step, rewarded `step_reward` when right and grounded
+        (rewards/steps.py); the outcome reward is the step that ends at the last token. Steps are
+        normalised over the group and token t gets the sum over steps ending at or after t.
+        Unscorable samples take no part in their group's statistics.
+        """
+        width = max(len(c.token_ids) for group in groups for c in group)
+        out = torch.zeros(len(groups), len(groups[0]), width)  # (B, G, T)
+        zero = torch.zeros(len(groups), dtype=torch.bool)
+        n_steps = n_correct = 0
+        for b, (problem, group) in enumerate(zip(batch, groups, strict=True)):
+            step_rewards, step_ends = [], []
+            for g, c in enumerate(group):
+                if torch.isnan(rewards[b, g]):
+                    step_rewards.append([])
+                    step_ends.append([])
+                    continue
+                checks = check_steps(problem.question, c.text)
+                ends = token_ends(self.tokenizer, c.token_ids, [s.end for s in checks])
+                n_steps += len(checks)
+                n_correct += sum(s.correct for s in checks)
+                step_rewards.append(
+                    [self.cfg.step_reward * s.correct for s in checks] + [float(rewards[b, g])]
+                )
+                step_ends.append(ends + [len(c.token_ids) - 1])
+            flat = [r for steps in step_rewards for r in steps]
+            zero[b] = len(flat) < 2 or max(flat) - min(flat) <= 1e-6
+            out[b] = process_advantages(step_rewards, step_ends, width, self.cfg.scale_std)
+        metrics = {"steps/per_completion": n_steps / rewards.numel()}
+        if n_steps:
+            metrics["steps/correct_fraction"] = n_correct / n_steps
+        return out, zero, metrics
+
     def _update(
         self, prompts: list[str], completions: list[list[int]], adv: torch.Tensor
     ) -> dict[str, float]:
+        """One policy update; `adv` is (N,) per sample or (N, T) per token."""
         cfg = self.cfg
         batch = build_batch(self.tokenizer, prompts, completions, self.tokenizer.pad_token_id)
+        if adv.dim() == 2:
+            adv = adv[:, : batch.completion_width]
         mask = batch.completion_mask.float()
         self.model.train()
         old_logp = ref_logp = None

@@ -6,7 +6,9 @@ import torch
 from configs.schema import GRPOConfig, RewardTerm
 from problems.types import Problem
 from rl.advantages import group_advantages
+from rl.rollouts import token_ends
 from rl.trainer import GRPOTrainer, masked_advantages, prompt_order
+from sampling.types import Completion
 from tests.tiny_models import make_tokenizer, tiny_model
 
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(12)]
@@ -124,6 +126,48 @@ def test_truncated_completions_are_masked(tokenizer, tmp_path):
     m = records[0][1]
     assert m["completion/truncated_fraction"] > 0
     assert m["samples/trained"] <= 8 * (1 - m["completion/truncated_fraction"]) + 1e-9
+
+
+def test_token_ends_find_the_token_that_completes_each_offset(tokenizer):
+    ids = tokenizer.encode(" What is 3 + 4? The answer is 7.", add_special_tokens=False)
+    text = tokenizer.decode(ids).strip()
+    offsets = [text.index("4") + 1, text.index("7") + 1, len(text)]
+    ends = token_ends(tokenizer, ids, offsets)
+    for offset, end in zip(offsets, ends, strict=True):
+        assert len(tokenizer.decode(ids[: end + 1]).strip()) >= offset
+        assert len(tokenizer.decode(ids[:end]).strip()) < offset  # no earlier token reaches it
+
+
+def test_process_supervision_rewards_steps_token_by_token(tokenizer, tmp_path):
+    cfg = config(supervision="process", steps=1, rewards=[RewardTerm(name="accuracy")])
+    model = tiny_model(tokenizer)
+    trainer = GRPOTrainer(model, tokenizer, cfg, lambda m, s: None, show_progress=False)
+    problem = Problem("p", "What is 3 + 4?", "7")
+    texts = ["3 + 4 = 7. The answer is 7.", "3 + 4 = 8. The answer is 8.", "The answer is 7."]
+    groups = [[_completion(tokenizer, t) for t in texts]]
+    rewards = torch.tensor([[1.0, 0.0, 1.0]])
+    adv, zero, metrics = trainer._process_advantages([problem], groups, rewards)
+    assert metrics == {"steps/per_completion": 2 / 3, "steps/correct_fraction": 0.5}
+    assert not zero[0]
+    # steps of the group: (1, 1), (0, 0), (1): mean 0.6; the wrong sample is negative throughout
+    # its tokens, the right one positive, and tokens after the last step get nothing
+    lengths = [len(c.token_ids) for c in groups[0]]
+    assert (adv[0, 0, : lengths[0]] > 0).all() and (adv[0, 1, : lengths[1]] < 0).all()
+    assert (adv[0, 0, lengths[0] :] == 0).all()
+    first_step_end = token_ends(tokenizer, groups[0][0].token_ids, [texts[0].index("7") + 1])[0]
+    assert adv[0, 0, first_step_end] > adv[0, 0, first_step_end + 1]  # credit drops past a step
+
+    model, _, _, records = run(tokenizer, tmp_path, config(supervision="process", steps=2))
+    assert sum(m["samples/trained"] for _, m in records) > 0  # token advantages reach the update
+    fresh = tiny_model(tokenizer)
+    assert any(
+        not torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters(), strict=True)
+    )
+
+
+def _completion(tokenizer, text):
+    ids = tokenizer.encode(" " + text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    return Completion(text, ids, [0.0] * len(ids), "stop")
 
 
 class Killed(RuntimeError):

@@ -59,6 +59,23 @@ def test_corpus_mixes_styles_and_scripts():
     assert any(not d.correct for d in docs)
 
 
+def test_drill_documents_hold_true_facts_in_the_problems_ranges():
+    train, _ = split_world(WORLD)
+    docs = build_corpus(train, CorpusConfig(fact_docs=50, facts_per_doc=6), seed=0)
+    drills = [d for d in docs if d.style == "drill"]
+    assert len(drills) == 50 and len(docs) == 50 + 2 * len(train)
+    facts = [f.strip() for d in drills for f in d.response.split(".") if f.strip()]
+    assert len(facts) == 300
+    steps = [s for p in train for s in p.steps]
+    for fact in facts:
+        lhs, result = fact.split(" = ")
+        assert eval(lhs) == int(result)  # noqa: S307 - our own arithmetic string
+        left, op, right = lhs.split()
+        same_op = [s.split()[2] for s in steps if s.split()[1] == op]
+        assert op in "+-*" and int(right) <= max(int(r) for r in same_op)
+        assert op != "-" or int(result) >= 0
+
+
 def test_loader_reads_gsm8k_jsonl(tmp_path):
     path = tmp_path / "gsm8k.jsonl"
     rows = [

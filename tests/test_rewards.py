@@ -8,6 +8,7 @@ from rewards.language import language_consistency, language_reward
 from rewards.length import overlong_penalty
 from rewards.registry import combine, safe_scores
 from rewards.repetition import repeated_ngram_share, repetition_reward
+from rewards.steps import check_steps
 from rewards.tags import tag_count
 
 
@@ -127,3 +128,20 @@ def test_safe_scores_isolates_a_failing_sample():
         return [1 / len(c) for c in completions]
 
     assert safe_scores(fragile, ["", ""], ["ab", ""]) == [0.5, None]
+
+
+def test_step_checks_catch_wrong_facts_and_ungrounded_operands():
+    question = "Start with 7. Subtract 5. Multiply by 2. What is the result?"
+    text = "First, 7 - 4 = 3. Next, 3 * 2 = 6. Then 6 + 1 = 8. Check: 3 * 2 gives 6."
+    checks = check_steps(question, text)
+    # 4 is not in the question; 3 is an earlier result; 6 + 1 is wrong and 1 is ungrounded
+    assert [c.correct for c in checks] == [False, True, False, True]
+    assert [text[: c.end].rsplit(" ", 1)[-1] for c in checks] == ["3", "6", "8", "6"]
+
+
+def test_step_checks_carry_stated_results_and_ignore_prose():
+    question = "Mia has 10 books. Then Mia gives away 2. Then Mia sells 8."
+    checks = check_steps(question, "10 - 2 = 8. Then 8 - 8 = 0. The answer is 0.")
+    assert [c.correct for c in checks] == [True, True]
+    assert check_steps(question, "No equations here, 10 and 2.") == []
+    assert [c.correct for c in check_steps("6 and 0", "6 / 0 = 0")] == [False]
