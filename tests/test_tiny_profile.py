@@ -1,4 +1,4 @@
-"""The default tiny profile, whole, against the figures it promises (about 5 minutes on 2 cores).
+"""The default tiny profile, whole, against the figures it promises (about 12 minutes on 2 cores).
 
 Run with `bash scripts/test.sh -m slow`.
 """
