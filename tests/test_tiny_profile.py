@@ -23,3 +23,6 @@ def test_tiny_profile_meets_its_promises(tmp_path, monkeypatch):
     assert sft.metrics["format_rate"] >= 0.90
     assert sft.metrics["format_rate"] > base.metrics["format_rate"]
     assert all(n > 0 for n in result.filter_counts.values())
+    rl = rows["reasoning_rl"]
+    assert rl.metrics["language_consistency_rate"] >= 0.99
+    assert rl.metrics["format_rate"] >= 0.99
