@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 
 from configs.schema import CorpusConfig
+from problems.generators import apply
 from problems.scripts import to_script
 from problems.types import Problem
 
@@ -91,8 +92,7 @@ def drill_documents(
             top_left, top_right = ranges[op]
             right = rng.randint(1, top_right)
             left = rng.randint(right if op == "-" else 0, max(top_left, right))
-            result = {"+": left + right, "-": left - right, "*": left * right}[op]
-            facts.append(f"{left} {op} {right} = {result}.")
+            facts.append(f"{left} {op} {right} = {apply(left, (op, right))}.")
         docs.append(Document(DRILL_PROMPT, " ".join(facts), "drill", True))
     return docs
 

@@ -34,16 +34,12 @@ class StepCheck:
     correct: bool
 
 
-def _num(text: str) -> float:
-    return float(text)
-
-
 def check_steps(question: str, completion: str) -> list[StepCheck]:
     """Every equation in `completion`, in order, with whether it is right and grounded."""
-    known = {_num(m) for m in _NUMBER.findall(question)}
+    known = {float(m) for m in _NUMBER.findall(question)}
     checks = []
     for match in _EQUATION.finditer(completion):
-        a, op, b, c = _num(match[1]), match[2], _num(match[3]), _num(match[4])
+        a, op, b, c = float(match[1]), match[2], float(match[3]), float(match[4])
         value = _OPS[op](a, b)
         right = value is not None and abs(value - c) < 1e-9
         checks.append(StepCheck(end=match.end(), correct=right and a in known and b in known))
