@@ -34,6 +34,43 @@ class WorldConfig(Strict):
         return self
 
 
+GENERAL_KINDS = (
+    "capitals",
+    "reverse",
+    "colour",
+    "category",
+    "repeat",
+    "sort",
+    "greeting",
+    "one_word",
+)
+GENERAL_REJECTIONS = ("wrong", "verbose", "script", "no_tags", "repetition")
+
+
+class GeneralConfig(Strict):
+    """The general task sets: mixed-SFT rows, preference pairs, RL and evaluation prompts."""
+
+    seed: int = 0
+    n_sft: int = Field(600, ge=0)
+    n_pairs_train: int = Field(2000, ge=1)
+    n_pairs_heldout: int = Field(400, ge=1)
+    n_eval_prompts: int = Field(100, ge=1)
+    n_rl_prompts: int = Field(200, ge=0)
+    second_script_share: float = Field(0.3, ge=0.0, le=1.0)
+    heldout_share: float = Field(0.2, gt=0.0, lt=1.0, description="share of task keys held out")
+    kinds: tuple[str, ...] = GENERAL_KINDS
+    rejections: tuple[str, ...] = GENERAL_REJECTIONS
+
+    @field_validator("kinds", "rejections")
+    @classmethod
+    def _known(cls, values: tuple[str, ...], info) -> tuple[str, ...]:
+        known = GENERAL_KINDS if info.field_name == "kinds" else GENERAL_REJECTIONS
+        unknown = sorted(set(values) - set(known))
+        if unknown or not values:
+            raise ValueError(f"unknown or no {info.field_name}: {unknown}; known: {list(known)}")
+        return values
+
+
 class FilesConfig(Strict):
     """Real problems: JSONL or Parquet with question and answer columns."""
 
@@ -47,6 +84,9 @@ class DataConfig(Strict):
     source: Literal["tiny", "files"] = "tiny"
     world: WorldConfig = WorldConfig()
     files: FilesConfig | None = None
+    general: GeneralConfig | None = Field(
+        GeneralConfig(), description="non-reasoning tasks and preference pairs; None: none"
+    )
 
     @model_validator(mode="after")
     def _files_given(self) -> DataConfig:
@@ -187,6 +227,9 @@ class EvalConfig(Strict):
     top_p: float = Field(0.95, gt=0, le=1)
     max_new_tokens: int = Field(160, ge=1)
     batch_size: int = Field(128, ge=1)
+    general_prompts: int = Field(
+        200, ge=0, description="held-out general prompts scored by the reward model; 0: none"
+    )
     seed: int = 0
 
     @model_validator(mode="after")
@@ -202,14 +245,17 @@ class RewardTerm(Strict):
     name: str
     weight: float = 1.0
     params: dict[str, float | int | str] = Field(default_factory=dict)
+    kinds: list[Literal["reasoning", "general"]] | None = Field(
+        None, description="prompt kinds this reward scores; None: all (others get None)"
+    )
 
     @field_validator("name")
     @classmethod
     def _known(cls, name: str) -> str:
-        from rewards.registry import REWARDS  # imported here: configs stays a leaf at import time
+        from rewards.registry import known_rewards  # here: configs stays a leaf at import time
 
-        if name not in REWARDS:
-            raise ValueError(f"unknown reward {name!r}; known: {sorted(REWARDS)}")
+        if name not in known_rewards():
+            raise ValueError(f"unknown reward {name!r}; known: {known_rewards()}")
         return name
 
 
@@ -246,6 +292,12 @@ class GRPOConfig(Strict):
     rewards: list[RewardTerm] = Field(
         default_factory=lambda: [RewardTerm(name="accuracy"), RewardTerm(name="format", weight=0.5)]
     )
+    general_prompts: int = Field(
+        0, ge=0, description="general prompts mixed into the reasoning ones (stage 6); 0: none"
+    )
+    max_seconds: float | None = Field(
+        None, gt=0, description="stop after this much training time (RL-only twins in stage 7)"
+    )
     checkpoint_every: int = Field(10, ge=1)
     samples_every: int = Field(
         10, ge=1, description="log a table of sample completions every N steps"
@@ -260,6 +312,140 @@ class GRPOConfig(Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"a reward is listed twice: {names}")
         return self
+
+
+class RewardModelConfig(Strict):
+    """Stage 6's reward model: where it starts and how it is trained on preference pairs."""
+
+    init: Literal["base", "fresh"] = Field(
+        "base", description="base: the causal LM's body and a new scalar head; fresh: `model`"
+    )
+    model: ModelConfig = ModelConfig(
+        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192
+    )
+    train: TrainConfig = TrainConfig(
+        epochs=1,
+        batch_size=16,
+        learning_rate=3e-4,
+        warmup_steps=5,
+        weight_decay=0.0,
+        max_length=384,
+        checkpoint_every=100,
+        log_every=10,
+    )
+    eval_batch_size: int = Field(64, ge=1)
+    seed: int = Field(0, description="the new head's (or fresh model's) init; train.seed orders")
+
+
+class FunnelConfig(Strict):
+    """Stage 4's SQL filters over the stored rollouts (storage.rollouts), in this order.
+
+    None (or False) disables a filter; a disabled filter still appears in the funnel, with
+    rows_in == rows_out.
+    """
+
+    min_completion_tokens: int = Field(1, ge=0)
+    max_completion_tokens: int = Field(4096, ge=1, description="and finish_reason must be 'stop'")
+    require_correct: bool = Field(True, description="reasoning rows: reward_accuracy >= 1")
+    require_well_formed: bool = Field(True, description="every row: reward_format >= 1")
+    min_language_share: float | None = Field(0.95, ge=0, le=1, description="on reward_language")
+    min_general_score: float | None = Field(
+        None, description="general rows: reward_preference at least this; None: no bar"
+    )
+    dedup: bool = Field(True, description="one copy of each normalised completion per prompt")
+    top_k: int | None = Field(4, ge=1, description="best k per prompt, by total reward")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> FunnelConfig:
+        if self.min_completion_tokens > self.max_completion_tokens:
+            raise ValueError(
+                f"min_completion_tokens ({self.min_completion_tokens}) exceeds "
+                f"max_completion_tokens ({self.max_completion_tokens})"
+            )
+        return self
+
+
+class RejectionConfig(Strict):
+    """Stage 4 (and stage 7 traces): G completions per prompt into DuckDB, filtered by SQL."""
+
+    reasoning_prompts: int | None = Field(None, ge=1, description="None: every training problem")
+    general_prompts: int = Field(0, ge=0)
+    samples_per_prompt: int = Field(4, ge=1)
+    temperature: float = Field(0.7, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_new_tokens: int = Field(200, ge=1)
+    batch_size: int = Field(128, ge=1)
+    chunk_prompts: int = Field(64, ge=1, description="prompts per committed DuckDB chunk")
+    rewards: list[RewardTerm] = Field(
+        default_factory=lambda: [
+            RewardTerm(name="accuracy", kinds=["reasoning"]),
+            RewardTerm(name="format"),
+            RewardTerm(name="language"),
+        ]
+    )
+    funnel: FunnelConfig = FunnelConfig()
+    seed: int = 0
+
+
+class StudentConfig(Strict):
+    """A distillation student: a smaller Qwen2- or Llama-architecture model.
+
+    In the tiny world its base is pretrained on the bootstrap corpus (`model`, `pretrain`); with
+    real checkpoints `path` names a local folder and no pretraining runs.
+    """
+
+    name: str
+    model: ModelConfig | None = None
+    pretrain: TrainConfig = TrainConfig()
+    path: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StudentConfig:
+        if (self.model is None) == (self.path is None):
+            raise ValueError(f"student {self.name!r}: give either model (tiny world) or path")
+        return self
+
+
+class OnPolicyDistillConfig(Strict):
+    """On-policy distillation from a teacher that shares the student's tokenizer."""
+
+    steps: int = Field(40, ge=1)
+    prompts_per_step: int = Field(8, ge=1)
+    samples_per_prompt: int = Field(4, ge=1)
+    max_new_tokens: int = Field(160, ge=1)
+    temperature: float = Field(1.0, gt=0, description="sampling only; the KL is at temperature 1")
+    learning_rate: float = Field(
+        3e-5, gt=0, description="tiny world: 1e-4 already made the KL curve noisier"
+    )
+    max_grad_norm: float = Field(1.0, gt=0)
+    estimator: Literal["full", "sampled"] = Field(
+        "full", description="full: exact KL over the vocabulary; sampled: per-token policy gradient"
+    )
+    discount: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="0: each position's KL alone (Thinking Machines); 1: sequence-level KL",
+    )
+    micro_batch_size: int = Field(
+        16, ge=1, description="completions per forward pass; bounds the (N, T, V) logits in memory"
+    )
+    checkpoint_every: int = Field(10, ge=1)
+    seed: int = 0
+
+
+class DistillConfig(Strict):
+    """Stage 7: the final model's filtered traces, SFT into each student; RL-only twins."""
+
+    traces: RejectionConfig = RejectionConfig(samples_per_prompt=2)
+    students: list[StudentConfig] = Field(default_factory=list)
+    method: Literal["sft", "on_policy"] = Field(
+        "sft", description="on_policy: then minimise reverse KL to the teacher on own samples"
+    )
+    sft: TrainConfig = TrainConfig(epochs=2, learning_rate=1e-3)
+    on_policy: OnPolicyDistillConfig = OnPolicyDistillConfig()
+    rl_twin: GRPOConfig = GRPOConfig()
+    rl_twins: bool = Field(True, description="train each student by GRPO alone for comparison")
 
 
 class PipelineConfig(Strict):
@@ -279,4 +465,9 @@ class PipelineConfig(Strict):
         ]
     )
     r1_zero: GRPOConfig = GRPOConfig()
+    reward_model: RewardModelConfig = RewardModelConfig()
+    rejection: RejectionConfig = RejectionConfig()
+    mixed_sft: SFTConfig = SFTConfig(train=TrainConfig(epochs=2, learning_rate=1e-3))
+    all_scenarios_rl: GRPOConfig = GRPOConfig()
+    distillation: DistillConfig = DistillConfig()
     evaluation: EvalConfig = EvalConfig()

@@ -1,5 +1,9 @@
-"""The R1 pipeline: bootstrap -> cold-start curation -> cold-start SFT -> reasoning RL (GRPO),
-evaluating each model."""
+"""The R1 pipeline, base model to distilled students, evaluating every stage's model:
+
+0 bootstrap (tiny world) and the preference reward model; 1 cold-start curation; 2 cold-start
+SFT; 3 reasoning RL (GRPO); 4 rejection sampling into DuckDB; 5 mixed SFT from the base;
+6 RL for all scenarios; 7 distillation into each student, with its RL-only twin.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ from configs.loader import load_profile
 from configs.schema import PipelineConfig
 from tasks.bootstrap import bootstrap_base
 from tasks.curation import curate_cold_start
+from tasks.distill import distill_student, rl_only_twin, student_base
 from tasks.evaluation import evaluate_model
+from tasks.general import general_prompts, prepare_general, train_reward_model
 from tasks.pipeline import (
     PipelineResult,
     close_pipeline_run,
@@ -18,7 +24,8 @@ from tasks.pipeline import (
 )
 from tasks.problems import prepare_problems
 from tasks.reasoning_rl import grpo
-from tasks.sft import cold_start_sft
+from tasks.rejection import rejection_sample
+from tasks.sft import cold_start_sft, mixed_sft
 
 
 @flow(name="r1_pipeline", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
@@ -27,20 +34,45 @@ def r1_pipeline(profile: str = "tiny", config: PipelineConfig | None = None) -> 
     config = config or load_profile(profile)
     ctx = open_pipeline_run(config)
     problems = prepare_problems(config.data, ctx)
+    general = prepare_general(config.data.general, ctx) if config.data.general else None
 
     base = bootstrap_base(config.bootstrap, ctx, problems, seed=config.data.world.seed)
-    base_eval = evaluate_model(config.evaluation, ctx, base, problems)
+    rm = train_reward_model(config.reward_model, ctx, base, general) if general else None
+
+    def evaluate(stage):
+        return evaluate_model(config.evaluation, ctx, stage, problems, general, rm)
+
+    stages, evals = [base], {base.stage: evaluate(base)}
+    if rm is not None:
+        stages.append(rm)
 
     curated = curate_cold_start(config.curation, ctx, problems, base)
-
     model_1 = cold_start_sft(config.cold_start_sft, ctx, base, curated)
-    model_1_eval = evaluate_model(config.evaluation, ctx, model_1, problems)
-
     model_2 = grpo(config.reasoning_rl, ctx, model_1, problems, stage="reasoning_rl")
-    model_2_eval = evaluate_model(config.evaluation, ctx, model_2, problems)
+    stages += [curated, model_1, model_2]
+    evals |= {m.stage: evaluate(m) for m in (model_1, model_2)}
 
-    return close_pipeline_run(
-        ctx,
-        [base, curated, model_1, model_2],
-        {base.stage: base_eval, model_1.stage: model_1_eval, model_2.stage: model_2_eval},
+    train_general = general_prompts(general, "train")
+    rejected = rejection_sample(config.rejection, ctx, model_2, problems, train_general, rm)
+    model_3 = mixed_sft(config.mixed_sft, ctx, base, rejected, general)
+    model_4 = grpo(
+        config.all_scenarios_rl, ctx, model_3, problems, "all_scenarios_rl", general, rm
     )
+    stages += [rejected, model_3, model_4]
+    evals |= {m.stage: evaluate(m) for m in (model_3, model_4)}
+
+    distill = config.distillation
+    if distill.students:
+        traces = rejection_sample(distill.traces, ctx, model_4, problems, [], rm, "distill_traces")
+        stages.append(traces)
+    for student in distill.students:
+        s_base = student_base(student, config.bootstrap.corpus, ctx, base, problems)
+        s_model = distill_student(distill, student, ctx, s_base, model_4, traces, problems)
+        stages += [s_base, s_model]
+        evals[s_model.stage] = evaluate(s_model)
+        if distill.rl_twins:
+            twin = rl_only_twin(distill, student, ctx, s_base, problems, s_model.seconds)
+            stages.append(twin)
+            evals[twin.stage] = evaluate(twin)
+
+    return close_pipeline_run(ctx, stages, evals, config.evaluation.k)

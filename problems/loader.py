@@ -66,6 +66,7 @@ def load_problems(
                 source=str(row.get("source") or path.name),
                 key=str(row.get("key") or row.get("id") or f"{path.stem}-{i:06d}"),
                 steps=tuple(row.get("steps") or ()),
+                kind=str(row.get("kind") or "reasoning"),
             )
         )
     return problems

@@ -10,10 +10,11 @@ from typing import Any
 class Problem:
     """A question with a gold answer.
 
-    `key` identifies the underlying problem independently of its wording and language, so that
-    the train/held-out split can keep a problem and its rephrasings on the same side. `steps` are
-    worked intermediate results ("7 + 5 = 12") when the source knows them; the programmatic
-    teacher needs them, real data usually lacks them.
+    `kind` routes rewards: "reasoning" problems are graded by rules against `answer`, "general"
+    prompts by a trained reward model. `key` identifies the underlying problem independently of
+    its wording and language, so that the train/held-out split can keep a problem and its
+    rephrasings on the same side. `steps` are worked intermediate results ("7 + 5 = 12") when the
+    source knows them; the programmatic teacher needs them, real data usually lacks them.
     """
 
     id: str
@@ -23,6 +24,7 @@ class Problem:
     source: str = "files"
     key: str = ""
     steps: tuple[str, ...] = field(default_factory=tuple)
+    kind: str = "reasoning"  # or "general": no checkable answer, a reward model judges it
 
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)
@@ -39,4 +41,5 @@ class Problem:
             source=str(row.get("source") or "files"),
             key=str(row.get("key") or row["id"]),
             steps=tuple(row.get("steps") or ()),
+            kind=str(row.get("kind") or "reasoning"),
         )

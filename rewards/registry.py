@@ -24,13 +24,23 @@ REWARDS: dict[str, RewardFn] = {
     "repetition": repetition_reward,
 }
 
+# Rewards that need a trained model, which only exists at run time: the stage that has it
+# supplies the function (rl.trainer's `extra_rewards`).
+RUNTIME_REWARDS = {"preference": "the reward model's score (stages 4 and 6)"}
+
+
+def known_rewards() -> list[str]:
+    return sorted([*REWARDS, *RUNTIME_REWARDS])
+
 
 def get_reward(name: str, **params: Any) -> RewardFn:
     """The reward called `name`, with `params` bound (e.g. overlong's max_tokens)."""
+    if name in RUNTIME_REWARDS:
+        raise KeyError(f"reward {name!r} ({RUNTIME_REWARDS[name]}) must be supplied by the stage")
     try:
         fn = REWARDS[name]
     except KeyError:
-        raise KeyError(f"unknown reward {name!r}; known: {sorted(REWARDS)}") from None
+        raise KeyError(f"unknown reward {name!r}; known: {known_rewards()}") from None
     return partial(fn, **params) if params else fn
 
 

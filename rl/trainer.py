@@ -69,19 +69,34 @@ def score(
     groups: Sequence[Sequence[Completion]],
     reward_fns: dict[str, RewardFn],
     weights: dict[str, float],
+    kinds: dict[str, frozenset[str] | None] | None = None,
 ) -> ScoredGroups:
+    """Every reward on every sample, except that a reward limited to some prompt kinds scores
+    the others None (left out of their sum), so reasoning and general prompts can share a batch."""
     g = len(groups[0])
     flat = [c for group in groups for c in group]
+    flat_problems = [p for p in problems for _ in range(g)]
     columns = {
-        "answer": [p.answer for p in problems for _ in range(g)],
-        "language": [p.language for p in problems for _ in range(g)],
+        "answer": [p.answer for p in flat_problems],
+        "language": [p.language for p in flat_problems],
+        "kind": [p.kind for p in flat_problems],
         "completion_tokens": [len(c.token_ids) for c in flat],
     }
     texts = [c.text for c in flat]
     flat_prompts = [p for p in prompts for _ in range(g)]
-    per_reward = {
-        name: safe_scores(fn, flat_prompts, texts, **columns) for name, fn in reward_fns.items()
-    }
+    per_reward = {}
+    for name, fn in reward_fns.items():
+        allowed = (kinds or {}).get(name)
+        rows = [i for i, p in enumerate(flat_problems) if allowed is None or p.kind in allowed]
+        scores: list[float | None] = [None] * len(flat)
+        if rows:
+            picked = {k: [v[i] for i in rows] for k, v in columns.items()}
+            got = safe_scores(
+                fn, [flat_prompts[i] for i in rows], [texts[i] for i in rows], **picked
+            )
+            for i, value in zip(rows, got, strict=True):
+                scores[i] = value
+        per_reward[name] = scores
     total = [math.nan if r is None else r for r in combine(per_reward, weights)]
     return ScoredGroups(torch.tensor(total, dtype=torch.float32).view(len(groups), g), per_reward)
 
@@ -103,6 +118,20 @@ def masked_advantages(rewards: torch.Tensor, scale_std: bool) -> tuple[torch.Ten
     return (centred / (std + EPS) if scale_std else centred), zero
 
 
+def kind_metrics(batch: Sequence[Problem], rewards: torch.Tensor) -> dict[str, float]:
+    """Mean total reward per prompt kind, when a batch mixes kinds (stage 6)."""
+    kinds = sorted({p.kind for p in batch})
+    if len(kinds) < 2:
+        return {}
+    metrics = {}
+    for kind in kinds:
+        rows = rewards[[p.kind == kind for p in batch]]  # (B_kind, G)
+        valid = rows[~torch.isnan(rows)]
+        if valid.numel():
+            metrics[f"reward/kind/{kind}/mean"] = float(valid.mean())
+    return metrics
+
+
 class GRPOTrainer:
     def __init__(
         self,
@@ -112,15 +141,22 @@ class GRPOTrainer:
         log_metrics: MetricsFn,
         log_samples: SamplesFn | None = None,
         show_progress: bool = True,
+        extra_rewards: dict[str, RewardFn] | None = None,
     ):
+        """`extra_rewards` supplies rewards that need a model built at run time ("preference")."""
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.log_metrics = log_metrics
         self.log_samples = log_samples
         self.show_progress = show_progress
-        self.reward_fns = {r.name: get_reward(r.name, **r.params) for r in cfg.rewards}
+        extra = extra_rewards or {}
+        self.reward_fns = {
+            r.name: extra[r.name] if r.name in extra else get_reward(r.name, **r.params)
+            for r in cfg.rewards
+        }
         self.weights = {r.name: r.weight for r in cfg.rewards}
+        self.kinds = {r.name: frozenset(r.kinds) if r.kinds else None for r in cfg.rewards}
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.learning_rate, weight_decay=0.0
         )
@@ -151,6 +187,11 @@ class GRPOTrainer:
             disable=not self.show_progress,
         )
         for step in range(report.resumed_from, cfg.steps):
+            if cfg.max_seconds is not None and time.perf_counter() - began >= cfg.max_seconds:
+                log.info("grpo: time budget of %.0f s spent after %d steps", cfg.max_seconds, step)
+                self._checkpoint(ckpt_dir, fingerprint, step)
+                report.steps = step
+                break
             metrics = self.step(step, [problems[i] for i in order[step]])
             report.reward_curve.append(metrics["reward/mean"])
             self._curve = report.reward_curve
@@ -177,7 +218,7 @@ class GRPOTrainer:
         with torch.no_grad():
             groups = self.sampler.generate(prompts, cfg.group_size, params)
         t_sample = time.perf_counter() - t0
-        scored = score(batch, prompts, groups, self.reward_fns, self.weights)
+        scored = score(batch, prompts, groups, self.reward_fns, self.weights, self.kinds)
         step_metrics: dict[str, float] = {}
         if cfg.supervision == "process":
             advantages, zero, step_metrics = self._process_advantages(batch, groups, scored.rewards)
@@ -192,6 +233,7 @@ class GRPOTrainer:
             truncated = torch.tensor([c.finish_reason == "length" for c in flat]).view_as(keep)
             keep &= ~truncated
         metrics = self._rollout_metrics(scored, zero, flat, t_sample) | step_metrics
+        metrics |= kind_metrics(batch, scored.rewards)
         rows = keep.flatten().nonzero().flatten().tolist()
         metrics["samples/trained"] = float(len(rows))
         if rows:

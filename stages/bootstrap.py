@@ -11,12 +11,21 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from configs.schema import BootstrapConfig, TeacherConfig
+from transformers import PreTrainedTokenizerBase
+
+from configs.schema import (
+    BootstrapConfig,
+    CorpusConfig,
+    ModelConfig,
+    StudentConfig,
+    TeacherConfig,
+    TrainConfig,
+)
 from curation.teacher import write_traces
 from models.chat import render_completion, render_prompt
-from models.loading import build_model, parameter_count
+from models.loading import build_model, load_tokenizer, parameter_count
 from models.tokenizer import train_tokenizer
-from problems.corpus import build_corpus
+from problems.corpus import Document, build_corpus
 from problems.loader import load_problems
 from stages.fingerprint import fingerprint
 from stages.refs import ModelRef, ProblemSet, save_model
@@ -45,29 +54,80 @@ def run(
     docs = build_corpus(train_problems, config.corpus, seed=seed)
     styles = Counter(d.style for d in docs)
     tracker.log_metrics({f"corpus/{style}": float(n) for style, n in styles.items()})
-
     tokenizer = train_tokenizer(_tokenizer_texts(docs, train_problems, seed), config.vocab_size)
-    texts = [render_prompt(tokenizer, d.question) + render_completion(d.response) for d in docs]
-    examples = lm_examples(tokenizer, texts, config.train.max_length)
+    return pretrain(
+        config.model,
+        config.train,
+        tokenizer,
+        docs,
+        out_dir,
+        tracker,
+        fingerprint(config, problems.train_path, seed),
+        seed,
+        desc="bootstrap",
+    )
 
+
+def pretrain_student(
+    student: StudentConfig,
+    corpus: CorpusConfig,
+    base: ModelRef,
+    problems: ProblemSet,
+    out_dir: Path,
+    tracker: Tracker,
+    seed: int = 0,
+) -> ModelRef:
+    """A distillation student's base: a smaller model, the same tokenizer and corpus as the base.
+
+    Real students (Qwen2.5, Llama 3) come pretrained; the tiny world makes its own, as it makes
+    the teacher's base.
+    """
+    if student.model is None:
+        raise ValueError(f"student {student.name!r} has a path; only the tiny world pretrains")
+    tokenizer = load_tokenizer(base.path)
+    docs = build_corpus(load_problems(problems.train_path), corpus, seed=seed)
+    return pretrain(
+        student.model,
+        student.pretrain,
+        tokenizer,
+        docs,
+        out_dir,
+        tracker,
+        fingerprint(student, corpus, base.path, problems.train_path, seed),
+        seed,
+        desc=f"pretrain {student.name}",
+    )
+
+
+def pretrain(
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    docs: list[Document],
+    out_dir: Path,
+    tracker: Tracker,
+    fp: str,
+    seed: int,
+    desc: str,
+) -> ModelRef:
+    """A fresh decoder trained as a causal LM on the corpus documents."""
+    texts = [render_prompt(tokenizer, d.question) + render_completion(d.response) for d in docs]
+    examples = lm_examples(tokenizer, texts, train_config.max_length)
     model = build_model(
-        config.model, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed
+        model_config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed
     )
     n_params = parameter_count(model)
-    log.info(
-        "bootstrap: %d documents, vocab %d, %d parameters", len(docs), len(tokenizer), n_params
-    )
+    log.info("%s: %d documents, vocab %d, %d parameters", desc, len(docs), len(tokenizer), n_params)
     tracker.log_metrics({"corpus/documents": float(len(docs)), "model/parameters": float(n_params)})
-
     report = train(
         model,
         examples,
-        config.train,
+        train_config,
         out_dir / "checkpoints",
-        fingerprint(config, problems.train_path, seed),
+        fp,
         tracker.log_metrics,
         pad_id=tokenizer.pad_token_id,
-        desc="bootstrap",
+        desc=desc,
     )
     tracker.log_metrics(
         {"train/tokens_per_second": report.tokens_per_second, "train/steps": report.steps}

@@ -2,28 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from transformers import PreTrainedTokenizerBase
 
 from configs.schema import EvalConfig
 from evaluation.metrics import ProblemSamples, summarize
 from models.chat import render_prompt
 from models.loading import load_model, load_tokenizer
 from problems.loader import load_problems
+from problems.types import Problem
 from rewards.accuracy import gold_is_verifiable, grade
 from rewards.format import is_well_formed
 from rewards.language import is_language_consistent
+from rewards.registry import RewardFn
 from sampling.hf import HFSampler
 from sampling.types import SamplingParams
 from stages.refs import EvalReport, ModelRef, ProblemSet
 from stages.tracking import Tracker
 
 
+def general_score(
+    sampler: HFSampler,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Problem],
+    scorer: RewardFn,
+    params: SamplingParams,
+) -> dict[str, float]:
+    """Mean reward-model score of one sample per held-out general prompt (stage 6's target)."""
+    rendered = [render_prompt(tokenizer, p.question) for p in prompts]
+    texts = [group[0].text for group in sampler.generate(rendered, 1, params)]
+    scores = [s for s in scorer(rendered, texts) if s is not None]
+    formed = [is_well_formed(t) for t in texts]
+    return {
+        "general_score": sum(scores) / max(len(scores), 1),
+        "general_format_rate": sum(formed) / len(formed),
+    }
+
+
 def run(
-    config: EvalConfig, model: ModelRef, problems: ProblemSet, out_dir: Path, tracker: Tracker
+    config: EvalConfig,
+    model: ModelRef,
+    problems: ProblemSet,
+    out_dir: Path,
+    tracker: Tracker,
+    general: Sequence[Problem] = (),
+    scorer: RewardFn | None = None,
 ) -> EvalReport:
+    """Held-out reasoning metrics, and the general score when a reward model (`scorer`) and
+    general prompts are given."""
     heldout = [p for p in load_problems(problems.heldout_path) if gold_is_verifiable(p.answer)]
     heldout = heldout[: config.max_problems]
     if not heldout:
@@ -63,6 +93,10 @@ def run(
             )
     metrics = summarize(graded, config.k)
     metrics["mean_completion_tokens"] = sum(r["completion_tokens"] for r in rows) / len(rows)
+    if scorer is not None and general and config.general_prompts:
+        metrics |= general_score(
+            sampler, tokenizer, general[: config.general_prompts], scorer, params
+        )
     tracker.log_metrics({f"eval/{name}": value for name, value in metrics.items()})
     out_dir.mkdir(parents=True, exist_ok=True)
     samples_path = out_dir / "eval_samples.parquet"

@@ -4,6 +4,7 @@ problems, from the cold-start model (stage 3) or straight from the base (R1-Zero
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from configs.schema import GRPOConfig  # noqa: E402
 from models.loading import load_model, load_tokenizer  # noqa: E402
 from problems.loader import load_problems  # noqa: E402
+from problems.types import Problem  # noqa: E402
+from rewards.registry import RewardFn  # noqa: E402
 from rl.trainer import GRPOTrainer  # noqa: E402
 from stages.fingerprint import fingerprint  # noqa: E402
 from stages.refs import ModelRef, ProblemSet, save_model  # noqa: E402
@@ -45,10 +48,14 @@ def run(
     out_dir: Path,
     tracker: Tracker,
     desc: str = "reasoning_rl",
+    general: Sequence[Problem] = (),
+    extra_rewards: dict[str, RewardFn] | None = None,
 ) -> ModelRef:
+    """GRPO on the training problems, plus `config.general_prompts` of `general` (stage 6),
+    drawn in proportion to their numbers; `extra_rewards` supplies the reward model's score."""
     tokenizer = load_tokenizer(policy.path)
     model = load_model(policy.path)
-    train = load_problems(problems.train_path)
+    train = load_problems(problems.train_path) + list(general[: config.general_prompts])
     samples_dir = out_dir / "samples"
     samples_dir.mkdir(parents=True, exist_ok=True)
 
@@ -57,7 +64,9 @@ def run(
         path.write_text(json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8")
         tracker.log_artifact(path, "samples")
 
-    trainer = GRPOTrainer(model, tokenizer, config, tracker.log_metrics, log_samples)
+    trainer = GRPOTrainer(
+        model, tokenizer, config, tracker.log_metrics, log_samples, extra_rewards=extra_rewards
+    )
     report = trainer.train(
         train, out_dir / "checkpoints", fingerprint(config, policy.path, problems.train_path)
     )

@@ -10,7 +10,7 @@ from configs.schema import SFTConfig
 from models.chat import render_completion, render_prompt
 from models.loading import load_model, load_tokenizer
 from stages.fingerprint import fingerprint
-from stages.refs import CuratedSet, ModelRef, save_model
+from stages.refs import ModelRef, save_model
 from stages.tracking import Tracker
 from training.examples import sft_examples
 from training.loop import train
@@ -19,14 +19,15 @@ from training.loop import train
 def run(
     config: SFTConfig,
     base: ModelRef,
-    data: CuratedSet,
+    dataset_path: Path,
     out_dir: Path,
     tracker: Tracker,
     desc: str = "sft",
 ) -> ModelRef:
     tokenizer = load_tokenizer(base.path)
     model = load_model(base.path)
-    rows = load_from_disk(str(data.dataset_path))
+    """Fine-tune `base` on a saved dataset with `question` and `completion` columns."""
+    rows = load_from_disk(str(dataset_path))
     examples = sft_examples(
         tokenizer,
         [render_prompt(tokenizer, q) for q in rows["question"]],
@@ -38,7 +39,7 @@ def run(
         examples,
         config.train,
         out_dir / "checkpoints",
-        fingerprint(config, base.path, data.dataset_path, len(examples)),
+        fingerprint(config, base.path, dataset_path, len(examples)),
         tracker.log_metrics,
         pad_id=tokenizer.pad_token_id,
         desc=desc,

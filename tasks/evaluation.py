@@ -6,23 +6,38 @@ import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 
 from configs.schema import EvalConfig
+from problems.general import GeneralFiles
 from stages import evaluate as evaluate_stage
 from stages.refs import EvalReport, ModelRef, ProblemSet
+from stages.reward_model import RewardModelRef
 from storage.tracking import MlflowTracker
 from tasks.context import RunContext, StageResult, log_problems
+from tasks.general import general_prompts, preference_reward
 
 SAMPLE_ROWS = 50  # completions shown in the MLflow table; all of them stay in the Parquet file
 
 
 @task(name="evaluate-model")
 def evaluate_model(
-    config: EvalConfig, ctx: RunContext, stage: StageResult[ModelRef], problems: ProblemSet
+    config: EvalConfig,
+    ctx: RunContext,
+    stage: StageResult[ModelRef],
+    problems: ProblemSet,
+    general: GeneralFiles | None = None,
+    reward_model: StageResult[RewardModelRef] | None = None,
 ) -> EvalReport:
+    """Held-out metrics; with general data and a reward model, the general score too."""
     client = ctx.client()
     tracker = MlflowTracker(client, stage.run_id)
     log_problems(client, stage.run_id, problems, "heldout")
     report = evaluate_stage.run(
-        config, stage.output, problems, ctx.stage_dir(stage.stage) / "eval", tracker
+        config,
+        stage.output,
+        problems,
+        ctx.stage_dir(stage.stage) / "eval",
+        tracker,
+        general=general_prompts(general, "heldout"),
+        scorer=preference_reward(reward_model),
     )
     tracker.log_artifact(report.samples_path, "eval")
     samples = pq.read_table(report.samples_path).slice(0, SAMPLE_ROWS).to_pylist()

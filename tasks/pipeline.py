@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 from prefect import get_run_logger, runtime, task
+from prefect.artifacts import create_markdown_artifact
 
 from configs.schema import PipelineConfig
+from evaluation.report import StageRow, markdown_table, plot_stages, table_dict
 from stages.refs import CuratedSet, EvalReport
 from storage.paths import StatePaths
 from storage.tracking import (
@@ -22,16 +24,6 @@ from storage.tracking import (
 from tasks.context import RunContext, StageResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StageRow:
-    """One line of the per-stage table."""
-
-    stage: str
-    seconds: float
-    metrics: dict[str, float]
-    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,9 +57,10 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
 
 @task(name="close-pipeline-run")
 def close_pipeline_run(
-    ctx: RunContext, stages: list[StageResult], evals: dict[str, EvalReport]
+    ctx: RunContext, stages: list[StageResult], evals: dict[str, EvalReport], k: int = 4
 ) -> PipelineResult:
-    """Put each stage's headline figures on the parent run and build the per-stage table."""
+    """Put each stage's headline figures on the parent run and publish the per-stage report:
+    an MLflow table and plot on the parent run and a markdown artifact on the flow run."""
     client = ctx.client()
     parent = MlflowTracker(client, ctx.parent_run_id)
     rows = []
@@ -77,9 +70,24 @@ def close_pipeline_run(
         parent.log_metrics({f"{result.stage}/seconds": result.seconds})
         note = ", ".join(f"{k} {v}" for k, v in result.notes.items())
         rows.append(StageRow(result.stage, result.seconds, metrics, note))
+    publish_report(ctx, rows, k)
     finish_run(client, ctx.parent_run_id)
     counts = next((r.output.filter_counts for r in stages if isinstance(r.output, CuratedSet)), {})
     return PipelineResult(ctx.parent_run_id, ctx.flow_run_id, str(ctx.state_root), rows, counts)
+
+
+def publish_report(ctx: RunContext, rows: list[StageRow], k: int) -> None:
+    client = ctx.client()
+    client.log_table(ctx.parent_run_id, table_dict(rows, k), "report/stages.json")
+    plot = plot_stages(rows, k, ctx.stage_dir("report") / "stages.png")
+    client.log_artifact(ctx.parent_run_id, str(plot), "report")
+    run_link = f"{ctx.paths.tracking_uri} run {ctx.parent_run_id}"
+    create_markdown_artifact(
+        key="r1-stage-report",
+        markdown=f"# R1 pipeline: per-stage report\n\n{markdown_table(rows, k)}\n\n"
+        f"MLflow: {run_link}\n",
+        description="held-out figures after each stage",
+    )
 
 
 def mark_pipeline_failed(flow, flow_run, state) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from prefect import task
 
 from configs.schema import GRPOConfig
+from problems.general import GeneralFiles
 from stages import reasoning_rl
 from stages.refs import ModelRef, ProblemSet
+from stages.reward_model import RewardModelRef
 from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
+from tasks.general import general_prompts, runtime_rewards
 
 
 @task(name="grpo")
@@ -17,14 +20,26 @@ def grpo(
     policy: StageResult[ModelRef],
     problems: ProblemSet,
     stage: str = "reasoning_rl",
+    general: GeneralFiles | None = None,
+    reward_model: StageResult[RewardModelRef] | None = None,
 ) -> StageResult[ModelRef]:
+    """GRPO; with general data and a reward model (stage 6), general prompts join the batch
+    and the reward model scores them."""
     with tracked_stage(ctx, stage, config) as (tracker, timing):
         train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
         tracker.client.set_tag(tracker.run_id, "policy.digest", policy.digest)
         model = reasoning_rl.run(
-            config, policy.output, problems, ctx.stage_dir(stage), tracker, desc=stage
+            config,
+            policy.output,
+            problems,
+            ctx.stage_dir(stage),
+            tracker,
+            desc=stage,
+            general=general_prompts(general, "train") if config.general_prompts else [],
+            extra_rewards=runtime_rewards(reward_model),
         )
-        digest, version = record_model(ctx, tracker, stage, model, [policy.digest, train_digest])
+        inputs = [policy.digest, train_digest] + ([reward_model.digest] if reward_model else [])
+        digest, version = record_model(ctx, tracker, stage, model, inputs)
     return StageResult(
         stage, tracker.run_id, model, timing["seconds"], digest, {"model": f"v{version}"}
     )

@@ -1,14 +1,20 @@
-"""Stage 2 task: cold-start SFT of the base on the curated set."""
+"""SFT tasks: stage 2 (cold start, on the curated set) and stage 5 (mixed, on the rejection set
+and the non-reasoning set)."""
 
 from __future__ import annotations
 
+from datasets import load_from_disk
 from prefect import task
 
 from configs.schema import SFTConfig
+from problems.general import GeneralFiles
 from stages import sft as sft_stage
+from stages.mixed import build_sft_set
 from stages.refs import CuratedSet, ModelRef
+from storage.digests import rows_digest
 from storage.tracking import log_dataset
 from tasks.context import RunContext, StageResult, record_model, tracked_stage
+from tasks.rejection import RejectionSet
 
 STAGE = "cold_start_sft"
 
@@ -32,9 +38,49 @@ def cold_start_sft(
         )
         tracker.client.set_tag(tracker.run_id, "base.digest", base.digest)
         model = sft_stage.run(
-            config, base.output, curated.output, ctx.stage_dir(STAGE), tracker, desc=STAGE
+            config,
+            base.output,
+            curated.output.dataset_path,
+            ctx.stage_dir(STAGE),
+            tracker,
+            desc=STAGE,
         )
         digest, version = record_model(ctx, tracker, STAGE, model, [base.digest, curated.digest])
     return StageResult(
         STAGE, tracker.run_id, model, timing["seconds"], digest, {"model": f"v{version}"}
     )
+
+
+@task(name="mixed-sft")
+def mixed_sft(
+    config: SFTConfig,
+    ctx: RunContext,
+    base: StageResult[ModelRef],
+    rejected: StageResult[RejectionSet],
+    general: GeneralFiles | None,
+    stage: str = "mixed_sft",
+) -> StageResult[ModelRef]:
+    """Stage 5: the *base* model (as in DeepSeek-R1), on the rejection-sampled reasoning set plus
+    the non-reasoning set."""
+    with tracked_stage(ctx, stage, config) as (tracker, timing):
+        general_sft = general.sft_path if general else None
+        data, counts = build_sft_set(
+            rejected.output.dataset_path, general_sft, ctx.stage_dir(stage), config.train.seed
+        )
+        digest = rows_digest(load_from_disk(str(data)))
+        log_dataset(
+            tracker.client,
+            tracker.run_id,
+            "mixed-sft",
+            digest,
+            data,
+            "training",
+            sum(counts.values()),
+        )
+        tracker.log_metrics({f"data/{kind}": float(n) for kind, n in counts.items()})
+        model = sft_stage.run(config, base.output, data, ctx.stage_dir(stage), tracker, desc=stage)
+        inputs = [base.digest, rejected.digest, digest]
+        model_digest, version = record_model(ctx, tracker, stage, model, inputs)
+    notes = {"data": ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))}
+    notes["model"] = f"v{version}"
+    return StageResult(stage, tracker.run_id, model, timing["seconds"], model_digest, notes)

@@ -10,8 +10,35 @@ from mlflow import MlflowClient
 
 from configs import load_profile
 
-STAGES = {"bootstrap", "cold_start_curation", "cold_start_sft", "reasoning_rl"}
-MODEL_STAGES = ("bootstrap", "cold_start_sft", "reasoning_rl")
+ROW_STAGES = [
+    "bootstrap",
+    "reward_model",
+    "cold_start_curation",
+    "cold_start_sft",
+    "reasoning_rl",
+    "rejection_sampling",
+    "mixed_sft",
+    "all_scenarios_rl",
+    "distill_traces",
+    "student_base_qwen",
+    "student_qwen",
+    "rl_only_qwen",
+    "student_base_llama",
+    "student_llama",
+    "rl_only_llama",
+]
+STAGES = set(ROW_STAGES)
+MODEL_STAGES = (
+    "bootstrap",
+    "cold_start_sft",
+    "reasoning_rl",
+    "mixed_sft",
+    "all_scenarios_rl",
+    "student_qwen",
+    "rl_only_qwen",
+    "student_llama",
+    "rl_only_llama",
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +92,11 @@ def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
     assert {i.dataset.name for i in parent.inputs.dataset_inputs} == {
         "problems-train",
         "problems-heldout",
+        "general-sft",
+        "general-pairs_train",
+        "general-pairs_heldout",
+        "general-rl_prompts",
+        "general-eval_prompts",
     }
     children = client.search_runs(
         [parent.info.experiment_id],
@@ -85,6 +117,7 @@ def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
             "eval/cons_at_2",
             "eval/format_rate",
             "eval/language_consistency_rate",
+            "eval/general_score",
         } <= set(metrics)
         assert 0.0 <= metrics["eval/pass_at_1"] <= metrics["eval/pass_at_2"] <= 1.0
         assert parent.data.metrics[f"{stage}/format_rate"] == metrics["eval/format_rate"]
@@ -149,14 +182,66 @@ def test_duckdb_holds_the_curated_set_and_the_filter_counts(micro_run):
 
 def test_the_stage_table_has_a_row_per_stage(micro_run):
     _, result = micro_run
-    assert [r.stage for r in result.rows] == [
-        "bootstrap",
-        "cold_start_curation",
-        "cold_start_sft",
-        "reasoning_rl",
-    ]
-    assert "format_rate" in result.rows[0].metrics and "format_rate" in result.rows[2].metrics
-    assert result.rows[1].note.startswith("kept ")
+    assert [r.stage for r in result.rows] == ROW_STAGES
+    by_stage = {r.stage: r for r in result.rows}
+    for stage in MODEL_STAGES:
+        assert {"format_rate", "general_score"} <= set(by_stage[stage].metrics)
+    assert by_stage["cold_start_curation"].note.startswith("kept ")
+    assert by_stage["rejection_sampling"].note.startswith("kept ")
+
+
+def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    state, result = micro_run
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    artifacts = {a.path for a in client.list_artifacts(result.parent_run_id, "report")}
+    assert {"report/stages.json", "report/stages.png"} <= artifacts
+    table = json.loads(
+        open(client.download_artifacts(result.parent_run_id, "report/stages.json")).read()
+    )
+    stage_column = table["columns"].index("stage")
+    assert [row[stage_column] for row in table["data"]] == ROW_STAGES
+    with get_client(sync_client=True) as prefect:
+        found = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[result.flow_run_id])
+            )
+        )
+    (report,) = [a for a in found if a.key == "r1-stage-report"]
+    assert "| mixed_sft |" in report.data and "general score" in report.data
+
+
+def test_rejection_sampling_filled_duckdb_and_fed_mixed_sft(micro_run):
+    state, result = micro_run
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    experiment = client.get_run(result.parent_run_id).info.experiment_id
+    (rejection,) = client.search_runs(
+        [experiment], filter_string="tags.`r1.stage` = 'rejection_sampling'"
+    )
+    (mixed,) = client.search_runs([experiment], filter_string="tags.`r1.stage` = 'mixed_sft'")
+    with duckdb.connect(str(state / "r1.duckdb"), read_only=True) as con:
+        stored, keys = con.execute(
+            "SELECT count(*), count(DISTINCT (prompt_id, sample_index, model_id)) FROM rollouts"
+        ).fetchone()
+        funnel = con.execute(
+            "SELECT filter, rows_in, rows_out FROM rejection_funnel WHERE run_id = ? "
+            "ORDER BY position",
+            [rejection.info.run_id],
+        ).fetchall()
+        kept = con.execute(
+            "SELECT count(*) FROM rejection_kept WHERE run_id = ?", [rejection.info.run_id]
+        ).fetchone()[0]
+        kinds = dict(con.execute("SELECT kind, count(*) FROM rollouts GROUP BY kind").fetchall())
+    assert stored == keys > 0
+    assert {"reasoning", "general"} <= set(kinds)
+    assert funnel[0][1] == (16 + 4) * 2  # micro: 16 reasoning + 4 general prompts, 2 samples each
+    assert all(a[2] == b[1] for a, b in zip(funnel, funnel[1:], strict=False))
+    assert funnel[-1][2] == kept > 0
+    names = {i.dataset.name for i in mixed.inputs.dataset_inputs}
+    assert "mixed-sft" in names
+    assert mixed.data.metrics["data/general"] >= 24  # the non-reasoning set, and kept general rows
 
 
 def test_a_failing_stage_marks_the_mlflow_runs_failed(prefect_server, tmp_path, monkeypatch):

@@ -1,0 +1,84 @@
+"""The per-stage report: one row per stage model, as markdown and as a plot.
+
+The columns are the ones the DeepSeek-R1 paper reads its stages by: pass@1 and cons@k on the
+held-out reasoning problems, the format and language-consistency rates, and the reward model's
+score on held-out general prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One line of the per-stage table."""
+
+    stage: str
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+
+def columns(k: int) -> list[tuple[str, str]]:
+    """(title, metric key) of each figure column."""
+    return [
+        ("pass@1", "pass_at_1"),
+        (f"pass@{k}", f"pass_at_{k}"),
+        (f"cons@{k}", f"cons_at_{k}"),
+        ("format", "format_rate"),
+        ("lang. consistent", "language_consistency_rate"),
+        ("general score", "general_score"),
+    ]
+
+
+def cell(metrics: dict[str, float], key: str) -> str:
+    return f"{metrics[key]:.3f}" if key in metrics else "-"
+
+
+def markdown_table(rows: Sequence[StageRow], k: int) -> str:
+    cols = columns(k)
+    lines = [
+        "| stage | time | " + " | ".join(t for t, _ in cols) + " | notes |",
+        "|---|---:|" + "---:|" * len(cols) + "---|",
+    ]
+    for row in rows:
+        cells = " | ".join(cell(row.metrics, key) for _, key in cols)
+        lines.append(f"| {row.stage} | {row.seconds:.0f}s | {cells} | {row.note} |")
+    return "\n".join(lines)
+
+
+def table_dict(rows: Sequence[StageRow], k: int) -> dict[str, list]:
+    """Column -> values, the shape MLflow's log_table takes."""
+    table: dict[str, list] = {"stage": [r.stage for r in rows], "seconds": []}
+    table["seconds"] = [round(r.seconds, 1) for r in rows]
+    for title, key in columns(k):
+        table[title] = [r.metrics.get(key) for r in rows]
+    return table
+
+
+def plot_stages(rows: Sequence[StageRow], k: int, path: Path) -> Path:
+    """Grouped bars: each figure column for each evaluated stage."""
+    evaluated = [r for r in rows if "pass_at_1" in r.metrics]
+    keys = [(t, key) for t, key in columns(k) if any(key in r.metrics for r in evaluated)]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(evaluated) + 2), 4))
+    width = 0.8 / max(len(keys), 1)
+    for j, (title, key) in enumerate(keys):
+        xs = [i + j * width for i in range(len(evaluated))]
+        ax.bar(xs, [r.metrics.get(key, 0.0) for r in evaluated], width, label=title)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(evaluated))])
+    ax.set_xticklabels([r.stage for r in evaluated], rotation=30, ha="right")
+    ax.set(ylim=(0, 1.05), ylabel="rate / score", title="held-out figures after each stage")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,391 @@
+"""On-policy distillation: the student samples, the teacher scores the student's own tokens, and
+the student minimises the per-token reverse KL(student || teacher) on the states it visits.
+
+Unlike SFT on teacher traces (stage 7 of the R1 paper), the student learns where its own mistakes
+take it; unlike RL, every token gets a dense signal. Two estimators, by name:
+
+- "full": the exact KL over the whole vocabulary at each completion position,
+  sum_v p_s(v) (log p_s(v) - log p_t(v)); lowest variance, needs both models' full logits.
+- "sampled": log p_s(x_t) - log p_t(x_t) of the sampled token only, used as a negative per-token
+  advantage in a policy-gradient loss (as in Thinking Machines' on-policy distillation); unbiased
+  for the gradient of the same per-position KL, with more variance.
+
+By default each position's KL is minimised as if the states were fixed (discount 0, as GKD and
+Thinking Machines do). `discount` > 0 also charges each sampled token the KLs of the positions it
+leads to; at 1 the expected gradient is that of the sequence-level reverse KL, which (every token
+costing KL >= 0) also rewards ending sooner. The KL is taken at temperature 1 whatever the
+sampling temperature: that is the distribution the student ships with; sampling at temperature 1
+(the default) keeps the update exactly on-policy.
+
+The per-token KL on the student's own samples is not monotone in training: as the student moves
+it visits other states, often ones where the teacher is sharper. Both the per-token and the
+per-sequence value are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from configs.schema import OnPolicyDistillConfig
+from rl.rollouts import PolicyBatch, build_batch
+from rl.trainer import prompt_order
+from sampling.hf import HFSampler
+from sampling.types import Completion, SamplingParams
+from training.checkpoints import load_checkpoint, save_checkpoint
+
+log = logging.getLogger(__name__)
+
+MetricsFn = Callable[[dict[str, float], int], None]
+
+
+class TokenizerMismatchError(ValueError):
+    """Teacher and student do not share a vocabulary, so their per-token distributions differ in
+    meaning and no per-token KL between them is defined."""
+
+
+@dataclass
+class DistillReport:
+    steps: int
+    resumed_from: int
+    kl_curve: list[float] = field(default_factory=list)  # mean per-token reverse KL per step
+    seconds: float = 0.0
+
+
+# ---- pure losses -------------------------------------------------------------------------------
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the tokens that count, so every completion token weighs the same."""
+    m = mask.to(values.dtype)
+    return (values * m).sum() / m.sum().clamp(min=1)
+
+
+def reverse_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """Exact KL(student || teacher) at each position, (B, T), from log-probabilities (B, T, V)."""
+    return (student_logp.exp() * (student_logp - teacher_logp)).sum(dim=-1)  # (B, T)
+
+
+def future_sum(values: torch.Tensor, mask: torch.Tensor, discount: float) -> torch.Tensor:
+    """sum_{t' > t} discount^(t' - t) values_t' over the tokens that count, (B, T); zero at
+    discount 0. What a token's choice costs later in its sequence."""
+    values = values * mask.to(values.dtype)  # (B, T)
+    out = torch.zeros_like(values)
+    if discount == 0.0:
+        return out
+    running = torch.zeros_like(values[:, 0])  # (B,)
+    for t in range(values.shape[1] - 2, -1, -1):
+        running = discount * (values[:, t + 1] + running)
+        out[:, t] = running
+    return out
+
+
+def full_kl_loss(
+    student_logp: torch.Tensor,  # (B, T, V)
+    teacher_logp: torch.Tensor,  # (B, T, V)
+    targets: torch.Tensor,  # (B, T) sampled tokens; needed only when discount > 0
+    mask: torch.Tensor,  # (B, T)
+    discount: float = 0.0,
+) -> torch.Tensor:
+    """Mean per-token exact reverse KL; the gradient reaches the student only.
+
+    With discount > 0 each sampled token also carries, as a policy-gradient term, the exact KLs
+    of the positions its choice leads to; at discount 1 the expected gradient is that of the
+    sequence-level reverse KL sum_t KL_t (per token of the batch).
+    """
+    kl = reverse_kl(student_logp, teacher_logp.detach())  # (B, T)
+    if discount == 0.0:
+        return masked_mean(kl, mask)
+    s_tok = student_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    later = future_sum(kl.detach(), mask, discount)  # (B, T)
+    return masked_mean(kl + later * s_tok, mask)
+
+
+def sampled_kl_loss(
+    student_logp: torch.Tensor,  # (B, T, V)
+    teacher_logp: torch.Tensor,  # (B, T, V)
+    targets: torch.Tensor,  # (B, T)
+    mask: torch.Tensor,  # (B, T)
+    discount: float = 0.0,
+) -> torch.Tensor:
+    """Policy gradient with per-token advantage -(log p_s(x_t) - log p_t(x_t)).
+
+    With x_t drawn from the student, E[(log p_s - log p_t) grad log p_s] is the gradient of the
+    per-position reverse KL (the score function has mean zero), so this is unbiased for the same
+    update as `full_kl_loss`, seeing one token of the teacher's distribution instead of all.
+    With discount > 0 the advantage is the discounted return of these costs from t on.
+    """
+    index = targets.unsqueeze(-1)
+    s_tok = student_logp.gather(-1, index).squeeze(-1)  # (B, T)
+    t_tok = teacher_logp.gather(-1, index).squeeze(-1)  # (B, T)
+    cost = (s_tok - t_tok).detach()  # (B, T): -advantage at discount 0
+    return masked_mean((cost + future_sum(cost, mask, discount)) * s_tok, mask)
+
+
+DistillLoss = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+]
+DISTILL_LOSSES: dict[str, DistillLoss] = {"full": full_kl_loss, "sampled": sampled_kl_loss}
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+
+def completion_log_probs(model: PreTrainedModel, batch: PolicyBatch) -> torch.Tensor:
+    """Log-probabilities (N, C, V) over the vocabulary at each completion position.
+
+    As `rl.rollouts.completion_logprobs`, but keeping the whole distribution, which the exact KL
+    needs; only completion positions go through the output projection.
+    """
+    position_ids = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=batch.completion_width + 1,
+    ).logits[:, :-1, :]  # (N, C, V): position t predicts completion token t
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def check_shared_tokenizer(
+    student: PreTrainedModel,
+    teacher: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    teacher_tokenizer: PreTrainedTokenizerBase | None = None,
+) -> None:
+    """Refuse a teacher whose token ids do not mean what the student's mean.
+
+    The models' output widths must agree and cover the tokenizer. Given the teacher's tokenizer,
+    its special-token map and then its whole vocabulary must equal the student's. Without it the
+    caller vouches that the teacher was trained with `tokenizer`; only the widths can be checked
+    (model configs' eos ids are not compared: base and chat checkpoints of one tokenizer differ).
+    """
+    s_width, t_width = (m.get_output_embeddings().weight.shape[0] for m in (student, teacher))
+    if s_width != t_width:
+        raise TokenizerMismatchError(
+            f"student predicts over {s_width} tokens and teacher over {t_width}: on-policy "
+            "distillation needs one shared tokenizer (cross-tokenizer distillation is not offered)"
+        )
+    if len(tokenizer) > s_width:
+        raise TokenizerMismatchError(
+            f"the tokenizer has {len(tokenizer)} tokens but the models predict only {s_width}"
+        )
+    if teacher_tokenizer is None:
+        return
+    if len(teacher_tokenizer) != len(tokenizer):
+        raise TokenizerMismatchError(
+            f"teacher tokenizer has {len(teacher_tokenizer)} tokens, student's {len(tokenizer)}"
+        )
+    s_special, t_special = (
+        {t: tok.convert_tokens_to_ids(t) for t in tok.all_special_tokens}
+        for tok in (tokenizer, teacher_tokenizer)
+    )
+    if s_special != t_special:
+        diff = sorted(set(s_special.items()) ^ set(t_special.items()))
+        raise TokenizerMismatchError(f"special tokens map to different ids: {diff[:8]}")
+    s_vocab, t_vocab = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if s_vocab != t_vocab:
+        diff = sorted(set(s_vocab.items()) ^ set(t_vocab.items()))
+        raise TokenizerMismatchError(
+            f"{len(diff)} token->id entries differ between the tokenizers, e.g. {diff[:8]}"
+        )
+
+
+@torch.no_grad()
+def measure_reverse_kl(
+    student: PreTrainedModel,
+    teacher: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    samples_per_prompt: int = 4,
+    max_new_tokens: int = 32,
+    seed: int = 0,
+) -> float:
+    """Mean per-token exact reverse KL on the student's own samples at temperature 1: the number
+    distillation drives down, measured the same way before and after training."""
+    sampler = HFSampler(student, tokenizer, batch_size=64, show_progress=False)
+    groups = sampler.generate(
+        prompts, samples_per_prompt, SamplingParams(1.0, 1.0, max_new_tokens, seed)
+    )
+    flat = [c for group in groups for c in group]
+    batch = build_batch(
+        tokenizer,
+        [p for p in prompts for _ in range(samples_per_prompt)],
+        [c.token_ids for c in flat],
+        tokenizer.pad_token_id,
+    )
+    kl = reverse_kl(completion_log_probs(student, batch), completion_log_probs(teacher, batch))
+    return float(masked_mean(kl, batch.completion_mask))
+
+
+# ---- the loop ----------------------------------------------------------------------------------
+
+
+class OnPolicyDistiller:
+    def __init__(
+        self,
+        student: PreTrainedModel,
+        teacher: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        cfg: OnPolicyDistillConfig,
+        log_metrics: MetricsFn,
+        show_progress: bool = True,
+        teacher_tokenizer: PreTrainedTokenizerBase | None = None,
+    ):
+        check_shared_tokenizer(student, teacher, tokenizer, teacher_tokenizer)
+        self.student = student
+        self.teacher = teacher.eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.log_metrics = log_metrics
+        self.show_progress = show_progress
+        self.loss_fn = DISTILL_LOSSES[cfg.estimator]
+        self.optimizer = torch.optim.AdamW(
+            student.parameters(), lr=cfg.learning_rate, weight_decay=0.0
+        )
+        self.sampler = HFSampler(
+            student,
+            tokenizer,
+            batch_size=cfg.prompts_per_step * cfg.samples_per_prompt,
+            show_progress=False,
+        )
+        self._curve: list[float] = []
+
+    def train(self, prompts: Sequence[str], ckpt_dir: Path, fingerprint: str) -> DistillReport:
+        """Distil on `prompts` (already rendered with the chat template), resuming from the last
+        checkpoint in `ckpt_dir` that carries `fingerprint`."""
+        cfg = self.cfg
+        order = prompt_order(len(prompts), cfg.steps, cfg.prompts_per_step, cfg.seed)
+        report = DistillReport(steps=cfg.steps, resumed_from=self._resume(ckpt_dir, fingerprint))
+        began = time.perf_counter()
+        bar = tqdm(
+            total=cfg.steps,
+            initial=report.resumed_from,
+            desc="distill",
+            unit="step",
+            leave=False,
+            disable=not self.show_progress,
+        )
+        for step in range(report.resumed_from, cfg.steps):
+            metrics = self.step(step, [prompts[i] for i in order[step]])
+            self._curve.append(metrics["reverse_kl"])
+            self.log_metrics(metrics, step + 1)
+            bar.update(1)
+            bar.set_postfix(kl=f"{metrics['reverse_kl']:.4f}")
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                self._checkpoint(ckpt_dir, fingerprint, step + 1)
+        bar.close()
+        self.student.eval()
+        report.kl_curve = list(self._curve)
+        report.seconds = time.perf_counter() - began
+        return report
+
+    def step(self, step: int, prompts: Sequence[str]) -> dict[str, float]:
+        """Sample from the student, then one update on every sampled completion."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        params = SamplingParams(
+            cfg.temperature, 1.0, cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + step
+        )
+        self.student.eval()
+        with torch.no_grad():
+            groups = self.sampler.generate(prompts, cfg.samples_per_prompt, params)
+        t_sample = time.perf_counter() - t0
+        flat = [c for group in groups for c in group]
+        metrics = self._update([p for p in prompts for _ in range(cfg.samples_per_prompt)], flat)
+        metrics |= completion_metrics(flat)
+        metrics["time/sample_seconds"] = t_sample
+        metrics["time/step_seconds"] = time.perf_counter() - t0
+        metrics["time/tokens_per_second"] = (
+            sum(len(c.token_ids) for c in flat) / metrics["time/step_seconds"]
+        )
+        return metrics
+
+    def _update(self, prompts: list[str], completions: list[Completion]) -> dict[str, float]:
+        """One optimizer step over micro-batches, weighted so the loss is the token mean over the
+        whole batch. The mask (from `build_batch`) covers completion tokens up to and including
+        EOS, truncated completions too; padding carries no loss."""
+        cfg = self.cfg
+        total = sum(len(c.token_ids) for c in completions)
+        kl_sum = sampled_sum = loss_sum = 0.0
+        self.student.train()
+        for start in range(0, len(completions), cfg.micro_batch_size):
+            rows = slice(start, start + cfg.micro_batch_size)
+            batch = build_batch(
+                self.tokenizer,
+                prompts[rows],
+                [c.token_ids for c in completions[rows]],
+                self.tokenizer.pad_token_id,
+            )
+            mask = batch.completion_mask  # (n, C)
+            targets = batch.input_ids[:, batch.prompt_width :]  # (n, C)
+            with torch.no_grad():
+                teacher_logp = completion_log_probs(self.teacher, batch)  # (n, C, V)
+            student_logp = completion_log_probs(self.student, batch)  # (n, C, V)
+            weight = float(mask.sum()) / total
+            loss = self.loss_fn(student_logp, teacher_logp, targets, mask, cfg.discount) * weight
+            loss.backward()
+            loss_sum += loss.item()
+            with torch.no_grad():
+                m = mask.float()
+                kl_sum += float((reverse_kl(student_logp, teacher_logp) * m).sum())
+                index = targets.unsqueeze(-1)
+                gap = student_logp.gather(-1, index) - teacher_logp.gather(-1, index)  # (n, C, 1)
+                sampled_sum += float((gap.squeeze(-1) * m).sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {
+            "reverse_kl": kl_sum / total,
+            "reverse_kl/per_sequence": kl_sum / len(completions),  # length shifts show here
+            "reverse_kl/sampled_estimate": sampled_sum / total,
+            "loss": loss_sum,
+            "grad_norm": float(grad_norm),
+        }
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    def _checkpoint(self, ckpt_dir: Path, fingerprint: str, step: int) -> None:
+        save_checkpoint(
+            ckpt_dir,
+            {
+                "model": self.student.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "rng": torch.get_rng_state(),
+                "step": step,
+                "curve": list(self._curve),
+                "fingerprint": fingerprint,
+            },
+        )
+
+    def _resume(self, ckpt_dir: Path, fingerprint: str) -> int:
+        """Weights, optimizer, RNG and the step; the prompt order is a pure function of the seed,
+        so the step is the data cursor."""
+        self._curve = []
+        state = load_checkpoint(ckpt_dir, fingerprint)
+        if state is None:
+            return 0
+        self.student.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        self._curve = list(state["curve"])
+        log.info("distill: resuming from step %d of %d", state["step"], self.cfg.steps)
+        return state["step"]
+
+
+def completion_metrics(flat: Sequence[Completion]) -> dict[str, float]:
+    lengths = torch.tensor([len(c.token_ids) for c in flat], dtype=torch.float32)
+    return {
+        "completion/mean_tokens": float(lengths.mean()),
+        "completion/max_tokens": float(lengths.max()),
+        "completion/truncated_fraction": sum(c.finish_reason == "length" for c in flat) / len(flat),
+    }

@@ -1,0 +1,397 @@
+"""Stage 4's rollout store: every sampled completion with its rewards, and the SQL filter funnel.
+
+Rejection sampling draws G completions per prompt from model_2, scores them, and keeps the best
+few per prompt. Sampling is the expensive part and may be killed at any time, so the store is
+built to resume: inserts are idempotent on (prompt_id, sample_index, model_id), each chunk lands in
+one transaction (all or nothing), and `existing_samples` tells a restarted sampler what it may skip.
+
+Rewards are not a fixed set (a profile may add one), so each reward is a column `reward_<name>`
+added on first sight. NULL in a reward column means the reward could not verify that sample, as in
+the reward contract (None); a filter that needs the reward treats NULL as "not shown to pass".
+
+DuckDB allows one writing process per file, so, as in storage.store, every function opens, works
+and closes within the call; nothing holds a connection.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from configs.schema import FunnelConfig
+from storage.digests import rows_digest
+
+OPTIONAL_COLUMNS = frozenset({"created_at", "reward_total"})
+KEY = ("prompt_id", "sample_index", "model_id")
+REWARD_PREFIX = "reward_"
+TOTAL = "reward_total"
+
+# Reward columns are interpolated into SQL as identifiers; this pattern is what makes that safe.
+_REWARD_NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    prompt_id         VARCHAR NOT NULL,
+    sample_index      INTEGER NOT NULL,
+    model_id          VARCHAR NOT NULL,
+    kind              VARCHAR NOT NULL CHECK (kind IN ('reasoning', 'general')),
+    language          VARCHAR,
+    prompt            VARCHAR NOT NULL,
+    completion        VARCHAR NOT NULL,
+    prompt_tokens     INTEGER,
+    completion_tokens INTEGER NOT NULL,
+    finish_reason     VARCHAR NOT NULL CHECK (finish_reason IN ('stop', 'length')),
+    created_at        TIMESTAMP NOT NULL,
+    reward_total      DOUBLE,
+    PRIMARY KEY (prompt_id, sample_index, model_id)
+);
+CREATE TABLE IF NOT EXISTS rejection_kept (
+    run_id        VARCHAR NOT NULL,
+    model_id      VARCHAR NOT NULL,
+    prompt_id     VARCHAR NOT NULL,
+    sample_index  INTEGER NOT NULL,
+    rank          INTEGER NOT NULL  -- 1 = best kept sample of its prompt
+);
+CREATE TABLE IF NOT EXISTS rejection_funnel (
+    run_id     VARCHAR NOT NULL,
+    model_id   VARCHAR NOT NULL,
+    position   INTEGER NOT NULL,    -- order in which the filter ran
+    filter     VARCHAR NOT NULL,
+    rows_in    BIGINT NOT NULL,
+    rows_out   BIGINT NOT NULL,
+    created_at TIMESTAMP NOT NULL
+);
+"""
+
+
+class MissingRewardColumn(LookupError):
+    """A filter needs a reward that no stored rollout was scored with."""
+
+
+@contextmanager
+def connect(db: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    db.parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(db))
+    try:
+        con.execute(SCHEMA)
+        yield con
+    finally:
+        con.close()
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """All or nothing: a killed process leaves no commit in the WAL, so DuckDB drops the work."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def reward_column(name: str) -> str:
+    """The column of reward `name`, refusing anything that is not a plain identifier."""
+    if not _REWARD_NAME.fullmatch(name) or name == "total":
+        raise ValueError(
+            f"bad reward name {name!r}: use lowercase letters, digits and '_', starting with a "
+            "letter, at most 48 characters, and not 'total'"
+        )
+    return REWARD_PREFIX + name
+
+
+def table_columns(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """The rollouts table's columns and their types: the table, not a copy of it, is the schema."""
+    return dict(
+        con.execute(
+            "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'rollouts' "
+            "AND database_name = current_database() AND schema_name = 'main' ORDER BY column_index"
+        ).fetchall()
+    )
+
+
+def reward_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The per-reward columns (reward_total excluded), sorted by name."""
+    return sorted(c for c in table_columns(con) if c.startswith(REWARD_PREFIX) and c != TOTAL)
+
+
+def _incoming_columns(columns: list[str], stored: dict[str, str]) -> dict[str, str]:
+    """The incoming columns with their types; a missing required column, an unknown column or a
+    bad reward name is refused rather than dropped."""
+    base = [c for c in stored if not c.startswith(REWARD_PREFIX) or c == TOTAL]
+    missing = set(base) - OPTIONAL_COLUMNS - set(columns)
+    if missing:
+        raise ValueError(f"rollouts lack required columns {sorted(missing)}")
+    unknown = [c for c in columns if c not in base and not c.startswith(REWARD_PREFIX)]
+    if unknown:
+        raise ValueError(f"unknown rollout columns {unknown}; rewards are named reward_<name>")
+    for column in columns:
+        if column not in base:
+            reward_column(column.removeprefix(REWARD_PREFIX))
+    return {c: stored.get(c, "DOUBLE") for c in columns}
+
+
+def first_of_each_key(rows: pa.Table) -> pa.Table:
+    """A chunk may repeat a key (a resent sample); the first occurrence wins, as if the rows went
+    in one at a time. Cheap in Arrow, and it lets the insert skip a costly ON CONFLICT check."""
+    keys = rows.select(list(KEY)).append_column("row", pa.array(np.arange(rows.num_rows)))
+    first = keys.group_by(list(KEY), use_threads=False).aggregate([("row", "min")])
+    if first.num_rows == rows.num_rows:
+        return rows
+    return rows.take(np.sort(first["row_min"].to_numpy()))
+
+
+def insert_rollouts(db: Path, rows: pa.Table) -> int:
+    """Insert a chunk of rollouts from Arrow and return how many were new.
+
+    A row whose key is already stored is skipped (so a resumed sampler may resend a chunk),
+    and the chunk commits as one transaction. `created_at` defaults to now (UTC), a missing
+    `reward_total` or reward column to NULL; a new reward column is added to the table.
+    Skipping is an anti-join rather than ON CONFLICT DO NOTHING, which is twice as slow here.
+    """
+    same = " AND ".join(f"r.{k} = i.{k}" for k in KEY)
+    with connect(db) as con, transaction(con):
+        stored = table_columns(con)
+        typed = _incoming_columns(rows.column_names, stored)
+        for column in typed.keys() - stored.keys():
+            con.execute(f"ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS {column} DOUBLE")
+        values = {c: f"CAST(i.{c} AS {t})" for c, t in typed.items()}
+        # created_at defaults to (and a NULL one becomes) the time of this insert
+        values["created_at"] = f"coalesce({values.get('created_at', 'NULL')}, $now::TIMESTAMP)"
+        con.register("incoming_rollouts", first_of_each_key(rows))
+        (inserted,) = con.execute(
+            f"INSERT INTO rollouts ({', '.join(values)}) SELECT {', '.join(values.values())} "
+            f"FROM incoming_rollouts i WHERE NOT EXISTS (SELECT 1 FROM rollouts r WHERE {same})",
+            {"now": datetime.now(UTC).replace(tzinfo=None)},
+        ).fetchone()
+        con.unregister("incoming_rollouts")
+    return int(inserted)
+
+
+def existing_samples(db: Path, model_id: str) -> dict[str, set[int]]:
+    """Which sample indices are already stored per prompt for `model_id`: what a resumed
+    sampler must not generate again."""
+    with connect(db) as con:
+        rows = con.execute(
+            "SELECT prompt_id, list(sample_index) FROM rollouts WHERE model_id = ? "
+            "GROUP BY prompt_id",
+            [model_id],
+        ).fetchall()
+    return {prompt_id: set(indices) for prompt_id, indices in rows}
+
+
+def missing_samples(
+    existing: dict[str, set[int]], prompt_ids: Iterable[str], n: int
+) -> dict[str, list[int]]:
+    """The sample indices 0..n-1 still to draw per prompt; prompts already complete are left out."""
+    todo = {p: [i for i in range(n) if i not in existing.get(p, ())] for p in prompt_ids}
+    return {p: indices for p, indices in todo.items() if indices}
+
+
+def count_rollouts(db: Path, model_id: str) -> int:
+    with connect(db) as con:
+        (n,) = con.execute(
+            "SELECT count(*) FROM rollouts WHERE model_id = ?", [model_id]
+        ).fetchone()
+    return int(n)
+
+
+# --- the filter funnel ---------------------------------------------------------------------------
+
+FILTERS = ("length", "correct", "well_formed", "single_language", "general_score", "dedup", "top_k")
+# Best first: highest total reward, then the shorter completion, then the earlier sample.
+_BEST_FIRST = "reward_total DESC NULLS LAST, completion_tokens ASC, sample_index ASC"
+# Lowercase, every run of (ASCII) whitespace made one space, stripped. The pattern matches only
+# runs of two or more and lone non-space characters, which gives the same text as '\s+' -> ' '
+# but leaves ordinary single spaces alone, and is about three times faster in DuckDB.
+_WHITESPACE = r"'[ \t\n\v\f\r]{2,}|[\t\n\v\f\r]'"
+NORMALISED_COMPLETION = f"trim(regexp_replace(lower(completion), {_WHITESPACE}, ' ', 'g'))"
+
+
+@dataclass(frozen=True)
+class FilterCount:
+    name: str
+    rows_in: int
+    rows_out: int
+
+    @property
+    def removed(self) -> int:
+        return self.rows_in - self.rows_out
+
+
+@dataclass(frozen=True)
+class Funnel:
+    run_id: str
+    model_id: str
+    filters: tuple[FilterCount, ...]
+    kept: int
+
+
+def row_filters(spec: FunnelConfig) -> list[tuple[str, str, str | None]]:
+    """(filter, SQL condition a row must meet, reward column it needs) for the enabled per-row
+    filters, in funnel order. Thresholds are bound as $parameters, never formatted in."""
+    length = "completion_tokens BETWEEN $min_tokens AND $max_tokens AND finish_reason = 'stop'"
+    correct = "kind <> 'reasoning' OR reward_accuracy >= 1"
+    general = "kind <> 'general' OR reward_preference >= $min_general_score"
+    every = [
+        ("length", True, length, None),
+        ("correct", spec.require_correct, correct, "reward_accuracy"),
+        ("well_formed", spec.require_well_formed, "reward_format >= 1", "reward_format"),
+        (
+            "single_language",
+            spec.min_language_share is not None,
+            "reward_language >= $min_language_share",
+            "reward_language",
+        ),
+        ("general_score", spec.min_general_score is not None, general, "reward_preference"),
+    ]
+    return [(name, cond, column) for name, on, cond, column in every if on]
+
+
+def _check_columns(
+    con: duckdb.DuckDBPyConnection, filters: list[tuple[str, str, str | None]]
+) -> None:
+    present = reward_columns(con)
+    for name, _, column in filters:
+        if column is not None and column not in present:
+            raise MissingRewardColumn(
+                f"filter {name!r} needs column {column!r}, but no stored rollout was scored with "
+                f"reward {column.removeprefix(REWARD_PREFIX)!r} (reward columns: {present}); "
+                "score the rollouts with it or disable the filter in the FunnelConfig"
+            )
+
+
+def _verdict_sql(spec: FunnelConfig, filters: list[tuple[str, str, str | None]]) -> str:
+    """One pass over the model's rollouts: each row gets the first filter that removed it
+    (NULL: kept). NULL conditions (an unverified reward) count as failing."""
+    whens = " ".join(f"WHEN NOT coalesce({cond}, false) THEN '{name}'" for name, cond, _ in filters)
+    copy_key = NORMALISED_COMPLETION if spec.dedup else "CAST(sample_index AS VARCHAR)"
+    return f"""
+    CREATE OR REPLACE TEMP TABLE funnel_rows AS
+    WITH verdict AS (
+        SELECT prompt_id, sample_index, completion_tokens, reward_total,
+               CASE {whens} END AS removed_by,
+               CASE WHEN removed_by IS NULL THEN {copy_key} END AS copy_key
+        FROM rollouts WHERE model_id = $model_id
+    ), copies AS (
+        SELECT *, row_number() OVER (PARTITION BY prompt_id, copy_key ORDER BY {_BEST_FIRST})
+               AS copy_rank
+        FROM verdict WHERE removed_by IS NULL
+    ), ranked AS (
+        SELECT *, row_number() OVER (PARTITION BY prompt_id ORDER BY {_BEST_FIRST}) AS rank
+        FROM copies WHERE copy_rank = 1
+    )
+    SELECT prompt_id, sample_index, removed_by, NULL::INTEGER AS rank
+        FROM verdict WHERE removed_by IS NOT NULL
+    UNION ALL SELECT prompt_id, sample_index, 'dedup', NULL FROM copies WHERE copy_rank > 1
+    UNION ALL SELECT prompt_id, sample_index,
+                     CASE WHEN rank > CAST($top_k AS BIGINT) THEN 'top_k' END, rank
+        FROM ranked
+    """
+
+
+def _chain(total: int, removed: dict[str | None, int]) -> tuple[FilterCount, ...]:
+    counts, rows_in = [], total
+    for name in FILTERS:
+        rows_out = rows_in - removed.get(name, 0)
+        counts.append(FilterCount(name, rows_in, rows_out))
+        rows_in = rows_out
+    return tuple(counts)
+
+
+def run_funnel(db: Path, model_id: str, spec: FunnelConfig, run_id: str) -> Funnel:
+    """Filter the rollouts of `model_id` and record the kept keys and the counts under `run_id`.
+
+    A rerun with the same run_id replaces that run's rows, so a retried task never doubles them.
+    """
+    filters = row_filters(spec)
+    params = {
+        "model_id": model_id,
+        "min_tokens": spec.min_completion_tokens,
+        "max_tokens": spec.max_completion_tokens,
+        "min_language_share": spec.min_language_share,
+        "min_general_score": spec.min_general_score,
+        "top_k": spec.top_k,
+    }
+    sql = _verdict_sql(spec, filters)
+    with connect(db) as con, transaction(con):
+        _check_columns(con, filters)
+        con.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql})
+        removed = dict(
+            con.execute("SELECT removed_by, count(*) FROM funnel_rows GROUP BY 1").fetchall()
+        )
+        funnel = Funnel(
+            run_id, model_id, _chain(sum(removed.values()), removed), removed.get(None, 0)
+        )
+        for table in ("rejection_kept", "rejection_funnel"):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        con.execute(
+            "INSERT INTO rejection_kept SELECT ?, ?, prompt_id, sample_index, rank "
+            "FROM funnel_rows WHERE removed_by IS NULL",
+            [run_id, model_id],
+        )
+        now = datetime.now(UTC).replace(tzinfo=None)
+        con.executemany(
+            "INSERT INTO rejection_funnel VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                [run_id, model_id, i, f.name, f.rows_in, f.rows_out, now]
+                for i, f in enumerate(funnel.filters)
+            ],
+        )
+        con.execute("DROP TABLE funnel_rows")
+    return funnel
+
+
+# --- export --------------------------------------------------------------------------------------
+
+EXPORT_COLUMNS = ("prompt_id", "sample_index", "kind", "language", "prompt", "completion")
+
+
+def kept_table(db: Path, run_id: str) -> pa.Table:
+    """The kept rows of a funnel run, ordered by (prompt_id, sample_index); reward columns are
+    all the store's, sorted by name, then reward_total, so the layout never depends on the order
+    in which rewards first appeared."""
+    with connect(db) as con:
+        (runs,) = con.execute(
+            "SELECT count(*) FROM rejection_funnel WHERE run_id = ?", [run_id]
+        ).fetchone()
+        if not runs:
+            raise LookupError(f"no funnel run {run_id!r} in {db}; run_funnel first")
+        columns = [*EXPORT_COLUMNS, "completion_tokens", *reward_columns(con), TOTAL]
+        return con.sql(
+            f"SELECT {', '.join(f'r.{c}' for c in columns)} FROM rejection_kept k "
+            "JOIN rollouts r USING (prompt_id, sample_index, model_id) "
+            "WHERE k.run_id = $run_id ORDER BY r.prompt_id, r.sample_index",
+            params={"run_id": run_id},
+        ).to_arrow_table()
+
+
+def export_kept(db: Path, run_id: str, parquet_path: Path, hf_dir: Path) -> str:
+    """Write the kept set as Parquet and as a `datasets` folder; return its content digest.
+
+    The digest is storage.digests.rows_digest over the rows in export order, so it equals
+    rows_digest(load_from_disk(hf_dir)) and does not depend on file metadata or library versions.
+    """
+    from datasets import Dataset  # heavy import, needed only here
+
+    table = kept_table(db, run_id)
+    parquet_path.parent.mkdir(parents=True, exist_ok=True)
+    partial = parquet_path.with_name(parquet_path.name + ".partial")
+    pq.write_table(table, partial)
+    os.replace(partial, parquet_path)
+    if (hf_dir / "state.json").exists():  # an earlier export: replace it, never merge into it
+        shutil.rmtree(hf_dir)
+    Dataset(table).save_to_disk(str(hf_dir))
+    return rows_digest(row for batch in table.to_batches() for row in batch.to_pylist())

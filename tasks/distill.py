@@ -1,0 +1,98 @@
+"""Stage 7 tasks: each student's base, its distillation, and its RL-only twin."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from configs.schema import CorpusConfig, DistillConfig, StudentConfig
+from models.loading import load_model, parameter_count
+from stages import bootstrap as bootstrap_stage
+from stages import distill as distill_stage
+from stages.mixed import build_sft_set
+from stages.refs import ModelRef, ProblemSet
+from storage.tracking import log_dataset
+from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
+from tasks.rejection import RejectionSet
+
+
+@task(name="student-base")
+def student_base(
+    student: StudentConfig,
+    corpus: CorpusConfig,
+    ctx: RunContext,
+    base: StageResult[ModelRef],
+    problems: ProblemSet,
+    seed: int = 0,
+) -> StageResult[ModelRef]:
+    """A real student is a local checkpoint; the tiny world pretrains one like its base."""
+    stage = f"student_base_{student.name}"
+    with tracked_stage(ctx, stage, student) as (tracker, timing):
+        if student.path is not None:
+            model = ModelRef(student.path, parameter_count(load_model(student.path)))
+        else:
+            model = bootstrap_stage.pretrain_student(
+                student, corpus, base.output, problems, ctx.stage_dir(stage), tracker, seed
+            )
+        digest, version = record_model(ctx, tracker, stage, model, [base.digest])
+    notes = {"params": f"{model.parameters / 1e6:.2f}M", "model": f"v{version}"}
+    return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)
+
+
+@task(name="distill-student")
+def distill_student(
+    config: DistillConfig,
+    student: StudentConfig,
+    ctx: RunContext,
+    base: StageResult[ModelRef],
+    teacher: StageResult[ModelRef],
+    traces: StageResult[RejectionSet],
+    problems: ProblemSet,
+) -> StageResult[ModelRef]:
+    stage = f"student_{student.name}"
+    with tracked_stage(ctx, stage, config) as (tracker, timing):
+        distill_stage.check_smaller(base.output, teacher.output, student.name)
+        log_dataset(
+            tracker.client,
+            tracker.run_id,
+            "distillation-traces",
+            traces.digest,
+            traces.output.parquet_path,
+            "training",
+            traces.output.n_kept,
+        )
+        data, _ = build_sft_set(traces.output.dataset_path, None, ctx.stage_dir(stage))
+        model = distill_stage.distill(
+            config,
+            base.output,
+            teacher.output,
+            data,
+            problems,
+            ctx.stage_dir(stage),
+            tracker,
+            stage,
+        )
+        inputs = [base.digest, teacher.digest, traces.digest]
+        digest, version = record_model(ctx, tracker, stage, model, inputs)
+    notes = {"params": f"{model.parameters / 1e6:.2f}M", "model": f"v{version}"}
+    return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)
+
+
+@task(name="rl-only-twin")
+def rl_only_twin(
+    config: DistillConfig,
+    student: StudentConfig,
+    ctx: RunContext,
+    base: StageResult[ModelRef],
+    problems: ProblemSet,
+    seconds: float,
+) -> StageResult[ModelRef]:
+    """The same student base, GRPO alone, for the wall time its distillation took."""
+    stage = f"rl_only_{student.name}"
+    with tracked_stage(ctx, stage, config.rl_twin) as (tracker, timing):
+        train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
+        model = distill_stage.rl_twin(
+            config.rl_twin, base.output, problems, seconds, ctx.stage_dir(stage), tracker, stage
+        )
+        digest, version = record_model(ctx, tracker, stage, model, [base.digest, train_digest])
+    notes = {"budget": f"{seconds:.0f}s", "model": f"v{version}"}
+    return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)

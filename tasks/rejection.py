@@ -1,0 +1,123 @@
+"""Stage 4 task (and stage 7's traces): sample into the DuckDB rollout store, filter by SQL,
+export the kept set, and record the funnel and the lineage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from prefect import get_run_logger, task
+
+from configs.schema import RejectionConfig
+from problems.loader import load_problems
+from problems.types import Problem
+from stages import rejection as rejection_stage
+from stages.refs import ModelRef, ProblemSet
+from stages.reward_model import RewardModelRef
+from storage import rollouts, store
+from storage.tracking import log_dataset
+from tasks.context import RunContext, StageResult, log_problems, tracked_stage
+from tasks.general import runtime_rewards
+
+
+@dataclass(frozen=True)
+class RejectionSet:
+    """The kept rollouts as a Hugging Face dataset and as Parquet, and the funnel that made it."""
+
+    dataset_path: Path
+    parquet_path: Path
+    n_rollouts: int
+    n_kept: int
+    funnel: list[tuple[str, int, int]]  # (filter, rows in, rows out)
+
+
+class DuckDBSink:
+    """The rollouts of one model in the pipeline's DuckDB file."""
+
+    def __init__(self, db: Path, model_id: str):
+        self.db = db
+        self.model_id = model_id
+
+    def stored(self) -> dict[str, set[int]]:
+        return rollouts.existing_samples(self.db, self.model_id)
+
+    def insert(self, rows: pa.Table) -> int:
+        return rollouts.insert_rollouts(self.db, rows)
+
+
+@task(name="rejection-sampling")
+def rejection_sample(
+    config: RejectionConfig,
+    ctx: RunContext,
+    policy: StageResult[ModelRef],
+    problems: ProblemSet,
+    general: list[Problem],
+    reward_model: StageResult[RewardModelRef] | None = None,
+    stage: str = "rejection_sampling",
+) -> StageResult[RejectionSet]:
+    """`policy.digest` keys the rollouts, so a rerun of the same model resumes, never doubles."""
+    with tracked_stage(ctx, stage, config) as (tracker, timing):
+        train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
+        tracker.client.set_tag(tracker.run_id, "policy.digest", policy.digest)
+        prompts = rejection_stage.select_prompts(
+            config, load_problems(problems.train_path), general
+        )
+        sink = DuckDBSink(ctx.paths.duckdb, policy.digest)
+        report = rejection_stage.run(
+            config,
+            policy.output,
+            policy.digest,
+            prompts,
+            sink,
+            tracker,
+            runtime_rewards(reward_model),
+            stage,
+        )
+        funnel = rollouts.run_funnel(ctx.paths.duckdb, policy.digest, config.funnel, tracker.run_id)
+        out = ctx.stage_dir(stage)
+        digest = rollouts.export_kept(
+            ctx.paths.duckdb, tracker.run_id, out / "kept.parquet", out / "dataset"
+        )
+        steps = [(s.name, s.rows_in, s.rows_out) for s in funnel.filters]
+        tracker.log_metrics({f"funnel/{name}": float(n_out) for name, _, n_out in steps})
+        tracker.client.log_table(
+            tracker.run_id,
+            {
+                "filter": [s[0] for s in steps],
+                "rows_in": [s[1] for s in steps],
+                "rows_out": [s[2] for s in steps],
+            },
+            "funnel.json",
+        )
+        tracker.log_artifact(out / "kept.parquet", "dataset")
+        log_dataset(
+            tracker.client,
+            tracker.run_id,
+            stage,
+            digest,
+            out / "kept.parquet",
+            "training",
+            funnel.kept,
+        )
+        store.record_lineage(
+            ctx.paths.duckdb,
+            str(out / "kept.parquet"),
+            "dataset",
+            digest,
+            stage,
+            tracker.run_id,
+            [policy.digest, train_digest],
+        )
+        n_rollouts = steps[0][1] if steps else 0
+        get_run_logger().info(
+            "%s: %d prompts, sampled %d (skipped %d stored chunks); funnel %s",
+            stage,
+            report.prompts,
+            report.sampled,
+            report.chunks_skipped,
+            " -> ".join(f"{name} {n_out}" for name, _, n_out in steps),
+        )
+    result = RejectionSet(out / "dataset", out / "kept.parquet", n_rollouts, funnel.kept, steps)
+    notes = {"kept": f"{funnel.kept}/{n_rollouts}", "resumed_chunks": report.chunks_skipped}
+    return StageResult(stage, tracker.run_id, result, timing["seconds"], digest, notes)
