@@ -75,7 +75,8 @@ def plot_stages(rows: Sequence[StageRow], k: int, path: Path) -> Path:
         ax.bar(xs, [r.metrics.get(key, 0.0) for r in evaluated], width, label=title)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(evaluated))])
     ax.set_xticklabels([r.stage for r in evaluated], rotation=30, ha="right")
-    ax.set(ylim=(0, 1.05), ylabel="rate / score", title="held-out figures after each stage")
+    ax.axhline(0, color="black", lw=0.5)  # the general score is a raw reward-model score
+    ax.set(ylabel="rate / score", title="held-out figures after each stage")
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -192,3 +192,34 @@ def test_killed_run_resumes_to_the_same_weights_and_metrics(tokenizer, tmp_path)
     assert report_b.reward_curve == pytest.approx(report_a.reward_curve, abs=1e-6)
     for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_rewards_limited_to_a_kind_score_other_prompts_none():
+    from rl.trainer import kind_metrics, score
+
+    mixed = [PROBLEMS[0], Problem("g0", "Say hi.", "", kind="general")]
+    groups = [[Completion("<answer> 1 </answer>", [1], [0.0], "stop")] * 2] * 2
+
+    def constant(value):
+        return lambda prompts, completions, **_: [value] * len(completions)
+
+    scored = score(
+        mixed,
+        ["a", "b"],
+        groups,
+        {"rule": constant(1.0), "judge": constant(0.5)},
+        {"rule": 1.0, "judge": 2.0},
+        {"rule": frozenset({"reasoning"}), "judge": frozenset({"general"})},
+    )
+    assert scored.per_reward["rule"] == [1.0, 1.0, None, None]
+    assert scored.per_reward["judge"] == [None, None, 0.5, 0.5]
+    assert scored.rewards.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert kind_metrics(mixed, torch.tensor([[1.0, 0.0], [3.0, float("nan")]])) == {
+        "reward/kind/general/mean": 3.0,
+        "reward/kind/reasoning/mean": 0.5,
+    }
+
+
+def test_a_time_budget_stops_training_early(tokenizer, tmp_path):
+    _, _, report, records = run(tokenizer, tmp_path, config(steps=50, max_seconds=1e-9))
+    assert report.steps == 0 and records == []

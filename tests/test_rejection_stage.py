@@ -1,0 +1,106 @@
+"""Stage 4 against a real DuckDB file: a run that dies half-way and is started again stores every
+rollout exactly once, the same rollouts an uninterrupted run stores."""
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from configs.schema import FunnelConfig, RejectionConfig, RewardTerm
+from problems.types import Problem
+from stages import rejection
+from stages.refs import ModelRef, save_model
+from stages.tracking import NullTracker
+from storage import rollouts
+from tests.tiny_models import make_tokenizer, tiny_model
+
+G = 3
+CONFIG = RejectionConfig(
+    samples_per_prompt=G,
+    max_new_tokens=12,
+    chunk_prompts=4,
+    general_prompts=2,
+    rewards=[
+        RewardTerm(name="accuracy", kinds=["reasoning"]),
+        RewardTerm(name="format"),
+        RewardTerm(name="tag_count"),
+    ],
+    funnel=FunnelConfig(require_correct=False, require_well_formed=False, min_language_share=None),
+)
+REASONING = [Problem(f"r{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(10)]
+GENERAL = [Problem(f"g{i}", f"Say hello {i} times.", "", kind="general") for i in range(3)]
+
+
+class Crash(RuntimeError):
+    """The process dying right after a chunk was committed."""
+
+
+class DuckDBSink:
+    def __init__(self, db, model_id, crash_after=None):
+        self.db, self.model_id, self.crash_after, self.inserts = db, model_id, crash_after, 0
+
+    def stored(self):
+        return rollouts.existing_samples(self.db, self.model_id)
+
+    def insert(self, rows: pa.Table) -> int:
+        new = rollouts.insert_rollouts(self.db, rows)
+        self.inserts += 1
+        if self.crash_after is not None and self.inserts >= self.crash_after:
+            raise Crash(f"killed after chunk {self.inserts}")
+        return new
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> ModelRef:
+    tokenizer = make_tokenizer()
+    return save_model(tiny_model(tokenizer), tokenizer, tmp_path_factory.mktemp("policy"))
+
+
+def stored_rows(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(
+            "SELECT prompt_id, sample_index, kind, completion, reward_tag_count FROM rollouts "
+            "ORDER BY prompt_id, sample_index"
+        ).fetchall()
+
+
+def test_select_prompts_caps_each_kind():
+    picked = rejection.select_prompts(
+        CONFIG.model_copy(update={"reasoning_prompts": 3}), REASONING, GENERAL
+    )
+    assert [p.id for p in picked] == ["r0", "r1", "r2", "g0", "g1"]
+
+
+def test_a_killed_run_resumes_without_duplicates_or_gaps(model, tmp_path):
+    prompts = rejection.select_prompts(CONFIG, REASONING, GENERAL)  # 12 prompts: 3 chunks
+    whole_db, killed_db = tmp_path / "whole.duckdb", tmp_path / "killed.duckdb"
+    report = rejection.run(CONFIG, model, "m", prompts, DuckDBSink(whole_db, "m"), NullTracker())
+    assert (report.chunks, report.chunks_skipped, report.inserted) == (3, 0, 12 * G)
+
+    with pytest.raises(Crash):
+        rejection.run(
+            CONFIG, model, "m", prompts, DuckDBSink(killed_db, "m", crash_after=2), NullTracker()
+        )
+    assert rollouts.count_rollouts(killed_db, "m") == 8 * G  # two chunks survived the kill
+    resumed = rejection.run(CONFIG, model, "m", prompts, DuckDBSink(killed_db, "m"), NullTracker())
+    assert (resumed.chunks_skipped, resumed.sampled, resumed.inserted) == (2, 4 * G, 4 * G)
+    assert stored_rows(killed_db) == stored_rows(whole_db)  # the same rollouts, each once
+
+    again = rejection.run(CONFIG, model, "m", prompts, DuckDBSink(killed_db, "m"), NullTracker())
+    assert (again.chunks_skipped, again.sampled) == (3, 0)
+    assert rollouts.count_rollouts(killed_db, "m") == 12 * G
+
+
+def test_rewards_are_routed_by_prompt_kind(model, tmp_path):
+    db = tmp_path / "r.duckdb"
+    prompts = rejection.select_prompts(CONFIG, REASONING[:2], GENERAL[:2])
+    rejection.run(CONFIG, model, "m", prompts, DuckDBSink(db, "m"), NullTracker())
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute(
+            "SELECT kind, count(*), count(reward_format), count(reward_tag_count) "
+            "FROM rollouts GROUP BY kind ORDER BY kind"
+        ).fetchall()
+        general_accuracy = con.execute(
+            "SELECT count(reward_accuracy) FROM rollouts WHERE kind = 'general'"
+        ).fetchone()[0]
+    assert rows == [("general", 2 * G, 2 * G, 2 * G), ("reasoning", 2 * G, 2 * G, 2 * G)]
+    assert general_accuracy == 0  # accuracy is limited to reasoning prompts: NULL, not 0

@@ -1,0 +1,39 @@
+"""The per-stage report and stage 7's size check."""
+
+import pytest
+
+from evaluation.report import StageRow, markdown_table, plot_stages, table_dict
+from stages.distill import check_smaller
+from stages.refs import ModelRef
+
+ROWS = [
+    StageRow("bootstrap", 10.0, {"pass_at_1": 0.1, "pass_at_4": 0.3, "format_rate": 0.0}),
+    StageRow("cold_start_curation", 2.0, {}, "kept 5/9"),
+    StageRow("mixed_sft", 5.0, {"pass_at_1": 0.6, "general_score": 1.25}),
+]
+
+
+def test_markdown_table_has_a_row_per_stage_and_dashes_for_missing_figures():
+    lines = markdown_table(ROWS, k=4).splitlines()
+    assert lines[0].startswith("| stage | time | pass@1 | pass@4 | cons@4 |")
+    assert lines[2] == "| bootstrap | 10s | 0.100 | 0.300 | - | 0.000 | - | - |  |"
+    assert lines[3].endswith("| - | - | - | - | - | - | kept 5/9 |")
+    assert "| 0.600 |" in lines[4] and "| 1.250 |" in lines[4]
+
+
+def test_table_dict_is_column_major_with_none_for_missing():
+    table = table_dict(ROWS, k=4)
+    assert table["stage"] == ["bootstrap", "cold_start_curation", "mixed_sft"]
+    assert table["pass@1"] == [0.1, None, 0.6]
+    assert table["general score"] == [None, None, 1.25]
+
+
+def test_plot_is_written(tmp_path):
+    path = plot_stages(ROWS, 4, tmp_path / "plot.png")
+    assert path.stat().st_size > 1000
+
+
+def test_a_student_must_be_smaller_than_its_teacher():
+    check_smaller(ModelRef("s", 10), ModelRef("t", 20), "qwen")
+    with pytest.raises(ValueError, match="not fewer than the teacher"):
+        check_smaller(ModelRef("s", 20), ModelRef("t", 20), "qwen")
