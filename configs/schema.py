@@ -217,6 +217,14 @@ class SFTConfig(Strict):
     train: TrainConfig = TrainConfig(epochs=2, learning_rate=5e-4)
 
 
+class SamplerConfig(Strict):
+    """Which engine generates: `hf` (in-process, CPU or GPU) or `vllm` (GPU; the `gpu` extra)."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm only")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm only")
+
+
 class EvalConfig(Strict):
     """Held-out evaluation: n samples per problem, pass@1 averaged over them, pass@k and cons@k."""
 
@@ -227,6 +235,7 @@ class EvalConfig(Strict):
     top_p: float = Field(0.95, gt=0, le=1)
     max_new_tokens: int = Field(160, ge=1)
     batch_size: int = Field(128, ge=1)
+    sampler: SamplerConfig = SamplerConfig()
     general_prompts: int = Field(
         200, ge=0, description="held-out general prompts scored by the reward model; 0: none"
     )
@@ -375,6 +384,7 @@ class RejectionConfig(Strict):
     top_p: float = Field(0.95, gt=0, le=1)
     max_new_tokens: int = Field(200, ge=1)
     batch_size: int = Field(128, ge=1)
+    sampler: SamplerConfig = SamplerConfig()
     chunk_prompts: int = Field(64, ge=1, description="prompts per committed DuckDB chunk")
     rewards: list[RewardTerm] = Field(
         default_factory=lambda: [

@@ -1,4 +1,8 @@
-"""Sampler backends: `generate(prompts, n, params) -> completions`; `hf` runs on CPU."""
+"""Sampler backends: `generate(prompts, n, params) -> completions`.
+
+`hf` (sampling/hf.py) decodes in this process on CPU; `vllm` (sampling/vllm.py) on GPUs;
+`sampling.factory.make_sampler` picks one by name.
+"""
 
 from sampling.types import Completion, SamplingParams
 

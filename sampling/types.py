@@ -8,6 +8,8 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """temperature 0 is greedy decoding; top_p 1 keeps the whole vocabulary (no top-k cut)."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 128
@@ -16,7 +18,16 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Completion:
+    """One sample. `token_ids` end with the stop token when `finish_reason` is "stop"; `text` is
+    their decoding without special tokens, stripped.
+
+    `logprobs[t]` is the log-probability of `token_ids[t]` under the distribution it was drawn
+    from: log-softmax of the logits divided by the temperature, renormalised over the top-p
+    nucleus. At temperature 1 and top_p 1 that is the model's own log-softmax; greedy decoding
+    reports the model's log-softmax at temperature 1.
+    """
+
     text: str
     token_ids: list[int]
-    logprobs: list[float]  # of each sampled token under the sampling distribution
+    logprobs: list[float]
     finish_reason: Literal["stop", "length"]

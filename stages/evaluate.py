@@ -12,21 +12,21 @@ from transformers import PreTrainedTokenizerBase
 from configs.schema import EvalConfig
 from evaluation.metrics import ProblemSamples, summarize
 from models.chat import render_prompt
-from models.loading import load_model, load_tokenizer
+from models.loading import load_tokenizer
 from problems.loader import load_problems
 from problems.types import Problem
 from rewards.accuracy import gold_is_verifiable, grade
 from rewards.format import is_well_formed
 from rewards.language import is_language_consistent
 from rewards.registry import RewardFn
-from sampling.hf import HFSampler
+from sampling.factory import Sampler, open_sampler
 from sampling.types import SamplingParams
 from stages.refs import EvalReport, ModelRef, ProblemSet
 from stages.tracking import Tracker
 
 
 def general_score(
-    sampler: HFSampler,
+    sampler: Sampler,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[Problem],
     scorer: RewardFn,
@@ -59,7 +59,7 @@ def run(
     if not heldout:
         raise ValueError(f"{problems.heldout_path}: no held-out problem has a verifiable answer")
     tokenizer = load_tokenizer(model.path)
-    sampler = HFSampler(load_model(model.path), tokenizer, batch_size=config.batch_size)
+    sampler = open_sampler(config.sampler, model.path, tokenizer, config.batch_size)
     params = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, config.seed)
     completions = sampler.generate(
         [render_prompt(tokenizer, p.question) for p in heldout], config.n_samples, params

@@ -20,11 +20,11 @@ from tqdm.auto import tqdm
 
 from configs.schema import RejectionConfig
 from models.chat import render_prompt
-from models.loading import load_model, load_tokenizer
+from models.loading import load_tokenizer
 from problems.types import Problem
 from rewards.registry import RewardFn, get_reward
 from rl.trainer import score
-from sampling.hf import HFSampler
+from sampling.factory import open_sampler
 from sampling.types import Completion, SamplingParams
 from stages.refs import ModelRef
 from stages.tracking import Tracker
@@ -123,9 +123,7 @@ def run(
         for r in config.rewards
     }
     tokenizer = load_tokenizer(model_ref.path)
-    sampler = HFSampler(
-        load_model(model_ref.path), tokenizer, batch_size=config.batch_size, show_progress=False
-    )
+    sampler = open_sampler(config.sampler, model_ref.path, tokenizer, config.batch_size)
     sampled = inserted = 0
     for index in tqdm(todo, desc=desc, unit="chunk"):
         chunk = chunks[index]

@@ -2,6 +2,7 @@
 a real MLflow SQLite store and a real DuckDB file, checked for what they recorded."""
 
 import json
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -198,9 +199,8 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
     client = MlflowClient(f"sqlite:///{state}/mlflow.db")
     artifacts = {a.path for a in client.list_artifacts(result.parent_run_id, "report")}
     assert {"report/stages.json", "report/stages.png"} <= artifacts
-    table = json.loads(
-        open(client.download_artifacts(result.parent_run_id, "report/stages.json")).read()
-    )
+    local = client.download_artifacts(result.parent_run_id, "report/stages.json")
+    table = json.loads(Path(local).read_text(encoding="utf-8"))
     stage_column = table["columns"].index("stage")
     assert [row[stage_column] for row in table["data"]] == ROW_STAGES
     with get_client(sync_client=True) as prefect:

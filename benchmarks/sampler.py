@@ -1,0 +1,126 @@
+"""The decode loop (sampling/hf.py) against the previous `transformers.generate` sampler.
+
+Same model, prompts, n, sampling settings and batch size; the two run alternately, `--repeats`
+times each, in one process with 2 torch threads, so load from other processes on the machine
+falls on both alike. Prints wall (and CPU) seconds and completion tokens per second of each
+run, the best and median of each, and the speed-up: the median over repeats of the ratio of
+the two runs side by side, and best against best.
+
+    python -m benchmarks.sampler --model state/runs/RUN/cold_start_sft/model --prompts 256 --n 4
+
+The model defaults to the newest `cold_start_sft/model` under `--state`, and the prompts to the
+held-out questions of that run (rendered with the chat template). The defaults for temperature,
+top-p, length and batch size are the tiny profile's evaluation settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from models.chat import render_prompt  # noqa: E402
+from models.loading import load_model, load_tokenizer  # noqa: E402
+from problems.loader import load_problems  # noqa: E402
+from sampling.hf import HFSampler  # noqa: E402
+from sampling.reference import GenerateSampler  # noqa: E402
+from sampling.types import Completion, SamplingParams  # noqa: E402
+
+Generate = Callable[[list[str], int, SamplingParams], list[list[Completion]]]
+
+
+def find_model(state: Path) -> Path:
+    found = sorted(state.glob("runs/*/cold_start_sft/model/config.json"), key=os.path.getmtime)
+    if not found:
+        raise SystemExit(f"no cold_start_sft model under {state}/runs: pass --model")
+    return found[-1].parent
+
+
+def load_prompts(args: argparse.Namespace, model_path: Path, tokenizer) -> list[str]:
+    path = args.problems or model_path.parent.parent / "problems" / "heldout.jsonl"
+    problems = load_problems(path, limit=args.prompts)
+    return [render_prompt(tokenizer, p.question) for p in problems]
+
+
+def timed(generate: Generate, prompts: list[str], n: int, params: SamplingParams):
+    """Wall seconds, process CPU seconds, completion tokens and the completions of one run."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    groups = generate(prompts, n, params)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    tokens = sum(len(c.token_ids) for group in groups for c in group)
+    return wall, cpu, tokens, groups
+
+
+def summary(groups: list[list[Completion]]) -> str:
+    flat = [c for group in groups for c in group]
+    stops = sum(c.finish_reason == "stop" for c in flat) / len(flat)
+    mean_len = sum(len(c.token_ids) for c in flat) / len(flat)
+    return f"mean length {mean_len:.1f} tokens, stop rate {stops:.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--state", type=Path, default=Path("state"))
+    parser.add_argument("--problems", type=Path, default=None, help="default: the run's held-out")
+    parser.add_argument("--prompts", type=int, default=256)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=128, help="old sampler's batch")
+    parser.add_argument("--new-batch-size", type=int, default=None, help="default: --batch-size")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    model_path = args.model or find_model(args.state)
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path).eval()
+    prompts = load_prompts(args, model_path, tokenizer)
+    params = SamplingParams(args.temperature, args.top_p, args.max_new_tokens, args.seed)
+    samplers: dict[str, Generate] = {
+        "generate": GenerateSampler(model, tokenizer, batch_size=args.batch_size).generate,
+        "decode loop": HFSampler(
+            model, tokenizer, batch_size=args.new_batch_size or args.batch_size, show_progress=False
+        ).generate,
+    }
+    print(
+        f"model {model_path}, {len(prompts)} prompts x {args.n}, T={args.temperature}, "
+        f"top_p={args.top_p}, max_new_tokens={args.max_new_tokens}, batch {args.batch_size} / "
+        f"{args.new_batch_size or args.batch_size}, {torch.get_num_threads()} threads"
+    )
+    seconds: dict[str, list[float]] = {name: [] for name in samplers}
+    ratios: list[float] = []
+    for repeat in range(args.repeats):
+        order = list(samplers) if repeat % 2 == 0 else list(reversed(samplers))
+        for name in order:  # alternate who goes first, so drifting load falls on both
+            wall, cpu, tokens, groups = timed(samplers[name], prompts, args.n, params)
+            seconds[name].append(wall)
+            print(
+                f"  repeat {repeat + 1} {name:>11}: {wall:7.2f} s ({cpu:7.2f} s CPU)  "
+                f"{tokens / wall:7.0f} tokens/s  ({summary(groups)})",
+                flush=True,
+            )
+        ratios.append(seconds["generate"][-1] / seconds["decode loop"][-1])
+    for name, runs in seconds.items():
+        print(f"{name:>11}: best {min(runs):.2f} s, median {statistics.median(runs):.2f} s")
+    best = min(seconds["generate"]) / min(seconds["decode loop"])
+    print(
+        f"speed-up (generate / decode loop): {statistics.median(ratios):.2f}x median of the "
+        f"{len(ratios)} side-by-side pairs, {best:.2f}x best against best"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Our own decode loop: KV cache in place, finished rows dropped from the batch, seeded sampling.
+
+`transformers.generate` keeps every row of a batch until the longest one ends, runs a chain of
+logits processors and stopping criteria each step, rebuilds the attention mask and grows its
+cache by concatenation. On a small model on CPU that overhead is most of the time. This loop does
+one forward per step on the rows still running, with the 4D mask passed in, the cache written in
+place (sampling/cache.py) and one-query attention in two matmuls (sampling/attention.py); it
+samples with plain tensor ops and drops a row from the cache, mask and positions at the step it
+stops. Randomness comes only from the generator passed in: a call is deterministic for a given
+seed and batch.
+
+What a logprob means (the same as `compute_transition_scores(..., normalize_logits=True)` on the
+scores `generate` returns): the log-probability of the sampled token under the distribution it
+was drawn from, i.e. `log_softmax` of the processed logits, with the logits divided by the
+temperature and the tokens outside the nucleus set to -inf, so the nucleus is renormalised. At
+temperature 1 and top_p 1 that is the model's own log-softmax. Greedy decoding (temperature 0)
+applies no processing, so its logprobs are the model's log-softmax at temperature 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from sampling.attention import NAME as MATMUL_DECODE
+from sampling.attention import matmul_decoding
+from sampling.cache import GrowingLayer, growing_cache
+
+# Most likely tokens searched first for the top-p nucleus (see `nucleus`).
+NUCLEUS_CANDIDATES = 32
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One row's new tokens (the stop token included when it ended on one)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One index per row (A,) drawn in proportion to non-negative `weights` (A, K).
+
+    Inverse-CDF sampling: a uniform draw located in the cumulative sum. Exact like
+    `torch.multinomial`, and on CPU some thirty times cheaper for a single sample per row.
+    """
+    cdf = weights.cumsum(dim=-1)  # (A, K)
+    u = torch.rand((weights.shape[0], 1), generator=generator) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=weights.shape[1] - 1).squeeze(1)
+
+
+def nucleus(logits: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The top-p nucleus of logits (A, V): candidate logits (A, K) and token ids (A, K), most
+    likely first, and which of them are kept (A, K).
+
+    transformers' TopPLogitsWarper rule: a token is kept while the probability mass of the tokens
+    more likely than it is below top_p, so the most likely token always is. Only the
+    NUCLEUS_CANDIDATES most likely tokens are searched, as a full sort of the vocabulary costs
+    more than the model's step on CPU; when some row's nucleus is wider than that, every row
+    takes the whole vocabulary instead.
+    """
+    log_norm = logits.logsumexp(dim=-1, keepdim=True)  # (A, 1)
+    for k in (min(NUCLEUS_CANDIDATES, logits.shape[-1]), logits.shape[-1]):
+        cand_logits, cand = logits.topk(k, dim=-1)  # (A, k)
+        probs = (cand_logits - log_norm).exp()
+        if k == logits.shape[-1] or bool((probs.sum(dim=-1) >= top_p).all()):
+            break
+    keep = probs.cumsum(dim=-1) - probs < top_p
+    return cand_logits, cand, keep
+
+
+def nucleus_sample(
+    logits: torch.Tensor, top_p: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens (A,) and logprobs (A,) drawn from the nucleus of tempered logits (A, V); the
+    logprobs are renormalised over the nucleus, the distribution the tokens are drawn from."""
+    cand_logits, cand, keep = nucleus(logits, top_p)
+    kept_logits = cand_logits.masked_fill(~keep, float("-inf"))
+    kept_logp = kept_logits - kept_logits.logsumexp(dim=-1, keepdim=True)  # (A, K)
+    pick = draw(kept_logp.exp(), generator)[:, None]  # (A, 1)
+    return cand.gather(1, pick).squeeze(1), kept_logp.gather(1, pick).squeeze(1)
+
+
+def choose_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens (A,) and their logprobs (A,) from last-position logits (A, V)."""
+    logits = logits.float()
+    if temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        logp = torch.log_softmax(logits, dim=-1)
+        return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+    if temperature != 1:
+        logits = logits / temperature
+    if top_p < 1:
+        return nucleus_sample(logits, top_p, generator)
+    logp = torch.log_softmax(logits, dim=-1)  # (A, V)
+    tokens = draw(logp.exp(), generator)
+    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+@dataclass
+class _Running:
+    """The rows still decoding: which output row each is, and what their next forward needs."""
+
+    rows: torch.Tensor  # (A,) index into the output buffers
+    mask: torch.Tensor  # (A, W + max_new) 0/1 attention mask; columns past the cache unused
+    positions: torch.Tensor  # (A,) position id of the token fed next
+
+    def keep(self, index: torch.Tensor) -> None:
+        self.rows = self.rows[index]
+        self.mask = self.mask[index]
+        self.positions = self.positions[index]
+
+
+@dataclass
+class _Outputs:
+    """Per-row results, written column by column as the rows decode."""
+
+    tokens: torch.Tensor  # (B, T)
+    logprobs: torch.Tensor  # (B, T)
+    lengths: torch.Tensor  # (B,) tokens kept
+    stopped: torch.Tensor  # (B,) ended on a stop token
+
+    @classmethod
+    def empty(cls, rows: int, max_new_tokens: int, pad_id: int) -> _Outputs:
+        return cls(
+            torch.full((rows, max_new_tokens), pad_id, dtype=torch.long),
+            torch.zeros((rows, max_new_tokens)),
+            torch.full((rows,), max_new_tokens, dtype=torch.long),
+            torch.zeros(rows, dtype=torch.bool),
+        )
+
+    def record(
+        self,
+        rows: torch.Tensor,
+        step: int,
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        finished: torch.Tensor,
+    ) -> None:
+        """Column `step` of `rows`; the rows that sampled a stop token end with it."""
+        self.tokens[rows, step] = tokens
+        self.logprobs[rows, step] = logprobs
+        self.stopped[rows[finished]] = True
+        self.lengths[rows[finished]] = step + 1
+
+    def decoded(self) -> list[Decoded]:
+        return [
+            Decoded(
+                self.tokens[r, :n].tolist(),
+                self.logprobs[r, :n].tolist(),
+                "stop" if bool(self.stopped[r]) else "length",
+            )
+            for r, n in enumerate(self.lengths.tolist())
+        ]
+
+
+MaskKind = Literal["bool", "additive", "2d"]
+
+
+def mask_kind(model: PreTrainedModel, cache: DynamicCache) -> MaskKind:
+    """How a decode step hands its attention mask to the model.
+
+    Given a 2D mask, transformers rebuilds the 4D one on every forward with an advanced-indexing
+    op that cost as much as the rest of a small model's step on CPU. For SDPA, eager and our
+    matmul attention we pass the 4D mask ourselves (one query row: (A, 1, 1, L)), additive where
+    the attention adds it; that is only valid when every layer attends to the whole cache, so
+    sliding-window models keep the 2D path.
+    """
+    if not all(isinstance(layer, GrowingLayer) for layer in cache.layers):
+        return "2d"
+    impl = model.config._attn_implementation
+    return {"sdpa": "bool", MATMUL_DECODE: "additive", "eager": "additive"}.get(impl, "2d")
+
+
+def step_mask(mask: torch.Tensor, kind: MaskKind, dtype: torch.dtype) -> torch.Tensor:
+    """The attention mask for one decode step from the 2D 0/1 mask (A, L)."""
+    if kind == "2d":
+        return mask
+    attend = mask.bool()[:, None, None, :]  # (A, 1, 1, L)
+    if kind == "bool":
+        return attend
+    return torch.where(attend, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (U, W)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (U, W)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def _prefill(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    rows: Sequence[int],
+    max_new_tokens: int,
+    pad_id: int,
+) -> tuple[DynamicCache, torch.Tensor, _Running]:
+    """One forward over the distinct prompts, then their cache rows copied out to every row.
+
+    Returns the cache, the last-position logits (B, V) and the rows' running state.
+    """
+    ids, prompt_mask = _left_pad(prompts, pad_id)  # (U, W)
+    width = ids.shape[1]
+    positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # (U, W)
+    cache = growing_cache(model.config)
+    logits = model(
+        input_ids=ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]  # (U, V)
+    source = torch.tensor(list(rows), dtype=torch.long)  # (B,)
+    cache.batch_select_indices(source)
+    mask = torch.zeros((len(rows), width + max_new_tokens), dtype=torch.long)
+    mask[:, :width] = prompt_mask[source]
+    running = _Running(torch.arange(len(rows)), mask, positions[source, -1] + 1)
+    return cache, logits[source], running
+
+
+@torch.inference_mode()
+def decode(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    rows: Sequence[int],
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    generator: torch.Generator,
+) -> list[Decoded]:
+    """Continue prompt `rows[i]` once for each i; the results are in the order of `rows`.
+
+    A row leaves the batch (cache, mask and positions) at the step it samples a stop token.
+    """
+    with matmul_decoding(model):
+        cache, logits, run = _prefill(model, prompts, rows, max_new_tokens, pad_id)
+        kind = mask_kind(model, cache)
+        width = run.mask.shape[1] - max_new_tokens
+        out = _Outputs.empty(len(rows), max_new_tokens, pad_id)
+        stop = torch.tensor(list(stop_ids), dtype=torch.long)
+        for step in range(max_new_tokens):
+            tokens, logprobs = choose_tokens(logits, temperature, top_p, generator)  # (A,), (A,)
+            finished = torch.isin(tokens, stop)  # (A,)
+            out.record(run.rows, step, tokens, logprobs, finished)
+            if step + 1 == max_new_tokens or bool(finished.all()):
+                break
+            if bool(finished.any()):
+                going = (~finished).nonzero().squeeze(1)
+                cache.batch_select_indices(going)
+                run.keep(going)
+                tokens = tokens[going]
+            run.mask[:, width + step] = 1
+            logits = model(
+                input_ids=tokens[:, None],
+                attention_mask=step_mask(run.mask[:, : width + step + 1], kind, model.dtype),
+                position_ids=run.positions[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]  # (A, V)
+            run.positions += 1
+        return out.decoded()
