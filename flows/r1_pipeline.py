@@ -55,9 +55,7 @@ def r1_pipeline(profile: str = "tiny", config: PipelineConfig | None = None) -> 
     train_general = general_prompts(general, "train")
     rejected = rejection_sample(config.rejection, ctx, model_2, problems, train_general, rm)
     model_3 = mixed_sft(config.mixed_sft, ctx, base, rejected, general)
-    model_4 = grpo(
-        config.all_scenarios_rl, ctx, model_3, problems, "all_scenarios_rl", general, rm
-    )
+    model_4 = grpo(config.all_scenarios_rl, ctx, model_3, problems, "all_scenarios_rl", general, rm)
     stages += [rejected, model_3, model_4]
     evals |= {m.stage: evaluate(m) for m in (model_3, model_4)}
 

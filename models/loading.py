@@ -28,11 +28,11 @@ class ModelNotFoundError(FileNotFoundError):
     """A model or tokenizer path that does not hold one; nothing is fetched from a hub."""
 
 
-def build_model(
-    spec: ModelConfig, vocab_size: int, pad_token_id: int, eos_token_id: int, seed: int = 0
-) -> PreTrainedModel:
-    """A freshly initialised Qwen2- or Llama-architecture decoder."""
-    config = _ARCHITECTURES[spec.architecture](
+def decoder_config(
+    spec: ModelConfig, vocab_size: int, pad_token_id: int, **extra: object
+) -> PretrainedConfig:
+    """A Qwen2 or Llama transformers config from our model spec (`extra`: e.g. num_labels)."""
+    return _ARCHITECTURES[spec.architecture](
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
         num_hidden_layers=spec.num_layers,
@@ -41,9 +41,17 @@ def build_model(
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_position_embeddings,
         pad_token_id=pad_token_id,
-        eos_token_id=eos_token_id,
         bos_token_id=None,
-        tie_word_embeddings=True,
+        **extra,
+    )
+
+
+def build_model(
+    spec: ModelConfig, vocab_size: int, pad_token_id: int, eos_token_id: int, seed: int = 0
+) -> PreTrainedModel:
+    """A freshly initialised Qwen2- or Llama-architecture decoder."""
+    config = decoder_config(
+        spec, vocab_size, pad_token_id, eos_token_id=eos_token_id, tie_word_embeddings=True
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)

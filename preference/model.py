@@ -19,36 +19,20 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoModelForSequenceClassification,
-    LlamaConfig,
-    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    Qwen2Config,
 )
 
 from configs.schema import ModelConfig
 from models.chat import render_completion, render_prompt
-from models.loading import ModelNotFoundError
-
-_ARCHITECTURES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+from models.loading import ModelNotFoundError, decoder_config
 
 
 def build_reward_model(
     spec: ModelConfig, vocab_size: int, pad_token_id: int, seed: int = 0
 ) -> PreTrainedModel:
     """A freshly initialised Qwen2- or Llama-architecture body with a scalar head."""
-    config = _ARCHITECTURES[spec.architecture](
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        intermediate_size=spec.intermediate_size,
-        max_position_embeddings=spec.max_position_embeddings,
-        pad_token_id=pad_token_id,
-        bos_token_id=None,
-        num_labels=1,
-    )
+    config = decoder_config(spec, vocab_size, pad_token_id, num_labels=1)
     torch.manual_seed(seed)
     return AutoModelForSequenceClassification.from_config(config)
 

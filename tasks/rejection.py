@@ -119,5 +119,7 @@ def rejection_sample(
             " -> ".join(f"{name} {n_out}" for name, _, n_out in steps),
         )
     result = RejectionSet(out / "dataset", out / "kept.parquet", n_rollouts, funnel.kept, steps)
-    notes = {"kept": f"{funnel.kept}/{n_rollouts}", "resumed_chunks": report.chunks_skipped}
+    notes: dict[str, object] = {"kept": f"{funnel.kept}/{n_rollouts}"}
+    if report.chunks_skipped:
+        notes["resumed"] = f"{report.chunks_skipped}/{report.chunks} chunks stored"
     return StageResult(stage, tracker.run_id, result, timing["seconds"], digest, notes)
