@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -42,6 +43,30 @@ def get_reward(name: str, **params: Any) -> RewardFn:
     except KeyError:
         raise KeyError(f"unknown reward {name!r}; known: {known_rewards()}") from None
     return partial(fn, **params) if params else fn
+
+
+@dataclass(frozen=True)
+class RewardSet:
+    """A config's rewards as functions, weights and the prompt kinds each one scores (None: all)."""
+
+    fns: dict[str, RewardFn]
+    weights: dict[str, float]
+    kinds: dict[str, frozenset[str] | None]
+
+    @classmethod
+    def from_terms(
+        cls, terms: Sequence[Any], extra: dict[str, RewardFn] | None = None
+    ) -> RewardSet:
+        """`terms` are config RewardTerms; `extra` supplies the run-time rewards by name."""
+        extra = extra or {}
+        return cls(
+            fns={
+                t.name: extra[t.name] if t.name in extra else get_reward(t.name, **t.params)
+                for t in terms
+            },
+            weights={t.name: t.weight for t in terms},
+            kinds={t.name: frozenset(t.kinds) if t.kinds else None for t in terms},
+        )
 
 
 def safe_scores(

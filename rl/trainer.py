@@ -25,7 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from configs.schema import GRPOConfig
 from models.chat import render_prompt
 from problems.types import Problem
-from rewards.registry import RewardFn, combine, get_reward, safe_scores
+from rewards.registry import RewardFn, RewardSet, combine, safe_scores
 from rewards.steps import check_steps
 from rl.advantages import EPS, group_advantages, process_advantages, zero_spread_groups
 from rl.losses import grpo_loss
@@ -150,13 +150,8 @@ class GRPOTrainer:
         self.log_metrics = log_metrics
         self.log_samples = log_samples
         self.show_progress = show_progress
-        extra = extra_rewards or {}
-        self.reward_fns = {
-            r.name: extra[r.name] if r.name in extra else get_reward(r.name, **r.params)
-            for r in cfg.rewards
-        }
-        self.weights = {r.name: r.weight for r in cfg.rewards}
-        self.kinds = {r.name: frozenset(r.kinds) if r.kinds else None for r in cfg.rewards}
+        rewards = RewardSet.from_terms(cfg.rewards, extra_rewards)
+        self.reward_fns, self.weights, self.kinds = rewards.fns, rewards.weights, rewards.kinds
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.learning_rate, weight_decay=0.0
         )

@@ -22,7 +22,7 @@ from configs.schema import RejectionConfig
 from models.chat import render_prompt
 from models.loading import load_tokenizer
 from problems.types import Problem
-from rewards.registry import RewardFn, get_reward
+from rewards.registry import RewardFn, RewardSet
 from rl.trainer import score
 from sampling.factory import open_sampler
 from sampling.types import Completion, SamplingParams
@@ -68,13 +68,10 @@ def rollout_rows(
     rendered: Sequence[str],
     groups: Sequence[Sequence[Completion]],
     prompt_tokens: Sequence[int],
-    config: RejectionConfig,
-    reward_fns: dict[str, RewardFn],
+    rewards: RewardSet,
 ) -> pa.Table:
     """One row per completion: its key, text, token counts, finish reason and each reward."""
-    weights = {r.name: r.weight for r in config.rewards}
-    kinds = {r.name: frozenset(r.kinds) if r.kinds else None for r in config.rewards}
-    scored = score(chunk, rendered, groups, reward_fns, weights, kinds)
+    scored = score(chunk, rendered, groups, rewards.fns, rewards.weights, rewards.kinds)
     total = scored.rewards.flatten().tolist()
     g = len(groups[0])
     columns: dict[str, list] = {
@@ -117,11 +114,7 @@ def run(
     if not todo:
         return SamplingReport(len(prompts), len(chunks), len(chunks), 0, 0, 0.0)
 
-    extra = extra_rewards or {}
-    reward_fns = {
-        r.name: extra[r.name] if r.name in extra else get_reward(r.name, **r.params)
-        for r in config.rewards
-    }
+    rewards = RewardSet.from_terms(config.rewards, extra_rewards)
     tokenizer = load_tokenizer(model_ref.path)
     sampler = open_sampler(config.sampler, model_ref.path, tokenizer, config.batch_size)
     sampled = inserted = 0
@@ -136,7 +129,7 @@ def run(
         )
         groups = sampler.generate(rendered, g, params)
         lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False)["input_ids"]]
-        rows = rollout_rows(model_id, chunk, rendered, groups, lengths, config, reward_fns)
+        rows = rollout_rows(model_id, chunk, rendered, groups, lengths, rewards)
         new = sink.insert(rows)
         sampled += rows.num_rows
         inserted += new

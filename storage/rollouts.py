@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from configs.schema import FunnelConfig
+from storage import store
 from storage.digests import rows_digest
 
 OPTIONAL_COLUMNS = frozenset({"created_at", "reward_total"})
@@ -81,13 +82,8 @@ class MissingRewardColumn(LookupError):
 
 @contextmanager
 def connect(db: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    db.parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(db))
-    try:
-        con.execute(SCHEMA)
+    with store.connect(db, SCHEMA) as con:
         yield con
-    finally:
-        con.close()
 
 
 @contextmanager

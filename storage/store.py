@@ -47,11 +47,12 @@ CREATE TABLE IF NOT EXISTS lineage (
 
 
 @contextmanager
-def connect(path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+def connect(path: Path, schema: str = SCHEMA) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection that exists only for the block, with `schema`'s tables created."""
     path.parent.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect(str(path))
     try:
-        con.execute(SCHEMA)
+        con.execute(schema)
         yield con
     finally:
         con.close()
