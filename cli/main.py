@@ -1,5 +1,6 @@
 """`r1 run` runs the pipeline flow on a profile and prints the per-stage table; `r1 config`
-shows the validated profile."""
+shows the validated profile; `r1 lineage MODEL` prints a registered model's chain back to the raw
+problems."""
 
 from __future__ import annotations
 
@@ -40,11 +41,21 @@ def _parser() -> argparse.ArgumentParser:
         default="r1_pipeline",
         help="the whole recipe (default), or R1-Zero: GRPO straight on the base",
     )
+    lineage = sub.add_parser("lineage", help="print a registered model's chain to the problems")
+    lineage.add_argument("model", help="models:/NAME@ALIAS, NAME@ALIAS or models:/NAME/VERSION")
+    lineage.add_argument("--json", action="store_true", help="print the chain as JSON")
+    lineage.add_argument(
+        "--state-dir", help="the state folder to read (default: $R1_STATE_DIR or ./state)"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "lineage":  # reads the state folder, never creates one
+        from cli.lineage import lineage_command
+
+        return lineage_command(args.model, args.state_dir, args.json)
     paths = prepare_environment(args.state_dir)
     from configs.loader import ConfigError, load_profile
 

@@ -458,6 +458,14 @@ class DistillConfig(Strict):
     rl_twins: bool = Field(True, description="train each student by GRPO alone for comparison")
 
 
+class FaultConfig(Strict):
+    """Deliberate faults, to see the pipeline recover from them."""
+
+    # "stage" or "stage@step": that stage raises once per flow run, at its start or once its
+    # training has logged the step; a retry of the flow run then resumes past it
+    fail_once_at: str | None = Field(None, pattern=r"^[a-z0-9_]+(@[0-9]+)?$")
+
+
 class PipelineConfig(Strict):
     """A whole profile: what the flow takes as its parameter and what MLflow logs."""
 
@@ -481,3 +489,4 @@ class PipelineConfig(Strict):
     all_scenarios_rl: GRPOConfig = GRPOConfig()
     distillation: DistillConfig = DistillConfig()
     evaluation: EvalConfig = EvalConfig()
+    faults: FaultConfig = FaultConfig()

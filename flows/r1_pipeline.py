@@ -15,7 +15,7 @@ from tasks.bootstrap import bootstrap_base
 from tasks.curation import curate_cold_start
 from tasks.distill import distill_student, rl_only_twin, student_base
 from tasks.evaluation import evaluate_model
-from tasks.general import general_prompts, prepare_general, train_reward_model
+from tasks.general import prepare_general, train_reward_model
 from tasks.pipeline import (
     PipelineResult,
     close_pipeline_run,
@@ -28,10 +28,13 @@ from tasks.rejection import rejection_sample
 from tasks.sft import cold_start_sft, mixed_sft
 
 
-@flow(name="r1_pipeline", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
-def r1_pipeline(profile: str = "tiny", config: PipelineConfig | None = None) -> PipelineResult:
-    """Run the stages in order on `config`, or, when none is given, on the named profile."""
-    config = config or load_profile(profile)
+@flow(name="r1-pipeline", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
+def r1_pipeline(
+    profile: str = "tiny", overrides: list[str] | None = None, config: PipelineConfig | None = None
+) -> PipelineResult:
+    """Run the stages in order on `config`, or, when none is given, on the named profile with
+    `overrides` (`key=value` settings, as `r1 run --set` takes them)."""
+    config = config or load_profile(profile, overrides or [])
     ctx = open_pipeline_run(config)
     problems = prepare_problems(config.data, ctx)
     general = prepare_general(config.data.general, ctx) if config.data.general else None
@@ -52,8 +55,7 @@ def r1_pipeline(profile: str = "tiny", config: PipelineConfig | None = None) -> 
     stages += [curated, model_1, model_2]
     evals |= {m.stage: evaluate(m) for m in (model_1, model_2)}
 
-    train_general = general_prompts(general, "train")
-    rejected = rejection_sample(config.rejection, ctx, model_2, problems, train_general, rm)
+    rejected = rejection_sample(config.rejection, ctx, model_2, problems, general, rm)
     model_3 = mixed_sft(config.mixed_sft, ctx, base, rejected, general)
     model_4 = grpo(config.all_scenarios_rl, ctx, model_3, problems, "all_scenarios_rl", general, rm)
     stages += [rejected, model_3, model_4]
@@ -61,7 +63,9 @@ def r1_pipeline(profile: str = "tiny", config: PipelineConfig | None = None) -> 
 
     distill = config.distillation
     if distill.students:
-        traces = rejection_sample(distill.traces, ctx, model_4, problems, [], rm, "distill_traces")
+        traces = rejection_sample(
+            distill.traces, ctx, model_4, problems, None, rm, stage="distill_traces"
+        )
         stages.append(traces)
     for student in distill.students:
         s_base = student_base(student, config.bootstrap.corpus, ctx, base, problems)

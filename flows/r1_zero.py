@@ -18,10 +18,13 @@ from tasks.problems import prepare_problems
 from tasks.reasoning_rl import grpo
 
 
-@flow(name="r1_zero", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
-def r1_zero(profile: str = "tiny", config: PipelineConfig | None = None) -> PipelineResult:
-    """Run R1-Zero on `config`, or, when none is given, on the named profile."""
-    config = config or load_profile(profile)
+@flow(name="r1-zero", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
+def r1_zero(
+    profile: str = "tiny", overrides: list[str] | None = None, config: PipelineConfig | None = None
+) -> PipelineResult:
+    """Run R1-Zero on `config`, or, when none is given, on the named profile with `overrides`
+    (`key=value` settings, as `r1 run --set` takes them)."""
+    config = config or load_profile(profile, overrides or [])
     ctx = open_pipeline_run(config, flow="r1_zero")
     problems = prepare_problems(config.data, ctx)
 

@@ -39,6 +39,7 @@ from rl.rollouts import PolicyBatch, build_batch
 from rl.trainer import prompt_order
 from sampling.hf import HFSampler
 from sampling.types import Completion, SamplingParams
+from training import PROGRESS
 from training.checkpoints import load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -266,6 +267,8 @@ class OnPolicyDistiller:
         cfg = self.cfg
         order = prompt_order(len(prompts), cfg.steps, cfg.prompts_per_step, cfg.seed)
         report = DistillReport(steps=cfg.steps, resumed_from=self._resume(ckpt_dir, fingerprint))
+        if report.resumed_from:
+            self.log_metrics({"train/resumed_from_step": float(report.resumed_from)}, 0)
         began = time.perf_counter()
         bar = tqdm(
             total=cfg.steps,
@@ -278,7 +281,7 @@ class OnPolicyDistiller:
         for step in range(report.resumed_from, cfg.steps):
             metrics = self.step(step, [prompts[i] for i in order[step]])
             self._curve.append(metrics["reverse_kl"])
-            self.log_metrics(metrics, step + 1)
+            self.log_metrics(metrics | {PROGRESS: (step + 1) / cfg.steps}, step + 1)
             bar.update(1)
             bar.set_postfix(kl=f"{metrics['reverse_kl']:.4f}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:

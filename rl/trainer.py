@@ -32,6 +32,7 @@ from rl.losses import grpo_loss
 from rl.rollouts import build_batch, completion_logprobs, token_ends
 from sampling.hf import HFSampler
 from sampling.types import Completion, SamplingParams
+from training import PROGRESS
 from training.checkpoints import load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,8 @@ class GRPOTrainer:
         order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, cfg.seed)
         report = GRPOReport(steps=cfg.steps, resumed_from=self._resume(ckpt_dir, fingerprint))
         report.reward_curve = list(self._curve)
+        if report.resumed_from:
+            self.log_metrics({"train/resumed_from_step": float(report.resumed_from)}, 0)
         began = time.perf_counter()
         bar = tqdm(
             total=cfg.steps,
@@ -190,7 +193,7 @@ class GRPOTrainer:
             metrics = self.step(step, [problems[i] for i in order[step]])
             report.reward_curve.append(metrics["reward/mean"])
             self._curve = report.reward_curve
-            self.log_metrics(metrics, step + 1)
+            self.log_metrics(metrics | {PROGRESS: (step + 1) / cfg.steps}, step + 1)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
             if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:

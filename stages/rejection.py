@@ -28,6 +28,7 @@ from sampling.factory import open_sampler
 from sampling.types import Completion, SamplingParams
 from stages.refs import ModelRef
 from stages.tracking import Tracker
+from training import PROGRESS
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def run(
     tokenizer = load_tokenizer(model_ref.path)
     sampler = open_sampler(config.sampler, model_ref.path, tokenizer, config.batch_size)
     sampled = inserted = 0
-    for index in tqdm(todo, desc=desc, unit="chunk"):
+    for position, index in enumerate(tqdm(todo, desc=desc, unit="chunk")):
         chunk = chunks[index]
         rendered = [render_prompt(tokenizer, p.question) for p in chunk]
         params = SamplingParams(
@@ -133,7 +134,10 @@ def run(
         new = sink.insert(rows)
         sampled += rows.num_rows
         inserted += new
-        tracker.log_metrics({"rollouts/inserted": float(inserted)}, step=index + 1)
+        done = len(chunks) - len(todo) + position + 1
+        tracker.log_metrics(
+            {"rollouts/inserted": float(inserted), PROGRESS: done / len(chunks)}, step=index + 1
+        )
     seconds = time.perf_counter() - began
     tracker.log_metrics(
         {"rollouts/sampled": float(sampled), "rollouts/seconds": seconds}, step=len(chunks)

@@ -43,11 +43,13 @@ class StatePaths:
 
     @property
     def runs(self) -> Path:
-        """Stage outputs (data, models, checkpoints), one folder per pipeline run."""
+        """Stage outputs (data, models, checkpoints): `runs/<stage>/<stage key>/`."""
         return self.root / "runs"
 
-    def stage_dir(self, pipeline_run: str, stage: str) -> Path:
-        return self.runs / pipeline_run / stage
+    @property
+    def faults(self) -> Path:
+        """Markers of injected one-time failures that have fired."""
+        return self.root / "faults"
 
     def ensure(self) -> StatePaths:
         for path in (self.root, self.mlflow_artifacts, self.prefect_home, self.runs):

@@ -27,6 +27,21 @@ PARENT_TAG = "mlflow.parentRunId"
 FLOW_RUN_TAG = "prefect.flow_run_id"
 STAGE_TAG = "r1.stage"
 
+# The registry alias of each stage's model; stages not named here use their name with hyphens.
+STAGE_ALIASES = {
+    "cold_start_sft": "cold-start",
+    "reasoning_rl": "reasoning-rl",
+    "mixed_sft": "rejection-sft",
+    "all_scenarios_rl": "final",
+    "student_qwen": "student-qwen",
+    "student_llama": "student-llama",
+}
+
+
+def alias_for(stage: str) -> str:
+    """`models:/NAME@ALIAS` names a stage's model by this alias, e.g. `r1-tiny@final`."""
+    return STAGE_ALIASES.get(stage, stage.replace("_", "-"))
+
 
 def tracking_client(paths: StatePaths) -> MlflowClient:
     return MlflowClient(tracking_uri=paths.tracking_uri)

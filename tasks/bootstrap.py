@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from prefect import task
-
 from configs.schema import BootstrapConfig
 from stages import bootstrap as bootstrap_stage
 from stages.refs import ModelRef, ProblemSet
+from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
 
 STAGE = "bootstrap"
 
 
-@task(name="bootstrap-base-model")
+@stage_task("bootstrap-base-model")
 def bootstrap_base(
     config: BootstrapConfig, ctx: RunContext, problems: ProblemSet, seed: int = 0
 ) -> StageResult[ModelRef]:

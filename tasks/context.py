@@ -8,8 +8,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
+from uuid import UUID
 
 from mlflow import MlflowClient
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from pydantic import BaseModel
 
 from stages.refs import ModelRef, ProblemSet
@@ -18,11 +20,14 @@ from storage.digests import file_digest, tree_digest
 from storage.paths import StatePaths
 from storage.tracking import (
     MlflowTracker,
+    alias_for,
     log_dataset,
     register_model,
     stage_run,
     tracking_client,
 )
+from tasks.cache import KEY_LENGTH, current_stage_key
+from training import PROGRESS
 
 T = TypeVar("T")
 
@@ -35,13 +40,20 @@ class RunContext:
     parent_run_id: str
     flow_run_id: str
     model_name: str
+    fail_at: str | None = None  # `faults.fail_once_at`: "stage" or "stage@step"
 
     @property
     def paths(self) -> StatePaths:
         return StatePaths(self.state_root)
 
     def stage_dir(self, stage: str) -> Path:
-        return self.paths.stage_dir(self.parent_run_id, stage)
+        """The working folder of the stage task this is called in, named by its stage key: a
+        rerun with the same inputs finds its files and checkpoints again."""
+        return self.paths.runs / stage / current_stage_key()[:KEY_LENGTH]
+
+    def run_dir(self, name: str) -> Path:
+        """A folder of this pipeline run's own (the report)."""
+        return self.paths.runs / "pipeline" / self.parent_run_id / name
 
     def client(self) -> MlflowClient:
         return tracking_client(self.paths)
@@ -74,26 +86,82 @@ def log_problems(client: MlflowClient, run_id: str, problems: ProblemSet, split:
 def record_model(
     ctx: RunContext, tracker: MlflowTracker, stage: str, model: ModelRef, inputs: list[str]
 ) -> tuple[str, str]:
-    """Digest a stage's model, register it as `name@stage`, and record where it came from.
+    """Digest a stage's model, register it as `name@alias` (`alias_for`) and record its lineage.
 
     Returns the model's content digest and its registered version.
     """
     digest = tree_digest(model.path)
-    version = register_model(tracker.client, tracker.run_id, model.path, ctx.model_name, stage)
+    tracker.client.set_tag(tracker.run_id, "model.digest", digest)
+    version = register_model(
+        tracker.client, tracker.run_id, model.path, ctx.model_name, alias_for(stage)
+    )
     store.record_lineage(
         ctx.paths.duckdb, str(model.path), "model", digest, stage, tracker.run_id, inputs
     )
     return digest, version
 
 
+class InjectedFailure(RuntimeError):
+    """The one-time failure that `faults.fail_once_at` asked for."""
+
+
+class StageTracker(MlflowTracker):
+    """A stage's MLflow run, plus what Prefect shows while it runs: a progress artifact fed by
+    the `progress/fraction` metric, and the one-time failure of `faults.fail_once_at`."""
+
+    def __init__(self, client: MlflowClient, run_id: str, ctx: RunContext, stage: str):
+        super().__init__(client, run_id)
+        self.ctx = ctx
+        self.stage = stage
+        self._progress_id: UUID | None = None
+        self._shown = -1.0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, step)
+        if PROGRESS in metrics:
+            self._show_progress(metrics[PROGRESS])
+        if step is not None:
+            self.fail_if_asked(step)
+
+    def _show_progress(self, fraction: float) -> None:
+        percent = round(100 * fraction, 1)
+        if percent - self._shown < 1 and percent < 100:
+            return
+        self._shown = percent
+        description = f"{self.stage}: {percent:.0f}% (MLflow run {self.run_id})"
+        if self._progress_id is None:
+            key = f"progress-{self.stage.replace('_', '-')}"
+            self._progress_id = create_progress_artifact(percent, key, description)
+        else:
+            update_progress_artifact(self._progress_id, percent, description)
+
+    def fail_if_asked(self, step: int = 0) -> None:
+        """Raise once per flow run when this stage is the one `faults.fail_once_at` names and it
+        has reached the named step (a marker in the state folder remembers that it fired)."""
+        if not self.ctx.fail_at:
+            return
+        stage, _, at = self.ctx.fail_at.partition("@")
+        if stage != self.stage or step < int(at or 0):
+            return
+        marker = self.ctx.paths.faults / f"{self.ctx.flow_run_id}-{stage}"
+        if marker.exists():
+            return
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"step {step}\n")
+        raise InjectedFailure(f"{stage}: injected failure at step {step} (faults.fail_once_at)")
+
+
 @contextmanager
 def tracked_stage(
     ctx: RunContext, stage: str, config: BaseModel
-) -> Iterator[tuple[MlflowTracker, dict]]:
+) -> Iterator[tuple[StageTracker, dict]]:
     """A nested MLflow run around a stage; the dict collects `seconds` when the block ends."""
     client = ctx.client()
     timing: dict[str, float] = {}
-    with stage_run(client, ctx.parent_run_id, stage, config.model_dump(mode="json")) as tracker:
+    with stage_run(client, ctx.parent_run_id, stage, config.model_dump(mode="json")) as run:
+        tracker = StageTracker(client, run.run_id, ctx, stage)
+        tracker.client.set_tag(run.run_id, "r1.stage_key", current_stage_key())
+        tracker.fail_if_asked()
         began = time.perf_counter()
         yield tracker, timing
         timing["seconds"] = time.perf_counter() - began

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from datasets import load_from_disk
-from prefect import task
 
 from configs.schema import CurationConfig
 from stages import curation as curation_stage
 from stages.refs import CuratedSet, ModelRef, ProblemSet
 from storage import store
 from storage.digests import rows_digest
+from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, log_problems, tracked_stage
 
 STAGE = "cold_start_curation"
 
 
-@task(name="curate-cold-start")
+@stage_task("curate-cold-start")
 def curate_cold_start(
     config: CurationConfig, ctx: RunContext, problems: ProblemSet, base: StageResult[ModelRef]
 ) -> StageResult[CuratedSet]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from prefect import task
-
 from configs.schema import CorpusConfig, DistillConfig, StudentConfig
 from models.loading import load_model, parameter_count
 from stages import bootstrap as bootstrap_stage
@@ -11,11 +9,12 @@ from stages import distill as distill_stage
 from stages.mixed import build_sft_set
 from stages.refs import ModelRef, ProblemSet
 from storage.tracking import log_dataset
+from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
 from tasks.rejection import RejectionSet
 
 
-@task(name="student-base")
+@stage_task("student-base")
 def student_base(
     student: StudentConfig,
     corpus: CorpusConfig,
@@ -33,12 +32,15 @@ def student_base(
             model = bootstrap_stage.pretrain_student(
                 student, corpus, base.output, problems, ctx.stage_dir(stage), tracker, seed
             )
-        digest, version = record_model(ctx, tracker, stage, model, [base.digest])
+        inputs = [base.digest]
+        if student.path is None:  # pretrained on a corpus made from the training problems
+            inputs.append(log_problems(tracker.client, tracker.run_id, problems, "train"))
+        digest, version = record_model(ctx, tracker, stage, model, inputs)
     notes = {"params": f"{model.parameters / 1e6:.2f}M", "model": f"v{version}"}
     return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)
 
 
-@task(name="distill-student")
+@stage_task("distill-student")
 def distill_student(
     config: DistillConfig,
     student: StudentConfig,
@@ -72,12 +74,14 @@ def distill_student(
             stage,
         )
         inputs = [base.digest, teacher.digest, traces.digest]
+        if config.method == "on_policy":  # the training problems are its prompts
+            inputs.append(log_problems(tracker.client, tracker.run_id, problems, "train"))
         digest, version = record_model(ctx, tracker, stage, model, inputs)
     notes = {"params": f"{model.parameters / 1e6:.2f}M", "model": f"v{version}"}
     return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)
 
 
-@task(name="rl-only-twin")
+@stage_task("rl-only-twin")
 def rl_only_twin(
     config: DistillConfig,
     student: StudentConfig,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pyarrow.parquet as pq
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from configs.schema import EvalConfig
 from problems.general import GeneralFiles
@@ -11,13 +11,14 @@ from stages import evaluate as evaluate_stage
 from stages.refs import EvalReport, ModelRef, ProblemSet
 from stages.reward_model import RewardModelRef
 from storage.tracking import MlflowTracker
+from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, log_problems
 from tasks.general import general_prompts, preference_reward
 
 SAMPLE_ROWS = 50  # completions shown in the MLflow table; all of them stay in the Parquet file
 
 
-@task(name="evaluate-model")
+@stage_task("evaluate-model")
 def evaluate_model(
     config: EvalConfig,
     ctx: RunContext,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from configs.schema import GeneralConfig, RewardModelConfig
 from problems.general import GeneralFiles, write_general_sets
@@ -16,12 +16,13 @@ from stages.reward_model import RewardModelRef
 from storage import store
 from storage.digests import file_digest
 from storage.tracking import log_dataset
+from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, record_model, tracked_stage
 
 STAGE = "reward_model"
 
 
-@task(name="prepare-general-data", retries=1)
+@stage_task("prepare-general-data", retries=1)
 def prepare_general(config: GeneralConfig, ctx: RunContext) -> GeneralFiles:
     files = write_general_sets(config, ctx.stage_dir("general"))
     client = ctx.client()
@@ -51,7 +52,7 @@ def runtime_rewards(rm: StageResult[RewardModelRef] | None) -> dict[str, RewardF
     return {} if rm is None else {"preference": PreferenceReward(rm.output.path)}
 
 
-@task(name="train-reward-model")
+@stage_task("train-reward-model")
 def train_reward_model(
     config: RewardModelConfig,
     ctx: RunContext,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
+from mlflow import MlflowClient
 from prefect import get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 
@@ -15,6 +17,8 @@ from stages.refs import CuratedSet, EvalReport
 from storage.paths import StatePaths
 from storage.tracking import (
     FLOW_RUN_TAG,
+    PARENT_TAG,
+    STAGE_TAG,
     MlflowTracker,
     experiment_id,
     finish_run,
@@ -43,16 +47,38 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
     client = tracking_client(paths)
     flow_run_id = str(runtime.flow_run.id or "no-flow-run")
     experiment = experiment_id(client, config.name, paths)
-    run_id = start_pipeline_run(
-        client,
-        experiment,
-        f"{flow}-{flow_run_id[:8]}",
-        flow_run_id,
-        config.model_dump(mode="json"),
+    logger = get_run_logger()
+    run_id = retried_pipeline_run(client, experiment, flow_run_id)
+    if run_id is None:
+        run_id = start_pipeline_run(
+            client,
+            experiment,
+            f"{flow}-{flow_run_id[:8]}",
+            flow_run_id,
+            config.model_dump(mode="json"),
+        )
+        client.set_tag(run_id, "r1.flow", flow)
+        logger.info("MLflow parent run %s in %s", run_id, paths.tracking_uri)
+    else:
+        logger.info("flow run retried: MLflow parent run %s goes on", run_id)
+    fail_at = config.faults.fail_once_at
+    return RunContext(paths.root, run_id, flow_run_id, config.name, fail_at)
+
+
+def retried_pipeline_run(client: MlflowClient, experiment: str, flow_run_id: str) -> str | None:
+    """The parent run an earlier attempt of this flow run opened, reopened; None if none."""
+    runs = client.search_runs(
+        [experiment],
+        filter_string=(
+            f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}' AND tags.`{STAGE_TAG}` = 'pipeline'"
+        ),
+        max_results=1,
     )
-    client.set_tag(run_id, "r1.flow", flow)
-    get_run_logger().info("MLflow parent run %s in %s", run_id, paths.tracking_uri)
-    return RunContext(paths.root, run_id, flow_run_id, model_name=config.name)
+    if not runs:
+        return None
+    run_id = runs[0].info.run_id
+    client.update_run(run_id, status="RUNNING")
+    return run_id
 
 
 @task(name="close-pipeline-run")
@@ -68,7 +94,11 @@ def close_pipeline_run(
         metrics = dict(evals[result.stage].metrics) if result.stage in evals else {}
         parent.log_metrics({f"{result.stage}/{k}": v for k, v in metrics.items()})
         parent.log_metrics({f"{result.stage}/seconds": result.seconds})
-        note = ", ".join(f"{k} {v}" for k, v in result.notes.items())
+        notes = dict(result.notes)
+        if (origin := cached_from(client, ctx, result)) is not None:
+            client.set_tag(ctx.parent_run_id, f"r1.cached.{result.stage}", result.run_id)
+            notes = {"cached from run": origin[:8]} | notes
+        note = ", ".join(f"{k} {v}" for k, v in notes.items())
         rows.append(StageRow(result.stage, result.seconds, metrics, note))
     publish_report(ctx, rows, k)
     finish_run(client, ctx.parent_run_id)
@@ -76,18 +106,32 @@ def close_pipeline_run(
     return PipelineResult(ctx.parent_run_id, ctx.flow_run_id, str(ctx.state_root), rows, counts)
 
 
+def cached_from(client: MlflowClient, ctx: RunContext, result: StageResult) -> str | None:
+    """The pipeline run that computed a stage this run took from the cache; None if this run
+    computed it."""
+    parent = client.get_run(result.run_id).data.tags.get(PARENT_TAG)
+    return parent if parent and parent != ctx.parent_run_id else None
+
+
 def publish_report(ctx: RunContext, rows: list[StageRow], k: int) -> None:
     client = ctx.client()
     client.log_table(ctx.parent_run_id, table_dict(rows, k), "report/stages.json")
-    plot = plot_stages(rows, k, ctx.stage_dir("report") / "stages.png")
+    plot = plot_stages(rows, k, ctx.run_dir("report") / "stages.png")
     client.log_artifact(ctx.parent_run_id, str(plot), "report")
-    run_link = f"{ctx.paths.tracking_uri} run {ctx.parent_run_id}"
+    experiment = client.get_run(ctx.parent_run_id).info.experiment_id
     create_markdown_artifact(
         key="r1-stage-report",
         markdown=f"# R1 pipeline: per-stage report\n\n{markdown_table(rows, k)}\n\n"
-        f"MLflow: {run_link}\n",
+        f"MLflow run: [{ctx.parent_run_id}]({run_url(experiment, ctx.parent_run_id)}) "
+        f"(store `{ctx.paths.tracking_uri}`)\n",
         description="held-out figures after each stage",
     )
+
+
+def run_url(experiment: str, run_id: str) -> str:
+    """Where the MLflow UI shows a run: `R1_MLFLOW_UI`, or `mlflow ui`'s default address."""
+    ui = os.environ.get("R1_MLFLOW_UI", "http://127.0.0.1:5000").rstrip("/")
+    return f"{ui}/#/experiments/{experiment}/runs/{run_id}"
 
 
 def mark_pipeline_failed(flow, flow_run, state) -> None:

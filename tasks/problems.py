@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from prefect import task
-
 from configs.schema import DataConfig
 from stages import problems as problems_stage
 from stages.refs import ProblemSet
 from storage import store
+from tasks.cache import stage_task
 from tasks.context import RunContext, log_problems
 
 
-@task(name="prepare-problems", retries=1)
+@stage_task("prepare-problems", retries=1)
 def prepare_problems(config: DataConfig, ctx: RunContext) -> ProblemSet:
     problems = problems_stage.run(config, ctx.stage_dir("problems"))
     client = ctx.client()

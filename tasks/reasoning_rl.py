@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from prefect import task
-
 from configs.schema import GRPOConfig
 from problems.general import GeneralFiles
 from stages import reasoning_rl
 from stages.refs import ModelRef, ProblemSet
 from stages.reward_model import RewardModelRef
+from storage.digests import file_digest
+from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
 from tasks.general import general_prompts, runtime_rewards
 
 
-@task(name="grpo")
+@stage_task("grpo")
 def grpo(
     config: GRPOConfig,
     ctx: RunContext,
@@ -39,6 +39,8 @@ def grpo(
             extra_rewards=runtime_rewards(reward_model),
         )
         inputs = [policy.digest, train_digest] + ([reward_model.digest] if reward_model else [])
+        if general is not None and config.general_prompts:
+            inputs.append(file_digest(general.rl_prompts_path))
         digest, version = record_model(ctx, tracker, stage, model, inputs)
     return StageResult(
         stage, tracker.run_id, model, timing["seconds"], digest, {"model": f"v{version}"}

@@ -7,18 +7,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from configs.schema import RejectionConfig
+from problems.general import GeneralFiles
 from problems.loader import load_problems
-from problems.types import Problem
 from stages import rejection as rejection_stage
 from stages.refs import ModelRef, ProblemSet
 from stages.reward_model import RewardModelRef
 from storage import rollouts, store
+from storage.digests import file_digest
 from storage.tracking import log_dataset
+from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, log_problems, tracked_stage
-from tasks.general import runtime_rewards
+from tasks.general import general_prompts, runtime_rewards
 
 
 @dataclass(frozen=True)
@@ -46,22 +48,23 @@ class DuckDBSink:
         return rollouts.insert_rollouts(self.db, rows)
 
 
-@task(name="rejection-sampling")
+@stage_task("rejection-sampling")
 def rejection_sample(
     config: RejectionConfig,
     ctx: RunContext,
     policy: StageResult[ModelRef],
     problems: ProblemSet,
-    general: list[Problem],
+    general: GeneralFiles | None,
     reward_model: StageResult[RewardModelRef] | None = None,
     stage: str = "rejection_sampling",
 ) -> StageResult[RejectionSet]:
-    """`policy.digest` keys the rollouts, so a rerun of the same model resumes, never doubles."""
+    """`policy.digest` keys the rollouts, so a rerun of the same model resumes, never doubles.
+    With general data, its RL prompts join the reasoning prompts."""
     with tracked_stage(ctx, stage, config) as (tracker, timing):
         train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
         tracker.client.set_tag(tracker.run_id, "policy.digest", policy.digest)
         prompts = rejection_stage.select_prompts(
-            config, load_problems(problems.train_path), general
+            config, load_problems(problems.train_path), general_prompts(general, "train")
         )
         sink = DuckDBSink(ctx.paths.duckdb, policy.digest)
         report = rejection_stage.run(
@@ -107,7 +110,9 @@ def rejection_sample(
             digest,
             stage,
             tracker.run_id,
-            [policy.digest, train_digest],
+            [policy.digest, train_digest]
+            + ([file_digest(general.rl_prompts_path)] if general else [])
+            + ([reward_model.digest] if reward_model else []),
         )
         n_rollouts = steps[0][1] if steps else 0
         get_run_logger().info(

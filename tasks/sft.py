@@ -4,22 +4,23 @@ and the non-reasoning set)."""
 from __future__ import annotations
 
 from datasets import load_from_disk
-from prefect import task
 
 from configs.schema import SFTConfig
 from problems.general import GeneralFiles
 from stages import sft as sft_stage
 from stages.mixed import build_sft_set
 from stages.refs import CuratedSet, ModelRef
-from storage.digests import rows_digest
+from storage import store
+from storage.digests import file_digest, rows_digest
 from storage.tracking import log_dataset
+from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, record_model, tracked_stage
 from tasks.rejection import RejectionSet
 
 STAGE = "cold_start_sft"
 
 
-@task(name="cold-start-sft")
+@stage_task("cold-start-sft")
 def cold_start_sft(
     config: SFTConfig,
     ctx: RunContext,
@@ -51,7 +52,7 @@ def cold_start_sft(
     )
 
 
-@task(name="mixed-sft")
+@stage_task("mixed-sft")
 def mixed_sft(
     config: SFTConfig,
     ctx: RunContext,
@@ -76,6 +77,10 @@ def mixed_sft(
             data,
             "training",
             sum(counts.values()),
+        )
+        sources = [rejected.digest] + ([file_digest(general.sft_path)] if general else [])
+        store.record_lineage(
+            ctx.paths.duckdb, str(data), "dataset", digest, stage, tracker.run_id, sources
         )
         tracker.log_metrics({f"data/{kind}": float(n) for kind, n in counts.items()})
         model = sft_stage.run(config, base.output, data, ctx.stage_dir(stage), tracker, desc=stage)

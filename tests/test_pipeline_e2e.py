@@ -10,6 +10,7 @@ from datasets import load_from_disk
 from mlflow import MlflowClient
 
 from configs import load_profile
+from storage.tracking import alias_for
 
 ROW_STAGES = [
     "bootstrap",
@@ -122,7 +123,7 @@ def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
         } <= set(metrics)
         assert 0.0 <= metrics["eval/pass_at_1"] <= metrics["eval/pass_at_2"] <= 1.0
         assert parent.data.metrics[f"{stage}/format_rate"] == metrics["eval/format_rate"]
-        version = client.get_model_version_by_alias("r1-micro", stage)
+        version = client.get_model_version_by_alias("r1-micro", alias_for(stage))
         assert version.run_id == by_stage[stage].info.run_id
     curation = by_stage["cold_start_curation"]
     sft_inputs = by_stage["cold_start_sft"].inputs.dataset_inputs
@@ -156,7 +157,7 @@ def test_duckdb_holds_the_curated_set_and_the_filter_counts(micro_run):
             ).fetchall()
         )
         lineage = con.execute(
-            "SELECT kind, stage, inputs FROM lineage ORDER BY created_at"
+            "SELECT kind, stage, inputs, artifact FROM lineage ORDER BY created_at"
         ).fetchall()
     assert list(counts) == [
         "format",
@@ -173,11 +174,12 @@ def test_duckdb_holds_the_curated_set_and_the_filter_counts(micro_run):
         for k, v in curation.data.metrics.items()
         if k.startswith("filter/")
     }
-    dataset_path = state / "runs" / result.parent_run_id / "cold_start_curation" / "curated"
-    assert len(load_from_disk(str(dataset_path))) == kept > 0
-    kinds = [(kind, stage) for kind, stage, _ in lineage]
+    dataset_path = next(a for k, s, _, a in lineage if s == "cold_start_curation")
+    assert dataset_path.startswith(f"{state}/runs/cold_start_curation/")
+    assert len(load_from_disk(dataset_path)) == kept > 0
+    kinds = [(kind, stage) for kind, stage, _, _ in lineage]
     assert ("dataset", "cold_start_curation") in kinds and ("model", "cold_start_sft") in kinds
-    sft_inputs = json.loads(next(i for k, s, i in lineage if s == "cold_start_sft"))
+    sft_inputs = json.loads(next(i for k, s, i, _ in lineage if s == "cold_start_sft"))
     assert curation.data.tags["dataset.digest"] in sft_inputs
 
 
@@ -295,7 +297,7 @@ def test_reasoning_rl_logs_grpo_signals_samples_and_a_reward_curve(micro_run):
     artifacts = {a.path for a in client.list_artifacts(rl.info.run_id)}
     assert {"reward_curve.png", "samples", "model", "config.json"} <= artifacts
     assert len(client.list_artifacts(rl.info.run_id, "samples")) == 2
-    assert client.get_model_version_by_alias("r1-micro", "reasoning_rl").run_id == rl.info.run_id
+    assert client.get_model_version_by_alias("r1-micro", "reasoning-rl").run_id == rl.info.run_id
     (sft,) = client.search_runs(
         [parent.info.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' "
@@ -322,3 +324,28 @@ def test_r1_zero_flow_runs_grpo_on_the_base(prefect_server, tmp_path, monkeypatc
     parent = client.get_run(result.parent_run_id)
     assert parent.data.tags["r1.flow"] == "r1_zero" and parent.info.status == "FINISHED"
     assert "r1_zero_rl/pass_at_1" in parent.data.metrics
+
+
+def test_the_distill_flow_distils_the_registered_final_model(micro_run):
+    """Stage 7 alone, on the pipeline's state: the teacher comes from the registry by alias, the
+    students' bases from the cache, and their distilled models get the students' aliases."""
+    state, pipeline = micro_run
+    from flows.distill import distill
+
+    result = distill(profile="micro", teacher="models:/r1-micro@final")
+    stages = [r.stage for r in result.rows]
+    assert stages[0] == "distill_traces" and {"student_qwen", "student_llama"} <= set(stages)
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    final = client.get_model_version_by_alias("r1-micro", "final")
+    student = client.get_model_version_by_alias("r1-micro", "student-qwen")
+    assert client.get_run(student.run_id).data.tags["mlflow.parentRunId"] == result.parent_run_id
+    (traces,) = client.search_runs(
+        [client.get_run(result.parent_run_id).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}' "
+        "AND tags.`r1.stage` = 'distill_traces'",
+    )
+    assert (
+        traces.data.tags["policy.digest"] == client.get_run(final.run_id).data.tags["model.digest"]
+    )
+    notes = {r.stage: r.note for r in result.rows}
+    assert notes["student_base_qwen"].startswith("cached from run " + pipeline.parent_run_id[:8])

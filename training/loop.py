@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from configs.schema import TrainConfig
+from training import PROGRESS
 from training.checkpoints import load_checkpoint, save_checkpoint
 from training.examples import IGNORE, Example
 
@@ -95,6 +96,7 @@ def train(
         torch.set_rng_state(state["rng"])
         start = state["step"]
         log.info("%s: resuming from step %d of %d", desc, start, len(order))
+        log_metrics({"train/resumed_from_step": float(start)}, start)
     model.train()
     loss_value, tokens, began = float("nan"), 0, time.perf_counter()
     bar = tqdm(total=len(order), initial=start, desc=desc, unit="step", leave=False)
@@ -112,7 +114,14 @@ def train(
         bar.set_postfix(loss=f"{loss_value:.3f}")
         done = step + 1
         if done % cfg.log_every == 0 or done == len(order):
-            log_metrics({"train/loss": loss_value, "train/lr": scheduler.get_last_lr()[0]}, done)
+            log_metrics(
+                {
+                    "train/loss": loss_value,
+                    "train/lr": scheduler.get_last_lr()[0],
+                    PROGRESS: done / len(order),
+                },
+                done,
+            )
             if done % (cfg.log_every * 10) == 0:
                 log.info("%s: step %d/%d loss %.4f", desc, done, len(order), loss_value)
         if done % cfg.checkpoint_every == 0 or done == len(order):

@@ -1,0 +1,181 @@
+"""`r1 lineage MODEL`: the chain from a registered model back to the raw problem set.
+
+MODEL is `models:/NAME@ALIAS`, `NAME@ALIAS` or `models:/NAME/VERSION`. The registry (MLflow, in
+the state folder) gives the version's stage run; the DuckDB lineage table gives what that run
+produced and, input by input, what every earlier stage produced, down to the problem files.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.measure import Measurement
+from rich.text import Text
+from rich.tree import Tree
+
+from storage.lineage import LineageError, LineageNode, LineageRow, chain, latest_rows, produced_by
+from storage.paths import StatePaths
+from storage.registry import RegistryError, ResolvedModel, parse_model, resolve
+
+# A stage run's own model digest, when a run sets it; the lineage row is looked up by run id first.
+MODEL_DIGEST_TAG = "model.digest"
+
+
+class LineageCommandError(Exception):
+    """Something the command needs is missing; the message names it (exit code 2)."""
+
+
+def state_paths(state_dir: str | None) -> StatePaths:
+    """The state folder (`--state-dir`, else `$R1_STATE_DIR`, else ./state), which must exist."""
+    paths = StatePaths(Path(state_dir).resolve()) if state_dir else StatePaths.from_env()
+    if not paths.mlflow_db.is_file():
+        raise LineageCommandError(f"no MLflow store at {paths.mlflow_db}: is this a state folder?")
+    return paths
+
+
+def registry(paths: StatePaths) -> Any:
+    """An MLflow client on the state's store (imported here: MLflow takes seconds to import)."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=paths.tracking_uri)
+
+
+def model_row(db: Path, client: Any, model: ResolvedModel) -> LineageRow:
+    """The lineage row of the model the version's run produced; else the run's digest tag."""
+    row = produced_by(db, model.run_id, "model")
+    if row is not None:
+        return row
+    tagged = run_tags(client, model.run_id).get(MODEL_DIGEST_TAG)
+    row = latest_rows(db).get(tagged) if tagged else None
+    if row is None:
+        raise LineageCommandError(
+            f"no lineage for {model.spec.uri} (version {model.version}): "
+            f"no model row produced by run {model.run_id} in {db}"
+        )
+    return row
+
+
+def run_tags(client: Any, run_id: str) -> dict[str, str]:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return dict(client.get_run(run_id).data.tags)
+    except MlflowException:
+        return {}
+
+
+def run_names(client: Any, run_ids: set[str]) -> dict[str, str]:
+    """Each MLflow run's name; a run the store no longer holds is left out."""
+    from mlflow.exceptions import MlflowException
+
+    names: dict[str, str] = {}
+    for run_id in sorted(run_ids):
+        try:
+            names[run_id] = client.get_run(run_id).info.run_name
+        except MlflowException:
+            continue
+    return names
+
+
+def node_label(node: LineageNode, names: dict[str, str]) -> Text:
+    """One line: stage, kind, short digest, run id and name, artifact path."""
+    short = node.digest[:12]
+    if not node.known:
+        return Text.assemble(("unknown ", "bold red"), (short, "cyan"), " (no lineage row)")
+    run = f"run {node.produced_by} ({names.get(node.produced_by, '?')})"
+    parts: list[str | tuple[str, str]] = [
+        (node.stage, "bold"),
+        f"  {node.kind}  ",
+        (short, "cyan"),
+        f"  {run}  ",
+        (node.artifact, "dim"),
+    ]
+    if node.cycle:
+        parts.insert(0, ("cycle back to ", "bold yellow"))
+    return Text.assemble(*parts)
+
+
+def add_branch(tree: Tree, node: LineageNode, names: dict[str, str], shown: set[str]) -> None:
+    """Add `node` under `tree`; a shared input's inputs are drawn once, where it first appears."""
+    label = node_label(node, names)
+    if node.children and node.digest in shown:
+        tree.add(label.append(" (inputs shown above)", "dim"))
+        return
+    shown.add(node.digest)
+    branch = tree.add(label)
+    for child in node.children:
+        add_branch(branch, child, names, shown)
+
+
+def render(model: ResolvedModel, root: LineageNode, names: dict[str, str]) -> Tree:
+    title = Text.assemble(
+        (model.spec.uri, "bold"), f"  version {model.version}  run {model.run_id}"
+    )
+    tree = Tree(title)
+    add_branch(tree, root, names, set())
+    return tree
+
+
+def summary(root: LineageNode) -> dict[str, list[str]]:
+    """The raw problem files the chain reaches and the inputs no stage recorded."""
+    leaves = root.leaves()
+    return {
+        "problems": sorted({n.digest for n in leaves if n.kind == "problems"}),
+        "unknown": sorted({n.digest for n in leaves if not n.known}),
+    }
+
+
+def as_json(model: ResolvedModel, root: LineageNode, names: dict[str, str]) -> str:
+    body = {
+        "model": {
+            "uri": model.spec.uri,
+            "name": model.spec.name,
+            "version": model.version,
+            "run_id": model.run_id,
+        },
+        "lineage": root.to_dict(names),
+        **summary(root),
+    }
+    return json.dumps(body, indent=2)
+
+
+def wide_console(renderable: Tree) -> Console:
+    """A console wide enough that no line of `renderable` wraps or is cut."""
+    probe = Console(width=10_000)
+    needed = Measurement.get(probe, probe.options, renderable).maximum
+    return Console(width=max(needed, Console().width))
+
+
+def print_tree(model: ResolvedModel, root: LineageNode, names: dict[str, str]) -> None:
+    tree = render(model, root, names)
+    console = wide_console(tree)
+    console.print(tree)
+    found = summary(root)
+    console.print(f"raw problems reached: {', '.join(d[:12] for d in found['problems']) or 'none'}")
+    if found["unknown"]:
+        missing = ", ".join(d[:12] for d in found["unknown"])
+        console.print(f"inputs with no lineage row: {missing}")
+
+
+def lineage_command(model: str, state_dir: str | None = None, json_output: bool = False) -> int:
+    """Print the chain of `model`; 2 with a message naming what is missing."""
+    try:
+        spec = parse_model(model)
+        paths = state_paths(state_dir)
+        client = registry(paths)
+        resolved = resolve(client, spec)
+        row = model_row(paths.duckdb, client, resolved)
+        root = chain(paths.duckdb, row.digest, row.produced_by)
+    except (LineageCommandError, LineageError, RegistryError, ValueError) as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 2
+    names = run_names(client, root.run_ids())
+    if json_output:
+        print(as_json(resolved, root, names))
+    else:
+        print_tree(resolved, root, names)
+    return 0

@@ -1,0 +1,80 @@
+"""Stage 7 alone: distil a registered teacher (by default the pipeline's final model) into the
+profile's students, each with its RL-only twin, as the last stage of `r1-pipeline` does."""
+
+from __future__ import annotations
+
+from prefect import flow, task
+
+from configs.loader import load_profile
+from configs.schema import PipelineConfig
+from models.loading import load_model, parameter_count
+from stages.refs import EvalReport, ModelRef
+from storage import registry
+from storage.digests import tree_digest
+from storage.tracking import alias_for
+from tasks.context import RunContext, StageResult
+from tasks.distill import distill_student, rl_only_twin, student_base
+from tasks.evaluation import evaluate_model
+from tasks.general import prepare_general
+from tasks.pipeline import (
+    PipelineResult,
+    close_pipeline_run,
+    mark_pipeline_failed,
+    open_pipeline_run,
+)
+from tasks.problems import prepare_problems
+from tasks.rejection import rejection_sample
+
+
+@task(name="registered-model", retries=1)
+def registered_model(ctx: RunContext, uri: str, stage: str) -> StageResult[ModelRef]:
+    """A registered model as a stage result: its files, its digest and the run that made it."""
+    client = ctx.client()
+    model = registry.resolve(client, registry.parse_model(uri))
+    path = registry.download(client, model, ctx.paths.root / "registry")
+    tags = client.get_run(model.run_id).data.tags
+    digest = tags.get("model.digest") or tree_digest(path)
+    notes = {"model": f"{model.spec.uri} (v{model.version})"}
+    ref = ModelRef(path, parameter_count(load_model(path)))
+    return StageResult(stage, model.run_id, ref, 0.0, digest, notes)
+
+
+@flow(name="distill", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
+def distill(
+    profile: str = "tiny",
+    overrides: list[str] | None = None,
+    teacher: str = "models:/r1-tiny@final",
+    config: PipelineConfig | None = None,
+) -> PipelineResult:
+    """Sample the teacher's traces, then per student: its base, its distillation, its twin.
+    The students' tiny-world bases pretrain from the registered bootstrap model's tokenizer."""
+    config = config or load_profile(profile, overrides or [])
+    ctx = open_pipeline_run(config, flow="distill")
+    problems = prepare_problems(config.data, ctx)
+    general = prepare_general(config.data.general, ctx) if config.data.general else None
+    spec = registry.parse_model(teacher)
+    model = registered_model(ctx, teacher, "teacher")
+    base = registered_model(ctx, f"models:/{spec.name}@{alias_for('bootstrap')}", "bootstrap")
+    reward_uri = f"models:/{spec.name}@{alias_for('reward_model')}"
+    rm = registered_model(ctx, reward_uri, "reward_model") if general else None
+
+    def evaluate(stage: StageResult) -> EvalReport:
+        return evaluate_model(config.evaluation, ctx, stage, problems, general, rm)
+
+    distill_config = config.distillation
+    stages: list[StageResult] = []
+    evals: dict[str, EvalReport] = {}
+    traces = rejection_sample(
+        distill_config.traces, ctx, model, problems, None, rm, stage="distill_traces"
+    )
+    stages.append(traces)
+    for student in distill_config.students:
+        s_base = student_base(student, config.bootstrap.corpus, ctx, base, problems)
+        s_model = distill_student(distill_config, student, ctx, s_base, model, traces, problems)
+        stages += [s_base, s_model]
+        evals[s_model.stage] = evaluate(s_model)
+        if distill_config.rl_twins:
+            twin = rl_only_twin(distill_config, student, ctx, s_base, problems, s_model.seconds)
+            stages.append(twin)
+            evals[twin.stage] = evaluate(twin)
+    return close_pipeline_run(ctx, stages, evals, config.evaluation.k)

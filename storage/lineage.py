@@ -1,0 +1,190 @@
+"""Lineage chains: from an artifact's digest back through the inputs each stage recorded.
+
+Reads the DuckDB `lineage` table that `store.record_lineage` writes (one row per artifact a stage
+run produced, with the digests of its inputs). The file is opened read-only and only for the call,
+so a chain can be read while no pipeline writes, and never blocks one that starts afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+UNKNOWN = "unknown"
+
+_COLUMNS = "artifact, kind, digest, stage, produced_by, inputs, created_at"
+
+
+class LineageError(Exception):
+    """The lineage table cannot be read: no DuckDB file, no table, or a pipeline writing it."""
+
+
+@dataclass(frozen=True)
+class LineageRow:
+    """One row of the lineage table: an artifact, the stage run that produced it, its inputs."""
+
+    artifact: str
+    kind: str
+    digest: str
+    stage: str
+    produced_by: str
+    inputs: tuple[str, ...]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class LineageNode:
+    """An artifact in a chain; `children` are the artifacts its stage read, recursively.
+
+    An input digest no stage recorded is a leaf of kind `unknown`; an input that leads back to an
+    artifact already on the path from the root is a leaf with `cycle` set.
+    """
+
+    digest: str
+    kind: str = UNKNOWN
+    stage: str = ""
+    artifact: str = ""
+    produced_by: str = ""
+    children: tuple[LineageNode, ...] = field(default=())
+    cycle: bool = False
+
+    @property
+    def known(self) -> bool:
+        return self.kind != UNKNOWN
+
+    def walk(self) -> Iterator[LineageNode]:
+        """This node and every node below it, depth first (shared inputs once per path)."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+    def leaves(self) -> list[LineageNode]:
+        return [node for node in self.walk() if not node.children]
+
+    def run_ids(self) -> set[str]:
+        return {node.produced_by for node in self.walk() if node.produced_by}
+
+    def to_dict(self, run_names: dict[str, str] | None = None) -> dict[str, Any]:
+        """The chain as plain JSON values; `run_names` adds each producing run's name."""
+        names = run_names or {}
+        out: dict[str, Any] = {
+            "digest": self.digest,
+            "kind": self.kind,
+            "stage": self.stage or None,
+            "artifact": self.artifact or None,
+            "run_id": self.produced_by or None,
+            "run_name": names.get(self.produced_by),
+            "known": self.known,
+        }
+        if self.cycle:
+            out["cycle"] = True
+        out["inputs"] = [child.to_dict(names) for child in self.children]
+        return out
+
+
+@contextmanager
+def read_only(db: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A read-only connection to the state's DuckDB file that exists only for the block."""
+    if not db.is_file():
+        raise LineageError(f"no DuckDB file at {db}: no pipeline has run in this state folder")
+    try:
+        con = duckdb.connect(str(db), read_only=True)
+    except duckdb.IOException as err:
+        raise LineageError(f"cannot open {db} (is a pipeline writing it?): {err}") from err
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def _row(values: tuple) -> LineageRow:
+    artifact, kind, digest, stage, produced_by, inputs, created_at = values
+    return LineageRow(
+        artifact, kind, digest, stage, produced_by, tuple(json.loads(inputs)), created_at
+    )
+
+
+def _query(db: Path, sql: str, params: list[Any] | None = None) -> list[LineageRow]:
+    with read_only(db) as con:
+        try:
+            found = con.execute(sql, params or []).fetchall()
+        except duckdb.CatalogException as err:
+            raise LineageError(f"{db} has no lineage table") from err
+    return [_row(values) for values in found]
+
+
+def latest_rows(db: Path) -> dict[str, LineageRow]:
+    """Each digest's most recent row: repeated runs record the same content more than once."""
+    rows = _query(
+        db,
+        f"SELECT {_COLUMNS} FROM lineage "
+        "QUALIFY row_number() OVER (PARTITION BY digest ORDER BY created_at DESC) = 1",
+    )
+    return {row.digest: row for row in rows}
+
+
+def produced_by(db: Path, run_id: str, kind: str = "model") -> LineageRow | None:
+    """The latest `kind` row a stage run recorded (a stage run registers one model)."""
+    rows = _query(
+        db,
+        f"SELECT {_COLUMNS} FROM lineage WHERE produced_by = ? AND kind = ? "
+        "ORDER BY created_at DESC LIMIT 1",
+        [run_id, kind],
+    )
+    return rows[0] if rows else None
+
+
+def produced_by_digest(db: Path, digest: str, run_id: str) -> LineageRow | None:
+    """The latest row for `digest` that the stage run `run_id` recorded."""
+    rows = _query(
+        db,
+        f"SELECT {_COLUMNS} FROM lineage WHERE digest = ? AND produced_by = ? "
+        "ORDER BY created_at DESC LIMIT 1",
+        [digest, run_id],
+    )
+    return rows[0] if rows else None
+
+
+def build_tree(
+    digest: str,
+    rows: dict[str, LineageRow],
+    root: LineageRow | None = None,
+    ancestors: frozenset[str] = frozenset(),
+) -> LineageNode:
+    """The chain below `digest` over `rows` (digest -> row); `root` overrides the first row."""
+    if digest in ancestors:
+        return LineageNode(digest, cycle=True, **_fields(rows.get(digest)))
+    row = root or rows.get(digest)
+    if row is None:
+        return LineageNode(digest)
+    below = ancestors | {digest}
+    children = tuple(build_tree(child, rows, None, below) for child in row.inputs)
+    return LineageNode(digest, children=children, **_fields(row))
+
+
+def _fields(row: LineageRow | None) -> dict[str, str]:
+    if row is None:
+        return {}
+    return {
+        "kind": row.kind,
+        "stage": row.stage,
+        "artifact": row.artifact,
+        "produced_by": row.produced_by,
+    }
+
+
+def chain(db: Path, digest: str, run_id: str | None = None) -> LineageNode:
+    """The chain from the artifact with `digest` back to the raw problems.
+
+    With `run_id`, the root is the row that stage run recorded (the same content may come from
+    several runs); every input below takes its digest's latest row.
+    """
+    root = produced_by_digest(db, digest, run_id) if run_id else None
+    return build_tree(digest, latest_rows(db), root)

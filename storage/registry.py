@@ -1,0 +1,98 @@
+"""Registered models: `models:/NAME@ALIAS` (or `NAME@ALIAS`, `models:/NAME/VERSION`) resolved in
+the state folder's MLflow registry, and a version's files fetched to a local folder."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_FORMS = (
+    re.compile(r"models:/(?P<name>[^/@]+)@(?P<alias>[^/@]+)"),
+    re.compile(r"(?P<name>[^/@:]+)@(?P<alias>[^/@]+)"),
+    re.compile(r"models:/(?P<name>[^/@]+)/(?P<version>\d+)"),
+)
+
+
+class RegistryError(LookupError):
+    """A model, alias or version the registry does not have; the message names what is missing."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model named by alias or by version."""
+
+    name: str
+    alias: str | None = None
+    version: str | None = None
+
+    @property
+    def uri(self) -> str:
+        if self.alias:
+            return f"models:/{self.name}@{self.alias}"
+        return f"models:/{self.name}/{self.version}"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    spec: ModelSpec
+    version: str
+    run_id: str
+    source: str = ""  # where the version's files are, as MLflow records it
+
+
+def parse_model(text: str) -> ModelSpec:
+    """`models:/NAME@ALIAS`, `NAME@ALIAS` or `models:/NAME/VERSION`."""
+    for form in _FORMS:
+        found = form.fullmatch(text.strip())
+        if found:
+            return ModelSpec(**found.groupdict())
+    raise ValueError(
+        f"cannot read the model {text!r}: expected models:/NAME@ALIAS, NAME@ALIAS "
+        "or models:/NAME/VERSION"
+    )
+
+
+def resolve(client: Any, spec: ModelSpec) -> ResolvedModel:
+    """The registered version `spec` names, and the stage run that logged it."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        registered = client.get_registered_model(spec.name)
+    except MlflowException as err:
+        known = ", ".join(m.name for m in client.search_registered_models()) or "none"
+        raise RegistryError(f"no registered model {spec.name!r} (registered: {known})") from err
+    if spec.alias is not None:
+        aliases = registered.aliases
+        if spec.alias not in aliases:
+            known = ", ".join(sorted(aliases)) or "none"
+            raise RegistryError(
+                f"model {spec.name!r} has no alias {spec.alias!r} (aliases: {known})"
+            )
+        number = str(aliases[spec.alias])
+    else:
+        number = str(spec.version)
+    try:
+        version = client.get_model_version(spec.name, number)
+    except MlflowException as err:
+        raise RegistryError(f"model {spec.name!r} has no version {number}") from err
+    if not version.run_id:
+        raise RegistryError(f"{spec.uri} (version {number}) names no MLflow run")
+    return ResolvedModel(spec, number, version.run_id, version.source)
+
+
+def download(client: Any, model: ResolvedModel, root: Path) -> Path:
+    """The version's model folder under `root/NAME/vVERSION`, fetched once (a partial fetch is
+    never mistaken for a finished one)."""
+    dest = root / model.spec.name / f"v{model.version}"
+    if dest.is_dir():
+        return dest
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    fetched = Path(client.download_artifacts(model.run_id, "model", str(partial)))
+    fetched.rename(dest)
+    shutil.rmtree(partial, ignore_errors=True)
+    return dest

@@ -1,0 +1,106 @@
+"""Stage caching: a finished stage is not computed again.
+
+A stage's key covers the task's name, its config, the content digests of its inputs, the state
+folder and the code version. The task's result is persisted by Prefect under that key, so a
+retried flow run, or a new run with the same parameters, takes every finished stage from the
+cache and starts at the first stage whose key it has not seen. The key also names the stage's
+working folder (`runs/<stage>/<key>`), so a training stage that died mid-way finds its own
+checkpoints again and resumes from the last one.
+
+Set `PREFECT_TASKS_REFRESH_CACHE=true` to recompute every stage regardless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import fields, is_dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.context import TaskRunContext
+from pydantic import BaseModel
+
+from storage.digests import file_digest, tree_digest
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CODE_PACKAGES = (
+    "configs",
+    "curation",
+    "evaluation",
+    "models",
+    "preference",
+    "problems",
+    "rewards",
+    "rl",
+    "sampling",
+    "stages",
+    "storage",
+    "tasks",
+    "training",
+)
+KEY_LENGTH = 16  # hex characters of the key in folder names
+
+
+@cache
+def code_version() -> str:
+    """Digest of the project's Python sources that stages run: any edit invalidates the cache."""
+    h = hashlib.sha256()
+    for package in CODE_PACKAGES:
+        for path in sorted((PROJECT_ROOT / package).rglob("*.py")):
+            h.update(path.relative_to(PROJECT_ROOT).as_posix().encode())
+            h.update(file_digest(path).encode())
+    return h.hexdigest()
+
+
+def identity(value: Any) -> Any:
+    """What a task parameter contributes to a stage key: content, never a run-specific name."""
+    from tasks.context import RunContext, StageResult
+
+    if isinstance(value, RunContext):
+        return {"state": str(value.state_root)}  # stages never share results across state folders
+    if isinstance(value, StageResult):
+        return {"stage": value.stage, "digest": value.digest or identity(value.output)}
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, Path):
+        if value.is_dir():
+            return tree_digest(value)
+        return file_digest(value) if value.exists() else str(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: identity(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return {str(k): identity(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, list | tuple):
+        return [identity(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    raise TypeError(f"no stage-key identity for a {type(value).__name__}")
+
+
+def stage_key(task_name: str, parameters: dict[str, Any]) -> str:
+    payload = {
+        "task": task_name,
+        "code": code_version(),
+        "parameters": {name: identity(v) for name, v in sorted(parameters.items())},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    return stage_key(context.task.name, parameters)
+
+
+def current_stage_key() -> str:
+    """The key of the stage task this code runs in."""
+    context = TaskRunContext.get()
+    if context is None:
+        raise RuntimeError("a stage folder is only known inside a stage task")
+    return stage_key(context.task.name, context.parameters)
+
+
+def stage_task(name: str, **options: Any):
+    """`@task` for a pipeline stage: cached by its stage key, result persisted."""
+    return task(name=name, cache_key_fn=_cache_key, persist_result=True, **options)
