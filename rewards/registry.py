@@ -8,6 +8,7 @@ from functools import partial
 from typing import Any
 
 from rewards.accuracy import accuracy_reward
+from rewards.code import code_reward
 from rewards.format import format_reward
 from rewards.language import language_reward
 from rewards.length import overlong_reward
@@ -23,6 +24,7 @@ REWARDS: dict[str, RewardFn] = {
     "language": language_reward,
     "overlong": overlong_reward,
     "repetition": repetition_reward,
+    "code": code_reward,
 }
 
 # Rewards that need a trained model, which only exists at run time: the stage that has it
@@ -30,14 +32,27 @@ REWARDS: dict[str, RewardFn] = {
 RUNTIME_REWARDS = {"preference": "the reward model's score (stages 4 and 6)"}
 
 
+def _grader(**params: Any) -> RewardFn:
+    from graders.reward import grader_reward  # here: graders loads only when a config uses it
+
+    return grader_reward(**params)
+
+
+# Rewards built from their params when the config's rewards are built (a grader file, checked
+# then); see docs/graders.md.
+FACTORIES: dict[str, Callable[..., RewardFn]] = {"grader": _grader}
+
+
 def known_rewards() -> list[str]:
-    return sorted([*REWARDS, *RUNTIME_REWARDS])
+    return sorted([*REWARDS, *RUNTIME_REWARDS, *FACTORIES])
 
 
 def get_reward(name: str, **params: Any) -> RewardFn:
     """The reward called `name`, with `params` bound (e.g. overlong's max_tokens)."""
     if name in RUNTIME_REWARDS:
         raise KeyError(f"reward {name!r} ({RUNTIME_REWARDS[name]}) must be supplied by the stage")
+    if name in FACTORIES:
+        return FACTORIES[name](**params)
     try:
         fn = REWARDS[name]
     except KeyError:

@@ -1,0 +1,99 @@
+"""A grader file as a reward: `(prompts, completions, **columns) -> list[float | None]`.
+
+Each completion becomes a `sample` (see graders.base.make_sample) and each row of the columns
+the stage passes becomes an `item`, with the prompt under `item.prompt` unless a column already
+has that name. In GRPO the columns are answer, language, kind and completion_tokens, so a grader
+reads the gold answer as `{{item.answer}}`. The reward is the grader's score (pass_threshold does
+not binarise it); a sample the grader cannot score gets None, and grading never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from graders.base import Grader, Item, make_sample
+from graders.build import load_grader
+from graders.python_grader import DEFAULT_SECONDS_PER_SAMPLE
+from graders.score_model import Judge
+from graders.spec import GraderFileError
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_items(prompts: Sequence[str], columns: Mapping[str, Sequence[Any]], n: int) -> list[Item]:
+    """One `item` per sample from the reward's columns, plus the prompt."""
+    items: list[Item] = []
+    for i in range(n):
+        row = {name: values[i] for name, values in columns.items()}
+        if "prompt" not in row and i < len(prompts):
+            row["prompt"] = prompts[i]
+        items.append(row)
+    return items
+
+
+class GraderReward:
+    """A loaded grader behind the reward contract; never raises while grading."""
+
+    def __init__(self, grader: Grader, path: str | Path):
+        self.grader = grader
+        self.path = str(path)
+        self.__name__ = "grader"  # read by code that names rewards after their function
+        self._warned = False
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], **columns: Any
+    ) -> list[float | None]:
+        try:
+            samples = [make_sample(c) for c in completions]
+            outcomes = self.grader.evaluate(samples, make_items(prompts, columns, len(samples)))
+        except Exception as exc:  # e.g. columns shorter than the completions
+            log.warning("grader %s failed on a batch: %s", self.path, exc)
+            return [None] * len(completions)
+        errors = [o.error for o in outcomes if o.error]
+        if errors and not self._warned:
+            log.warning(
+                "grader %s could not score %d of %d samples, e.g.: %s",
+                self.path,
+                len(errors),
+                len(outcomes),
+                errors[0],
+            )
+            self._warned = True
+        return [o.score for o in outcomes]
+
+
+def resolve_grader_path(path: str | Path) -> Path:
+    """A grader file path: as given (relative to the working directory), else under the repo."""
+    given = Path(path).expanduser()
+    if given.exists() or given.is_absolute():
+        return given
+    in_repo = REPO_ROOT / given
+    return in_repo if in_repo.exists() else given
+
+
+def grader_reward(
+    path: str | None = None,
+    python_seconds: float = DEFAULT_SECONDS_PER_SAMPLE,
+    judge: Judge | None = None,
+    **unknown: Any,
+) -> GraderReward:
+    """The reward for the grader file at `path` (the registry's `grader` entry).
+
+    Config: `rewards: [{name: grader, params: {path: graders/examples/exact_answer.yaml}}]`.
+    The file is loaded and checked here, so a bad one fails when the rewards are built, naming
+    the file and the key.
+    """
+    if unknown:
+        raise GraderFileError(
+            f"reward 'grader': unknown params {sorted(unknown)}; known: path, python_seconds"
+        )
+    if not path:
+        raise GraderFileError("reward 'grader' needs params.path: the grader file to load")
+    resolved = resolve_grader_path(path)
+    grader = load_grader(resolved, judge=judge, python_seconds=float(python_seconds))
+    return GraderReward(grader, resolved)

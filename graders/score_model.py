@@ -1,0 +1,207 @@
+"""score_model: a local causal LM as judge, prompted with the rendered messages.
+
+The judge's reply is read for a number (see `parse_score`), which is clipped to the grader's
+`range`; a reply with no number scores None. The judge is any callable taking a batch of
+conversations and the grader's sampling_params and returning one reply per conversation, so a
+stage (or a test) can pass its own; by default it is `LocalJudge`, the model folder in `model`
+loaded once per process with transformers and sampled with `generate`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from graders.base import Item, Outcome, Sample
+from graders.spec import SamplingParamsSpec, ScoreModelSpec
+from graders.templates import render
+
+Message = dict[str, str]
+Judge = Callable[[list[list[Message]], SamplingParamsSpec | None], list[str]]
+
+DEFAULT_MAX_TOKENS = 64
+BATCH = 16
+
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_LABELLED = re.compile(rf"\b(?:score|result|rating|grade)\b\W{{0,3}}\s*[:=]\s*({_NUMBER})", re.I)
+_BARE = re.compile(rf"\s*({_NUMBER})\s*")
+_JSON_OBJECT = re.compile(r"\{[^{}]*\}")
+
+
+def parse_score(text: str) -> float | None:
+    """The judge's score, or None when its reply holds none. In order of preference:
+    a JSON object's numeric "result" or "score" (the hosted grader's reply format); the last
+    "score: N" / "result = N" / "rating: N" / "grade: N"; a last line that is only a number."""
+    for candidate in [text, *_JSON_OBJECT.findall(text)]:
+        value = _json_score(candidate)
+        if value is not None:
+            return value
+    labelled = _LABELLED.findall(text)
+    if labelled:
+        return _finite(float(labelled[-1]))
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and (bare := _BARE.fullmatch(lines[-1])):
+        return _finite(float(bare.group(1)))
+    return None
+
+
+def _json_score(text: str) -> float | None:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    for key in ("result", "score"):
+        value = data.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return _finite(float(value))
+    return None
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def clip(value: float, bounds: tuple[float, float]) -> float:
+    return min(max(value, bounds[0]), bounds[1])
+
+
+def resolve_model_path(model: str) -> Path:
+    """The judge's folder: the path as written (relative ones against the working directory)."""
+    return Path(model).expanduser()
+
+
+class LocalJudge:
+    """A causal LM from a local folder (saved with save_pretrained), sampled with `generate`."""
+
+    def __init__(self, path: str | Path):
+        from models.loading import load_model, load_tokenizer
+
+        self.path = Path(path)
+        self.tokenizer = load_tokenizer(self.path)
+        self.tokenizer.padding_side = "left"
+        self.model = load_model(self.path).eval()
+
+    def prompt(self, messages: list[Message]) -> str:
+        """The text the judge continues: its chat template, or plain `role: content` lines."""
+        chat = [{"role": _role(m["role"]), "content": m["content"]} for m in messages]
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=True
+            )
+        return "".join(f"{m['role']}: {m['content']}\n" for m in chat) + "assistant:"
+
+    def __call__(
+        self, conversations: list[list[Message]], params: SamplingParamsSpec | None
+    ) -> list[str]:
+        replies: list[str] = []
+        for start in range(0, len(conversations), BATCH):
+            batch = [self.prompt(c) for c in conversations[start : start + BATCH]]
+            replies += self._generate(batch, params or SamplingParamsSpec())
+        return replies
+
+    def _generate(self, prompts: list[str], params: SamplingParamsSpec) -> list[str]:
+        import torch
+
+        new_tokens = params.max_completions_tokens or DEFAULT_MAX_TOKENS
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        keep = (limit - new_tokens) if limit else None
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        if keep is not None and keep > 0 and ids.shape[1] > keep:
+            ids, mask = ids[:, -keep:], mask[:, -keep:]  # left-padded: keep each prompt's end
+        sample = bool(params.temperature)
+        kwargs: dict[str, Any] = {"max_new_tokens": new_tokens, "do_sample": sample}
+        if sample:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p or 1.0)
+        with torch.random.fork_rng(devices=[]), torch.inference_mode():
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self._stop_ids(),
+                **kwargs,
+            )
+        return self.tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+
+    def _stop_ids(self) -> list[int]:
+        from models.chat import IM_END
+
+        ids = [self.tokenizer.eos_token_id]
+        end = self.tokenizer.convert_tokens_to_ids(IM_END)
+        if isinstance(end, int) and end != self.tokenizer.unk_token_id:
+            ids.append(end)
+        return [i for i in ids if i is not None]
+
+
+def _role(role: str) -> str:
+    return "system" if role == "developer" else role
+
+
+@lru_cache(maxsize=4)
+def local_judge(path: str) -> LocalJudge:
+    """One loaded judge per model folder and process."""
+    return LocalJudge(path)
+
+
+@dataclass
+class ScoreModelGrader:
+    spec: ScoreModelSpec
+    judge: Judge
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def pass_threshold(self) -> float | None:
+        return self.spec.pass_threshold
+
+    def conversation(self, sample: Sample, item: Item) -> list[Message]:
+        return [
+            {"role": m.role, "content": render(m.content, sample, item)} for m in self.spec.input
+        ]
+
+    def evaluate(self, samples: Sequence[Sample], items: Sequence[Item]) -> list[Outcome]:
+        outcomes: list[Outcome | None] = []
+        conversations: list[list[Message]] = []
+        for sample, item in zip(samples, items, strict=True):
+            try:
+                conversations.append(self.conversation(sample, item))
+                outcomes.append(None)
+            except Exception as exc:  # a template that cannot be filled for this sample
+                outcomes.append(Outcome(None, f"{type(exc).__name__}: {exc}"))
+        replies = self._ask(conversations)
+        queue = iter(replies)
+        return [o if o is not None else self._score(next(queue)) for o in outcomes]
+
+    def _ask(self, conversations: list[list[Message]]) -> list[str | Exception]:
+        if not conversations:
+            return []
+        try:
+            replies = list(self.judge(conversations, self.spec.sampling_params))
+        except Exception as exc:  # the judge failed for the whole batch
+            return [exc] * len(conversations)
+        if len(replies) != len(conversations):
+            error = ValueError(f"judge gave {len(replies)} replies for {len(conversations)}")
+            return [error] * len(conversations)
+        return replies
+
+    def _score(self, reply: str | Exception) -> Outcome:
+        if isinstance(reply, Exception):
+            return Outcome(None, f"judge failed: {type(reply).__name__}: {reply}")
+        if not isinstance(reply, str):
+            return Outcome(None, f"judge replied with a {type(reply).__name__}, not text")
+        value = parse_score(reply)
+        if value is None:
+            return Outcome(None, f"no score in the judge's reply {reply[:200]!r}")
+        return Outcome(clip(value, self.spec.range))

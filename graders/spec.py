@@ -1,0 +1,235 @@
+"""The grader file schema: OpenAI's grader JSON keys, written as YAML (or JSON).
+
+A file holds one grader object. Its `type` picks the schema:
+- string_check: name, input, reference, operation (eq | ne | like | ilike)
+- text_similarity: name, input, reference, evaluation_metric, pass_threshold?
+- python: name, source (defines `grade(sample, item) -> float`), image_tag?, pass_threshold?
+- score_model: name, model (a local folder), input (messages with role and content), range?,
+  sampling_params?, pass_threshold?
+- multi: name, graders (name -> grader), calculate_output (formula over those names)
+Unknown keys are refused. Every error names the file and the key path (`graders.exact.operation`).
+Templates are checked here; a python grader's source must parse and define `grade`; a multi
+grader's formula must be allowed arithmetic over its graders' names.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from graders.formula import FUNCTIONS, FormulaError, compile_formula
+from graders.similarity import METRICS, UNSUPPORTED_METRICS
+from graders.templates import TemplateError, references
+
+SUPPORTED_TYPES = ("string_check", "text_similarity", "python", "score_model", "multi")
+UNSUPPORTED_TYPES = {
+    "label_model": "a label_model grader needs structured output from a hosted model; "
+    "use a score_model grader with a range instead",
+    "endpoint": "an endpoint grader calls an external service, and this pipeline runs offline",
+}
+
+
+class GraderFileError(ValueError):
+    """A grader file that cannot be loaded; the message names the file and the key."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StringCheckSpec(_Spec):
+    type: Literal["string_check"]
+    name: str
+    input: str
+    reference: str
+    operation: Literal["eq", "ne", "like", "ilike"]
+
+
+class TextSimilaritySpec(_Spec):
+    type: Literal["text_similarity"]
+    name: str
+    input: str
+    reference: str
+    evaluation_metric: str
+    pass_threshold: float | None = None
+
+    @field_validator("evaluation_metric")
+    @classmethod
+    def _supported(cls, metric: str, info) -> str:
+        name = info.data.get("name", "?")
+        if metric in UNSUPPORTED_METRICS:
+            raise ValueError(
+                f"grader {name!r}: evaluation_metric {metric!r} is not supported here: "
+                f"{UNSUPPORTED_METRICS[metric]}"
+            )
+        if metric not in METRICS:
+            raise ValueError(
+                f"grader {name!r}: unknown evaluation_metric {metric!r}; known: {sorted(METRICS)}"
+            )
+        return metric
+
+
+class PythonSpec(_Spec):
+    type: Literal["python"]
+    name: str
+    source: str
+    image_tag: str | None = Field(None, description="accepted for compatibility; not used")
+    pass_threshold: float | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _defines_grade(cls, source: str) -> str:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as exc:
+            raise ValueError(f"does not parse: {exc.msg} (line {exc.lineno})") from None
+        grade = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "grade"]
+        if not grade:
+            raise ValueError("defines no top-level function grade(sample, item)")
+        if len(grade[-1].args.args) < 2 and grade[-1].args.vararg is None:
+            raise ValueError("grade() must take two arguments: sample and item")
+        return source
+
+
+class MessageSpec(_Spec):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+    type: Literal["message"] | None = None
+
+
+class SamplingParamsSpec(_Spec):
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    max_completions_tokens: int | None = Field(None, ge=1)
+    reasoning_effort: str | None = Field(None, description="accepted for compatibility; not used")
+
+
+class ScoreModelSpec(_Spec):
+    type: Literal["score_model"]
+    name: str
+    model: str = Field(description="a local model folder (absolute, or relative to the cwd)")
+    input: list[MessageSpec] = Field(min_length=1)
+    range: tuple[float, float] = (0.0, 1.0)
+    sampling_params: SamplingParamsSpec | None = None
+    pass_threshold: float | None = None
+
+    @field_validator("range")
+    @classmethod
+    def _ordered(cls, bounds: tuple[float, float]) -> tuple[float, float]:
+        if bounds[0] >= bounds[1]:
+            raise ValueError(f"range {list(bounds)} is empty: the low end must be below the high")
+        return bounds
+
+
+class MultiSpec(_Spec):
+    type: Literal["multi"]
+    name: str
+    graders: dict[str, GraderSpec] = Field(min_length=1)
+    calculate_output: str
+
+
+GraderSpec = Annotated[
+    StringCheckSpec | TextSimilaritySpec | PythonSpec | ScoreModelSpec | MultiSpec,
+    Field(discriminator="type"),
+]
+MultiSpec.model_rebuild()
+_MODELS: dict[str, type[_Spec]] = {
+    "string_check": StringCheckSpec,
+    "text_similarity": TextSimilaritySpec,
+    "python": PythonSpec,
+    "score_model": ScoreModelSpec,
+    "multi": MultiSpec,
+}
+
+
+def read_file(path: Path) -> Any:
+    """The raw object in a grader file (JSON for `.json`, else YAML)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise GraderFileError(f"{path}: cannot read the grader file: {exc.strerror}") from None
+    try:
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise GraderFileError(f"{path}: not valid {kind}: {exc}") from None
+
+
+def parse_spec(raw: Any, where: str, key: str = "") -> GraderSpec:
+    """Validate one grader object; errors read `<where>: <key>: <message>`."""
+    at = f"{key}." if key else ""
+    if not isinstance(raw, dict):
+        raise GraderFileError(f"{where}: {key or 'top level'}: a grader is a mapping of keys")
+    kind = raw.get("type")
+    if kind in UNSUPPORTED_TYPES:
+        raise GraderFileError(
+            f"{where}: {at}type: {kind!r} is not supported: {UNSUPPORTED_TYPES[kind]}"
+        )
+    if kind not in _MODELS:
+        raise GraderFileError(
+            f"{where}: {at}type: {kind!r} is not a grader type; known: {list(SUPPORTED_TYPES)}"
+        )
+    if kind == "multi":
+        return _parse_multi(raw, where, at)
+    try:
+        spec = _MODELS[kind].model_validate(raw)
+    except ValidationError as exc:
+        raise GraderFileError(_first_error(exc, where, at)) from None
+    _check_templates(spec, where, at)
+    return spec
+
+
+def _parse_multi(raw: dict, where: str, at: str) -> MultiSpec:
+    subs = raw.get("graders")
+    if not isinstance(subs, dict) or not subs:
+        raise GraderFileError(f"{where}: {at}graders: a mapping of name -> grader is needed")
+    for name in subs:
+        if not isinstance(name, str) or not name.isidentifier() or name in FUNCTIONS:
+            raise GraderFileError(
+                f"{where}: {at}graders.{name}: a grader's key must be a plain name usable in "
+                f"calculate_output (letters, digits, _; not one of {list(FUNCTIONS)})"
+            )
+    parsed = {name: parse_spec(sub, where, f"{at}graders.{name}") for name, sub in subs.items()}
+    try:
+        spec = MultiSpec.model_validate({**raw, "graders": parsed})
+    except ValidationError as exc:
+        raise GraderFileError(_first_error(exc, where, at)) from None
+    try:
+        compile_formula(spec.calculate_output, spec.graders)
+    except FormulaError as exc:
+        raise GraderFileError(f"{where}: {at}calculate_output: {exc}") from None
+    return spec
+
+
+def _first_error(exc: ValidationError, where: str, at: str) -> str:
+    error = exc.errors()[0]
+    key = ".".join(str(p) for p in error["loc"]) or "top level"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key (not in the grader schema)"
+    return f"{where}: {at}{key}: {message}"
+
+
+def _check_templates(spec: _Spec, where: str, at: str) -> None:
+    fields: list[tuple[str, str]] = []
+    if isinstance(spec, StringCheckSpec | TextSimilaritySpec):
+        fields = [("input", spec.input), ("reference", spec.reference)]
+    elif isinstance(spec, ScoreModelSpec):
+        fields = [(f"input.{i}.content", m.content) for i, m in enumerate(spec.input)]
+    for key, template in fields:
+        try:
+            references(template)
+        except TemplateError as exc:
+            raise GraderFileError(f"{where}: {at}{key}: {exc}") from None
+
+
+def load_spec(path: str | Path) -> GraderSpec:
+    """The validated grader in a file; GraderFileError names the file and the bad key."""
+    path = Path(path)
+    return parse_spec(read_file(path), str(path))
