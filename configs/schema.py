@@ -78,6 +78,12 @@ class FilesConfig(Strict):
     heldout_path: Path
     question_field: str = "question"
     answer_field: str = "answer"
+    bad_rows: Literal["skip", "refuse"] = Field(
+        "skip",
+        description="malformed rows (missing or empty question or answer, wrong types, invalid "
+        "UTF-8, over max_row_chars): skip and count them, or refuse the file naming the line",
+    )
+    max_row_chars: int = Field(20_000, ge=1, description="a longer row is malformed")
 
 
 class DataConfig(Strict):

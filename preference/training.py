@@ -21,6 +21,7 @@ from configs.schema import TrainConfig
 from preference.bradley_terry import bt_loss, pairwise_accuracy
 from preference.model import pad_batch, score_ids, sequence_scores
 from training.checkpoints import load_checkpoint, save_checkpoint
+from training.finite import LossGuard
 from training.loop import batch_order, lr_lambda
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,11 @@ def train_reward_model(
     pad_id: int,
     show_progress: bool = True,
 ) -> RMTrainReport:
-    """Train `model` in place on `pairs` (AdamW); resume from `ckpt_dir` if it holds this run."""
+    """Train `model` in place on `pairs` (AdamW); resume from `ckpt_dir` if it holds this run.
+
+    A NaN or infinite loss or gradient norm stops the run with NonFiniteLossError before the
+    update, keeping the last checkpoint.
+    """
     if not pairs:
         raise ValueError("reward model: no training pairs")
     order = batch_order(len(pairs), cfg)
@@ -88,18 +93,22 @@ def train_reward_model(
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, len(order)))
     start = _resume(model, optimizer, scheduler, ckpt_dir, fingerprint)
+    guard = LossGuard("reward model", ckpt_dir, checkpoint_step=start)
     model.train()
     loss_value, accs, began = float("nan"), [], time.perf_counter()
     bar = tqdm(total=len(order), initial=start, desc="reward model", leave=False)
     bar.disable = bar.disable or not show_progress
     for step in range(start, len(order)):
+        guard.step = step + 1
         loss, acc = _step_loss(model, [pairs[i] for i in order[step]], pad_id)
+        loss_value = guard.check("loss", loss)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        guard.check(
+            "gradient norm", torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        )
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_value = loss.item()
         accs.append(acc)
         bar.update(1)
         done = step + 1
@@ -111,6 +120,7 @@ def train_reward_model(
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             state |= {"scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()}
             save_checkpoint(ckpt_dir, state | {"step": done, "fingerprint": fingerprint})
+            guard.checkpoint_step = done
     bar.close()
     model.eval()
     return RMTrainReport(len(order), start, loss_value, time.perf_counter() - began)

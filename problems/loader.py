@@ -3,12 +3,20 @@
 Real data: JSONL or Parquet with a question and an answer column (names configurable). Answers
 may be GSM8K solutions ending in `#### 42` or MATH solutions with `\\boxed{42}`; the final answer
 is extracted at load so every stage sees a clean gold string.
+
+A row that cannot become a problem (see REASONS) is either refused, with the file, the line and
+the reason, or skipped and counted by reason in a LoadReport (`data.files.bad_rows`). The
+pipeline's own files are read strictly: `load_problems` refuses.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
@@ -16,30 +24,207 @@ from problems.answers import final_answer_text
 from problems.scripts import dominant_script
 from problems.types import Problem
 
+log = logging.getLogger(__name__)
+
 SUFFIXES = (".jsonl", ".json", ".parquet")
+KINDS = ("reasoning", "general")
+DEFAULT_MAX_ROW_CHARS = 20_000
+
+BadRowPolicy = Literal["skip", "refuse"]
+
+# Why a row was not loaded, in the order the checks run.
+REASONS = (
+    "invalid_utf8",  # a JSONL line that is not valid UTF-8
+    "too_long",  # more characters than max_row_chars
+    "not_json",  # a JSONL line that does not parse
+    "not_an_object",  # JSON that is not an object ({...})
+    "missing_question",  # no question column, or null
+    "missing_answer",  # no answer column, or null
+    "wrong_type",  # e.g. a list where text is expected (a number answer is read as text)
+    "empty_question",  # only whitespace
+    "empty_answer",  # a reasoning problem whose final answer is empty
+)
 
 
 class ProblemFileError(ValueError):
-    """A problem file is missing, of an unknown kind, or lacks the expected columns."""
+    """A problem file is missing, of an unknown kind, lacks the expected columns, or holds a row
+    that cannot be loaded."""
 
 
-def _read_rows(path: Path) -> list[dict]:
+class BadRow(ValueError):
+    """One row that cannot become a problem: `reason` (one of REASONS) and what is wrong."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+@dataclass
+class LoadReport:
+    """What loading one file did: rows read, problems loaded, and rows skipped by reason."""
+
+    path: Path
+    rows: int = 0  # rows read; blank JSONL lines are not rows
+    loaded: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows
+    first_skipped: dict[str, str] = field(default_factory=dict)  # reason -> where, e.g. "line 7"
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    def count(self, where: str, bad: BadRow) -> None:
+        self.skipped[bad.reason] = self.skipped.get(bad.reason, 0) + 1
+        self.first_skipped.setdefault(bad.reason, where)
+
+    def summary(self) -> str:
+        parts = [
+            f"{reason} {n} (first at {self.first_skipped[reason]})"
+            for reason, n in sorted(self.skipped.items(), key=lambda item: REASONS.index(item[0]))
+        ]
+        return f"{self.path}: skipped {self.n_skipped} of {self.rows} rows: {', '.join(parts)}"
+
+
+@dataclass(frozen=True)
+class RawRow:
+    where: str  # for messages: "line 3" (JSONL) or "row 3" (Parquet), counted from 1
+    index: int  # position among the file's rows, from 0: names a row without an id
+    row: dict[str, Any] | BadRow
+
+
+def _jsonl_rows(path: Path, max_row_chars: int) -> Iterator[RawRow]:
+    index = -1
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            index += 1
+            yield RawRow(f"line {lineno}", index, _parse_line(raw, max_row_chars))
+
+
+def _parse_line(raw: bytes, max_row_chars: int) -> dict[str, Any] | BadRow:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return BadRow("invalid_utf8", f"byte {err.start} of the line is not valid UTF-8")
+    chars = len(text.rstrip("\r\n"))
+    if chars > max_row_chars:
+        return BadRow("too_long", f"{chars} characters, over {max_row_chars}")
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        return BadRow("not_json", f"not JSON ({err.msg})")
+    if not isinstance(row, dict):
+        return BadRow("not_an_object", f"a JSON {type(row).__name__}, not an object")
+    return row
+
+
+def _parquet_rows(path: Path, max_row_chars: int) -> Iterator[RawRow]:
+    for index, row in enumerate(pq.read_table(path).to_pylist()):
+        chars = sum(len(v) for v in row.values() if isinstance(v, str))
+        bad = BadRow("too_long", f"{chars} characters, over {max_row_chars}")
+        yield RawRow(f"row {index + 1}", index, bad if chars > max_row_chars else row)
+
+
+def _raw_rows(path: Path, max_row_chars: int) -> Iterator[RawRow]:
     if not path.exists():
         raise ProblemFileError(f"{path}: no such file")
     if path.suffix == ".parquet":
-        return pq.read_table(path).to_pylist()
+        return _parquet_rows(path, max_row_chars)
     if path.suffix in (".jsonl", ".json"):
-        rows = []
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ProblemFileError(f"{path}:{lineno}: not JSON ({err.msg})") from err
-        return rows
+        return _jsonl_rows(path, max_row_chars)
     raise ProblemFileError(f"{path}: unknown file kind; expected one of {SUFFIXES}")
+
+
+def _text(row: dict[str, Any], name: str, numbers: bool = False) -> str | None:
+    """Column `name` as text, None when absent or null; a number is text only if `numbers`."""
+    value = row.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    raise BadRow("wrong_type", f"{name!r} is a {type(value).__name__}, not text")
+
+
+def _problem(row: dict[str, Any], index: int, path: Path, fields: tuple[str, str]) -> Problem:
+    """The problem in `row`, or BadRow naming why there is none."""
+    question_field, answer_field = fields
+    missing = [f for f in fields if row.get(f) is None]
+    if missing:
+        reason = "missing_question" if question_field in missing else "missing_answer"
+        raise BadRow(reason, f"row lacks column(s) {missing}; has {sorted(row)}")
+    question = _text(row, question_field)
+    solution = _text(row, answer_field, numbers=True)
+    kind = _text(row, "kind") or "reasoning"
+    if kind not in KINDS:
+        raise BadRow("wrong_type", f"'kind' is {kind!r}, not one of {list(KINDS)}")
+    row_id, key = (_text(row, name, numbers=True) for name in ("id", "key"))
+    language, source = _text(row, "language"), _text(row, "source")
+    steps = row.get("steps") or ()
+    if not isinstance(steps, list | tuple) or not all(isinstance(s, str) for s in steps):
+        raise BadRow("wrong_type", "'steps' is not a list of text")
+    assert question is not None and solution is not None  # checked as missing above
+    if not question.strip():
+        raise BadRow("empty_question", f"{question_field!r} is empty")
+    answer = final_answer_text(solution)
+    if kind == "reasoning" and not answer:
+        raise BadRow("empty_answer", f"{answer_field!r} holds no final answer")
+    default_id = f"{path.stem}-{index:06d}"
+    return Problem(
+        id=row_id or default_id,
+        question=question,
+        answer=answer,
+        language=language or dominant_script(question),
+        source=source or path.name,
+        key=key or row_id or default_id,
+        steps=tuple(steps),
+        kind=kind,
+    )
+
+
+def _refusal(path: Path, where: str, bad: BadRow) -> ProblemFileError:
+    """`file:line: reason: detail` for JSONL, `file row n: reason: detail` for Parquet."""
+    place = (
+        f"{path}:{where.removeprefix('line ')}" if where.startswith("line ") else f"{path} {where}"
+    )
+    return ProblemFileError(f"{place}: {bad.reason}: {bad.detail}")
+
+
+def read_problems(
+    path: str | Path,
+    question_field: str = "question",
+    answer_field: str = "answer",
+    limit: int | None = None,
+    bad_rows: BadRowPolicy = "refuse",
+    max_row_chars: int = DEFAULT_MAX_ROW_CHARS,
+) -> tuple[list[Problem], LoadReport]:
+    """Read problems from `path`, extracting each final answer from its solution text.
+
+    A malformed row (REASONS) raises ProblemFileError naming the file, the line (JSONL) or row
+    (Parquet) and the reason, or with `bad_rows="skip"` is skipped and counted in the report; a
+    file of which no row could be loaded is refused either way.
+    """
+    path = Path(path)
+    report = LoadReport(path)
+    problems: list[Problem] = []
+    for raw in _raw_rows(path, max_row_chars):
+        if limit is not None and len(problems) >= limit:
+            break
+        report.rows += 1
+        try:
+            if isinstance(raw.row, BadRow):
+                raise raw.row
+            problems.append(_problem(raw.row, raw.index, path, (question_field, answer_field)))
+        except BadRow as bad:
+            if bad_rows == "refuse":
+                raise _refusal(path, raw.where, bad) from None
+            report.count(raw.where, bad)
+    report.loaded = len(problems)
+    if report.skipped:
+        if not problems:
+            raise ProblemFileError(f"no usable rows: {report.summary()}")
+        log.warning("%s", report.summary())
+    return problems, report
 
 
 def load_problems(
@@ -48,28 +233,8 @@ def load_problems(
     answer_field: str = "answer",
     limit: int | None = None,
 ) -> list[Problem]:
-    """Read problems from `path`, extracting each final answer from its solution text."""
-    path = Path(path)
-    rows = _read_rows(path)[:limit]
-    problems = []
-    for i, row in enumerate(rows):
-        missing = [f for f in (question_field, answer_field) if f not in row]
-        if missing:
-            raise ProblemFileError(f"{path}: row {i} lacks column(s) {missing}; has {sorted(row)}")
-        question = str(row[question_field])
-        problems.append(
-            Problem(
-                id=str(row.get("id", f"{path.stem}-{i:06d}")),
-                question=question,
-                answer=final_answer_text(str(row[answer_field])),
-                language=str(row.get("language") or dominant_script(question)),
-                source=str(row.get("source") or path.name),
-                key=str(row.get("key") or row.get("id") or f"{path.stem}-{i:06d}"),
-                steps=tuple(row.get("steps") or ()),
-                kind=str(row.get("kind") or "reasoning"),
-            )
-        )
-    return problems
+    """Read problems from `path`, refusing any malformed row (see `read_problems`)."""
+    return read_problems(path, question_field, answer_field, limit)[0]
 
 
 def write_problems(path: str | Path, problems: list[Problem]) -> Path:

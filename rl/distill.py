@@ -41,6 +41,7 @@ from sampling.hf import HFSampler
 from sampling.types import Completion, SamplingParams
 from training import PROGRESS
 from training.checkpoints import load_checkpoint, save_checkpoint
+from training.finite import LossGuard
 
 log = logging.getLogger(__name__)
 
@@ -260,11 +261,14 @@ class OnPolicyDistiller:
             show_progress=False,
         )
         self._curve: list[float] = []
+        self.guard = LossGuard("distill")  # a non-finite loss stops training, naming the step
 
     def train(self, prompts: Sequence[str], ckpt_dir: Path, fingerprint: str) -> DistillReport:
         """Distil on `prompts` (already rendered with the chat template), resuming from the last
-        checkpoint in `ckpt_dir` that carries `fingerprint`."""
+        checkpoint in `ckpt_dir` that carries `fingerprint`. A NaN or infinite loss or gradient
+        norm stops training with NonFiniteLossError before the update, keeping that checkpoint."""
         cfg = self.cfg
+        self.guard.ckpt_dir = ckpt_dir
         order = prompt_order(len(prompts), cfg.steps, cfg.prompts_per_step, cfg.seed)
         report = DistillReport(steps=cfg.steps, resumed_from=self._resume(ckpt_dir, fingerprint))
         if report.resumed_from:
@@ -279,6 +283,7 @@ class OnPolicyDistiller:
             disable=not self.show_progress,
         )
         for step in range(report.resumed_from, cfg.steps):
+            self.guard.step = step + 1
             metrics = self.step(step, [prompts[i] for i in order[step]])
             self._curve.append(metrics["reverse_kl"])
             self.log_metrics(metrics | {PROGRESS: (step + 1) / cfg.steps}, step + 1)
@@ -336,15 +341,18 @@ class OnPolicyDistiller:
             student_logp = completion_log_probs(self.student, batch)  # (n, C, V)
             weight = float(mask.sum()) / total
             loss = self.loss_fn(student_logp, teacher_logp, targets, mask, cfg.discount) * weight
+            loss_sum += self.guard.check("loss", loss)
             loss.backward()
-            loss_sum += loss.item()
             with torch.no_grad():
                 m = mask.float()
                 kl_sum += float((reverse_kl(student_logp, teacher_logp) * m).sum())
                 index = targets.unsqueeze(-1)
                 gap = student_logp.gather(-1, index) - teacher_logp.gather(-1, index)  # (n, C, 1)
                 sampled_sum += float((gap.squeeze(-1) * m).sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), cfg.max_grad_norm)
+        grad_norm = self.guard.check(
+            "gradient norm",
+            torch.nn.utils.clip_grad_norm_(self.student.parameters(), cfg.max_grad_norm),
+        )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {
@@ -369,11 +377,13 @@ class OnPolicyDistiller:
                 "fingerprint": fingerprint,
             },
         )
+        self.guard.checkpoint_step = step
 
     def _resume(self, ckpt_dir: Path, fingerprint: str) -> int:
         """Weights, optimizer, RNG and the step; the prompt order is a pure function of the seed,
         so the step is the data cursor."""
         self._curve = []
+        self.guard.checkpoint_step = 0
         state = load_checkpoint(ckpt_dir, fingerprint)
         if state is None:
             return 0
@@ -381,6 +391,7 @@ class OnPolicyDistiller:
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         self._curve = list(state["curve"])
+        self.guard.checkpoint_step = state["step"]
         log.info("distill: resuming from step %d of %d", state["step"], self.cfg.steps)
         return state["step"]
 

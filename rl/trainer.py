@@ -34,6 +34,7 @@ from sampling.hf import HFSampler
 from sampling.types import Completion, SamplingParams
 from training import PROGRESS
 from training.checkpoints import load_checkpoint, save_checkpoint
+from training.finite import LossGuard
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ class GRPOTrainer:
         )
         self.reference = self._frozen_copy() if cfg.beta > 0 else None
         self._curve: list[float] = []
+        self.guard = LossGuard("grpo")  # a non-finite loss stops training, naming the step
         self.sampler = HFSampler(
             model, tokenizer, batch_size=cfg.prompts_per_step * cfg.group_size, show_progress=False
         )
@@ -169,7 +171,10 @@ class GRPOTrainer:
         return ref
 
     def train(self, problems: Sequence[Problem], ckpt_dir: Path, fingerprint: str) -> GRPOReport:
+        """Train on `problems`, resuming from `ckpt_dir`; a NaN or infinite loss or gradient norm
+        stops training with NonFiniteLossError before the update, keeping the last checkpoint."""
         cfg = self.cfg
+        self.guard.ckpt_dir = ckpt_dir
         order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, cfg.seed)
         report = GRPOReport(steps=cfg.steps, resumed_from=self._resume(ckpt_dir, fingerprint))
         report.reward_curve = list(self._curve)
@@ -190,6 +195,7 @@ class GRPOTrainer:
                 self._checkpoint(ckpt_dir, fingerprint, step)
                 report.steps = step
                 break
+            self.guard.step = step + 1
             metrics = self.step(step, [problems[i] for i in order[step]])
             report.reward_curve.append(metrics["reward/mean"])
             self._curve = report.reward_curve
@@ -322,13 +328,14 @@ class GRPOTrainer:
                 aggregation=cfg.aggregation,
                 max_len=cfg.max_new_tokens,
             )
+            stats["loss"] = self.guard.check("loss", loss)
             loss.backward()
-            stats["grad_norm"] = float(
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+            stats["grad_norm"] = self.guard.check(
+                "gradient norm",
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm),
             )
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            stats["loss"] = loss.item()
             stats["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
         return stats
 
@@ -388,9 +395,11 @@ class GRPOTrainer:
                 "fingerprint": fingerprint,
             },
         )
+        self.guard.checkpoint_step = step
 
     def _resume(self, ckpt_dir: Path, fingerprint: str) -> int:
         self._curve = []
+        self.guard.checkpoint_step = 0
         state = load_checkpoint(ckpt_dir, fingerprint)
         if state is None:
             return 0
@@ -400,5 +409,6 @@ class GRPOTrainer:
             self.reference.load_state_dict(state["reference"])
         torch.set_rng_state(state["rng"])
         self._curve = list(state["curve"])
+        self.guard.checkpoint_step = state["step"]
         log.info("grpo: resuming from step %d of %d", state["step"], self.cfg.steps)
         return state["step"]

@@ -16,6 +16,7 @@ class ProblemSet:
     heldout_path: Path
     n_train: int
     n_heldout: int
+    skipped_rows: dict[str, int] = field(default_factory=dict)  # "train/<reason>" -> rows
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,26 @@ DuckDB file, stage outputs and checkpoints, and Prefect's home.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 STATE_ENV = "R1_STATE_DIR"
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A duration in seconds from the environment variable `name`; a bad value names it."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds >= 0")
+    return seconds
 
 
 @dataclass(frozen=True)

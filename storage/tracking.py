@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +19,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, RunStatus
 
-from storage.paths import StatePaths
+from storage.paths import StatePaths, env_seconds
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,74 @@ def alias_for(stage: str) -> str:
 
 def tracking_client(paths: StatePaths) -> MlflowClient:
     return MlflowClient(tracking_uri=paths.tracking_uri)
+
+
+TIMEOUT_ENV = "R1_MLFLOW_TIMEOUT"
+DEFAULT_TIMEOUT = 5.0  # seconds to wait for a store another process is writing
+
+
+class TrackingStoreError(RuntimeError):
+    """The MLflow store of the state folder cannot be used; the message names it and the cause."""
+
+
+def check_tracking_store(paths: StatePaths, timeout: float | None = None) -> None:
+    """Fail fast, before any stage runs, if the MLflow store cannot be used: the state folder or
+    the artifact folder cannot be created or written, `mlflow.db` is not an SQLite database, or
+    another process keeps it locked for longer than `timeout` seconds (`R1_MLFLOW_TIMEOUT`,
+    default 5). Raises TrackingStoreError naming the store's URI and what failed."""
+    wait = env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT) if timeout is None else timeout
+    uri = paths.tracking_uri
+    _check_folder(uri, paths.root, "state folder")
+    _check_folder(uri, paths.mlflow_artifacts, "artifact folder")
+    _check_database(uri, paths.mlflow_db, wait)
+
+
+def _check_folder(uri: str, folder: Path, what: str) -> None:
+    """`folder` exists (or can be made) and a file can be written in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TrackingStoreError(
+            f"MLflow store {uri}: cannot create the {what} {folder}: {err.strerror or err}"
+        ) from None
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise TrackingStoreError(
+            f"MLflow store {uri}: cannot write in the {what} {folder}: {err.strerror or err}"
+        ) from None
+
+
+def _check_database(uri: str, db: Path, wait: float) -> None:
+    """`db`, if it exists, opens as an SQLite database and takes a write lock within `wait`
+    seconds (a missing one MLflow creates, in a folder `_check_folder` found writable)."""
+    if not db.exists():
+        return
+    if not db.is_file():
+        raise TrackingStoreError(f"MLflow store {uri}: {db} is not a file")
+    try:
+        con = sqlite3.connect(db, timeout=wait, isolation_level=None)
+    except sqlite3.Error as err:
+        raise TrackingStoreError(f"MLflow store {uri}: cannot open {db}: {err}") from None
+    try:
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        con.execute("BEGIN IMMEDIATE")  # the write lock every MLflow call needs
+        con.execute("ROLLBACK")
+    except sqlite3.OperationalError as err:
+        if "locked" not in str(err):
+            raise TrackingStoreError(f"MLflow store {uri}: cannot use {db}: {err}") from None
+        raise TrackingStoreError(
+            f"MLflow store {uri}: {db} is locked by another process and was still locked after "
+            f"{wait:g} s; stop the process writing it (or set {TIMEOUT_ENV} to wait longer)"
+        ) from None
+    except sqlite3.DatabaseError as err:
+        raise TrackingStoreError(
+            f"MLflow store {uri}: {db} is not an SQLite database ({err}); move it away to start "
+            "a new store"
+        ) from None
+    finally:
+        con.close()
 
 
 def experiment_id(client: MlflowClient, name: str, paths: StatePaths) -> str:

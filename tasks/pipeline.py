@@ -20,6 +20,7 @@ from storage.tracking import (
     PARENT_TAG,
     STAGE_TAG,
     MlflowTracker,
+    check_tracking_store,
     experiment_id,
     finish_run,
     start_pipeline_run,
@@ -43,7 +44,9 @@ class PipelineResult:
 def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunContext:
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    paths = StatePaths.from_env().ensure()
+    paths = StatePaths.from_env()
+    check_tracking_store(paths)  # fail fast, naming the MLflow store, before any stage runs
+    paths.ensure()
     client = tracking_client(paths)
     flow_run_id = str(runtime.flow_run.id or "no-flow-run")
     experiment = experiment_id(client, config.name, paths)

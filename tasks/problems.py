@@ -14,6 +14,8 @@ from tasks.context import RunContext, log_problems
 def prepare_problems(config: DataConfig, ctx: RunContext) -> ProblemSet:
     problems = problems_stage.run(config, ctx.stage_dir("problems"))
     client = ctx.client()
+    for name, value in problems_stage.skipped_row_metrics(problems).items():
+        client.log_metric(ctx.parent_run_id, name, value)
     for split, path in (("train", problems.train_path), ("heldout", problems.heldout_path)):
         digest = log_problems(client, ctx.parent_run_id, problems, split)
         store.record_lineage(

@@ -22,6 +22,7 @@ from configs.schema import TrainConfig
 from training import PROGRESS
 from training.checkpoints import load_checkpoint, save_checkpoint
 from training.examples import IGNORE, Example
+from training.finite import LossGuard
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,11 @@ def train(
     pad_id: int,
     desc: str = "train",
 ) -> TrainReport:
-    """Train `model` in place on `examples`; resume from `ckpt_dir` if it holds this run's state."""
+    """Train `model` in place on `examples`; resume from `ckpt_dir` if it holds this run's state.
+
+    A NaN or infinite loss or gradient norm stops the run with NonFiniteLossError before the
+    update, keeping the last checkpoint.
+    """
     if not examples:
         raise ValueError(f"{desc}: no training examples")
     order = batch_order(len(examples), cfg)
@@ -88,27 +93,31 @@ def train(
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, len(order)))
     start = 0
+    guard = LossGuard(desc, ckpt_dir)
     state = load_checkpoint(ckpt_dir, fingerprint)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
-        start = state["step"]
+        start = guard.checkpoint_step = state["step"]
         log.info("%s: resuming from step %d of %d", desc, start, len(order))
         log_metrics({"train/resumed_from_step": float(start)}, start)
     model.train()
     loss_value, tokens, began = float("nan"), 0, time.perf_counter()
     bar = tqdm(total=len(order), initial=start, desc=desc, unit="step", leave=False)
     for step in range(start, len(order)):
+        guard.step = step + 1
         batch = collate([examples[i] for i in order[step]], pad_id)
         loss = model(**batch).loss
+        loss_value = guard.check("loss", loss)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        guard.check(
+            "gradient norm", torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        )
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_value = loss.item()
         tokens += int(batch["attention_mask"].sum())
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}")
@@ -136,6 +145,7 @@ def train(
                     "fingerprint": fingerprint,
                 },
             )
+            guard.checkpoint_step = done
     bar.close()
     model.eval()
     seconds = time.perf_counter() - began
