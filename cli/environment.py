@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -31,4 +32,17 @@ def prepare_environment(state_dir: str | Path | None = None) -> StatePaths:
     os.environ.setdefault("MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK", "true")
     for key, value in OFFLINE.items():
         os.environ.setdefault(key, value)
+    name_deepspeed_accelerator()
     return paths
+
+
+def name_deepspeed_accelerator() -> None:
+    """Tell DeepSpeed, when it is installed and there is no CUDA device, that the accelerator is
+    the CPU: transformers imports it with every model, and it otherwise warns in each process
+    that it guessed."""
+    if "DS_ACCELERATOR" in os.environ or importlib.util.find_spec("deepspeed") is None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"

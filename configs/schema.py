@@ -217,10 +217,47 @@ class CurationConfig(Strict):
     filters: FilterConfig = FilterConfig()
 
 
+class EngineConfig(Strict):
+    """Where a training stage runs: this process (`single`), or DeepSpeed ZeRO data parallelism
+    over `processes` worker processes that the stage launches (`deepspeed`; the `dev` or `gpu`
+    extra installs it)."""
+
+    kind: Literal["single", "deepspeed"] = "single"
+    processes: int = Field(2, ge=1, description="deepspeed: worker processes (one per GPU)")
+    zero_stage: Literal[2, 3] = Field(
+        2, description="2: optimizer state and gradients sharded; 3: the parameters too"
+    )
+    bucket_size: float = Field(
+        5e6,
+        ge=1e3,
+        description="elements per ZeRO reduce/all-gather bucket; DeepSpeed's 5e8 default makes "
+        "each step of a small model slow on CPU",
+    )
+    launcher: Literal["torchrun", "deepspeed"] = "torchrun"
+    master_port: int | None = Field(
+        None, ge=1024, le=65535, description="rendezvous port; None: a free one"
+    )
+    timeout_s: float = Field(
+        24 * 3600.0, gt=0, description="the workers are stopped and the stage fails after this"
+    )
+
+
 class SFTConfig(Strict):
     """Stage 2: supervised fine-tuning, loss on the completion only."""
 
     train: TrainConfig = TrainConfig(epochs=2, learning_rate=5e-4)
+    engine: EngineConfig = EngineConfig()
+
+    @model_validator(mode="after")
+    def _batch_splits(self) -> SFTConfig:
+        engine = self.engine
+        if engine.kind == "deepspeed" and self.train.batch_size % engine.processes:
+            raise ValueError(
+                f"engine: train.batch_size {self.train.batch_size} does not split evenly over "
+                f"{engine.processes} processes; make the batch size a multiple of "
+                "engine.processes"
+            )
+        return self
 
 
 class SamplerConfig(Strict):

@@ -1,10 +1,15 @@
-"""Stage 2 (and later SFT stages): supervised fine-tuning with the loss on completions only."""
+"""Stage 2 (and later SFT stages): supervised fine-tuning with the loss on completions only.
+
+`config.engine` picks where it trains: in this process (`single`) or under DeepSpeed ZeRO in
+worker processes that this stage launches (`deepspeed`, training.distributed).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from datasets import load_from_disk
+from transformers import PreTrainedTokenizerBase
 
 from configs.schema import SFTConfig
 from models.chat import render_completion, render_prompt
@@ -12,7 +17,8 @@ from models.loading import load_model, load_tokenizer
 from stages.fingerprint import fingerprint
 from stages.refs import ModelRef, save_model
 from stages.tracking import Tracker
-from training.examples import sft_examples
+from training.distributed import WorkerSpec, require_deepspeed, run_workers
+from training.examples import Example, sft_examples
 from training.loop import train
 
 
@@ -24,16 +30,12 @@ def run(
     tracker: Tracker,
     desc: str = "sft",
 ) -> ModelRef:
+    """Fine-tune `base` on a saved dataset with `question` and `completion` columns."""
+    if config.engine.kind == "deepspeed":
+        return run_deepspeed(config, base, dataset_path, out_dir, tracker, desc)
     tokenizer = load_tokenizer(base.path)
     model = load_model(base.path)
-    """Fine-tune `base` on a saved dataset with `question` and `completion` columns."""
-    rows = load_from_disk(str(dataset_path))
-    examples = sft_examples(
-        tokenizer,
-        [render_prompt(tokenizer, q) for q in rows["question"]],
-        [render_completion(c) for c in rows["completion"]],
-        config.train.max_length,
-    )
+    examples = dataset_examples(tokenizer, dataset_path, config.train.max_length)
     report = train(
         model,
         examples,
@@ -48,3 +50,45 @@ def run(
         {"train/tokens_per_second": report.tokens_per_second, "train/steps": report.steps}
     )
     return save_model(model, tokenizer, out_dir)
+
+
+def run_deepspeed(
+    config: SFTConfig,
+    base: ModelRef,
+    dataset_path: Path,
+    out_dir: Path,
+    tracker: Tracker,
+    desc: str = "sft",
+) -> ModelRef:
+    """The same fine-tuning under DeepSpeed ZeRO in `config.engine.processes` worker processes;
+    the model lands where `run` saves it. It does not resume: a stopped run starts over."""
+    require_deepspeed()
+    out_dir = out_dir.resolve()  # the workers may start in another folder
+    spec = WorkerSpec(
+        desc=desc,
+        base=str(base.path.resolve()),
+        dataset=str(dataset_path.resolve()),
+        config=config.model_dump(mode="json"),
+        out_dir=str(out_dir),
+        run_dir=str(out_dir / "deepspeed"),
+        fingerprint=fingerprint(config, base.path, dataset_path),
+    )
+    result = run_workers(spec, config.engine, tracker.log_metrics)
+    tracker.log_metrics(
+        {"train/tokens_per_second": result["tokens_per_second"], "train/steps": result["steps"]}
+    )
+    return ModelRef(path=out_dir / "model", parameters=int(result["parameters"]))
+
+
+def dataset_examples(
+    tokenizer: PreTrainedTokenizerBase, dataset_path: Path, max_length: int
+) -> list[Example]:
+    """The SFT examples of a saved dataset: the rendered question as context, the rendered
+    completion as the target."""
+    rows = load_from_disk(str(dataset_path))
+    return sft_examples(
+        tokenizer,
+        [render_prompt(tokenizer, q) for q in rows["question"]],
+        [render_completion(c) for c in rows["completion"]],
+        max_length,
+    )

@@ -1,0 +1,299 @@
+"""DeepSpeed ZeRO training for a stage (`engine.kind: deepspeed`): the launch of the worker
+processes from the stage's own process, and what the two sides share.
+
+The stage writes a spec file into a run folder and launches `training.deepspeed_worker` under
+torchrun (or the DeepSpeed launcher) as a child process. Rank 0 of the workers appends each logged
+step to `metrics.jsonl`, which the stage forwards to its tracker while the workers run, and
+writes `result.json` at the end (or the non-finite value that stopped it). The workers' output
+is logged here, and its tail goes into the error when they fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from configs.schema import EngineConfig, TrainConfig
+from training.examples import IGNORE, Example
+from training.finite import NonFiniteLossError
+
+log = logging.getLogger(__name__)
+
+WORKER_MODULE = "training.deepspeed_worker"
+ROOT = Path(__file__).resolve().parents[1]
+INSTALL_HINT = (
+    "install it with the dev extra (`pip install -c constraints/cpu.txt -e '.[dev]'`, which "
+    "scripts/setup.sh runs) or alone (`pip install -c constraints/cpu.txt deepspeed`)"
+)
+TAIL_LINES = 60
+ERROR_LINES = 12
+STOP_GRACE_S = 15.0
+
+
+class DeepSpeedMissingError(ImportError):
+    """`engine.kind: deepspeed` was asked for but the deepspeed package is not installed."""
+
+
+class WorkerFailedError(RuntimeError):
+    """The DeepSpeed worker processes exited with an error or ran past the engine's timeout."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every worker rank needs to rebuild the stage's training run; written as JSON."""
+
+    desc: str
+    base: str  # the model folder to start from
+    dataset: str  # the saved dataset with `question` and `completion` columns
+    config: dict[str, Any]  # the stage config, `model_dump(mode="json")`
+    out_dir: str  # the stage folder; the model goes to `out_dir/model`
+    run_dir: str  # spec, metrics and result files of this launch
+    fingerprint: str
+
+    @property
+    def metrics_path(self) -> Path:
+        return Path(self.run_dir) / "metrics.jsonl"
+
+    @property
+    def result_path(self) -> Path:
+        return Path(self.run_dir) / "result.json"
+
+    def error_path(self, rank: int) -> Path:
+        """Where rank `rank` leaves the traceback of the error that stopped it."""
+        return Path(self.run_dir) / f"error-rank{rank}.txt"
+
+    def write(self) -> Path:
+        path = Path(self.run_dir) / "spec.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> WorkerSpec:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+# --- the stage's side: launch, watch, forward ---------------------------------------------------
+
+
+def deepspeed_installed() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def require_deepspeed() -> None:
+    """Fail at once, naming the install, when deepspeed is not importable here."""
+    if not deepspeed_installed():
+        raise DeepSpeedMissingError(
+            f"engine.kind 'deepspeed' needs the deepspeed package: {INSTALL_HINT}"
+        )
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch_command(engine: EngineConfig, spec_path: Path, port: int) -> list[str]:
+    """The launcher command line for `engine.processes` workers on this machine."""
+    n = str(engine.processes)
+    if engine.launcher == "deepspeed":
+        launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", n]
+        launcher += ["--master_addr", "127.0.0.1", "--master_port", str(port)]
+        launcher += ["--log_level", "warning", "--no_local_rank", "--module"]
+    else:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
+        launcher += ["--nproc_per_node", n, "--master_addr", "127.0.0.1"]
+        launcher += ["--master_port", str(port), "-m"]
+    return [*launcher, WORKER_MODULE, str(spec_path)]
+
+
+def worker_env(engine: EngineConfig) -> dict[str, str]:
+    """The workers' environment: this checkout importable, the CPU accelerator named when there
+    is no GPU (DeepSpeed otherwise warns that it guessed), this process's threads shared out."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    if not torch.cuda.is_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("OMP_NUM_THREADS", str(max(1, torch.get_num_threads() // engine.processes)))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+class MetricsTail:
+    """Reads the lines rank 0 has appended to `metrics.jsonl` since the last call."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+
+    def new_records(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
+        self.offset += len(complete)
+        return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+
+
+def run_workers(
+    spec: WorkerSpec,
+    engine: EngineConfig,
+    log_metrics: Callable[[dict[str, float], int], None],
+) -> dict[str, Any]:
+    """Launch the workers for `spec`, forward their metrics while they run and return rank 0's
+    result. A non-finite loss in the workers raises NonFiniteLossError here; any other failure
+    (or the timeout) raises WorkerFailedError with the tail of their output."""
+    require_deepspeed()
+    spec_path = spec.write()
+    for stale in (spec.metrics_path, spec.result_path, *Path(spec.run_dir).glob("error-*")):
+        stale.unlink(missing_ok=True)
+    port = engine.master_port or free_port()
+    command = launch_command(engine, spec_path, port)
+    log.info("%s: launching %d DeepSpeed workers: %s", spec.desc, engine.processes, command)
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    metrics = MetricsTail(spec.metrics_path)
+    with _workers(command, worker_env(engine), spec.desc, tail) as process:
+        deadline = time.monotonic() + engine.timeout_s
+        while process.poll() is None:
+            _forward(metrics, log_metrics)
+            if time.monotonic() > deadline:
+                raise WorkerFailedError(
+                    f"{spec.desc}: the DeepSpeed workers ran past engine.timeout_s "
+                    f"({engine.timeout_s:g} s) and were stopped; their last output:\n"
+                    + "".join(tail)
+                )
+            time.sleep(0.2)
+        _forward(metrics, log_metrics)
+    return _result(spec, process.returncode, tail)
+
+
+@contextlib.contextmanager
+def _workers(
+    command: list[str], env: dict[str, str], desc: str, tail: deque[str]
+) -> Iterator[subprocess.Popen[str]]:
+    """The launcher process, its output logged and kept in `tail`; stopped (with its workers) if
+    the block is left while it still runs."""
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, so a stop reaches every worker
+    )
+    reader = threading.Thread(target=_pump, args=(process, desc, tail), daemon=True)
+    reader.start()
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            _stop(process)
+        reader.join(timeout=10)
+
+
+def _pump(process: subprocess.Popen[str], desc: str, tail: deque[str]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        tail.append(line)
+        log.info("%s [workers] %s", desc, line.rstrip())
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    """SIGTERM to the launcher's process group, then SIGKILL if it lingers."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _forward(metrics: MetricsTail, log_metrics: Callable[[dict[str, float], int], None]) -> None:
+    for record in metrics.new_records():
+        log_metrics(record["metrics"], record["step"])
+
+
+def _result(spec: WorkerSpec, returncode: int, tail: deque[str]) -> dict[str, Any]:
+    result = json.loads(spec.result_path.read_text()) if spec.result_path.exists() else {}
+    if result.get("non_finite"):
+        bad = result["non_finite"]
+        raise NonFiniteLossError(spec.desc, bad["step"], bad["what"], bad["value"])
+    if returncode != 0 or result.get("fingerprint") != spec.fingerprint:
+        raise WorkerFailedError(
+            f"{spec.desc}: the DeepSpeed workers exited with status {returncode} "
+            f"(spec {Path(spec.run_dir) / 'spec.json'}){_first_error(spec)}\n"
+            "their last output:\n" + "".join(tail)
+        )
+    return result
+
+
+def _first_error(spec: WorkerSpec) -> str:
+    """The last lines of the traceback a worker rank left, lowest rank first; '' if none."""
+    errors = sorted(Path(spec.run_dir).glob("error-rank*.txt"))
+    if not errors:
+        return ""
+    lines = errors[0].read_text().rstrip().splitlines()[-ERROR_LINES:]
+    return f"; {errors[0].stem}:\n" + "\n".join(lines)
+
+
+# --- what the workers share with the stage ------------------------------------------------------
+
+
+def zero_config(engine: EngineConfig, train: TrainConfig, world: int) -> dict[str, Any]:
+    """The DeepSpeed config: the global batch split evenly over the ranks, fp32, the loop's
+    gradient clipping, ZeRO at `engine.zero_stage` with `engine.bucket_size` buckets."""
+    bucket = int(engine.bucket_size)
+    zero: dict[str, Any] = {
+        "stage": engine.zero_stage,
+        "reduce_bucket_size": bucket,
+        "allgather_bucket_size": bucket,
+    }
+    if engine.zero_stage == 3:
+        # 0: every parameter is sharded, however small (DeepSpeed keeps those under 1e5 whole)
+        zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=0)
+    return {
+        "train_batch_size": train.batch_size,
+        "train_micro_batch_size_per_gpu": train.batch_size // world,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": train.max_grad_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": False},
+        "fp16": {"enabled": False},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def rank_share(batch: list[Example], rank: int, world: int) -> list[Example]:
+    """Rank `rank`'s contiguous share of a global batch (its size divides evenly)."""
+    size = len(batch) // world
+    return batch[rank * size : (rank + 1) * size]
+
+
+def target_count(batch: list[Example]) -> int:
+    """Tokens the causal-LM loss averages over in `batch`: labels after the first that are not
+    IGNORE (the model predicts token t+1 from position t)."""
+    return sum(sum(label != IGNORE for label in e.labels[1:]) for e in batch)
