@@ -3,12 +3,14 @@ profile's students, each with its RL-only twin, as the last stage of `r1-pipelin
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prefect import flow, task
 
 from configs.loader import load_profile
 from configs.schema import PipelineConfig
 from models.loading import load_model, parameter_count
-from stages.refs import EvalReport, ModelRef
+from stages.refs import EvalReport, ModelRef, ProblemSet
 from storage import registry
 from storage.digests import tree_digest
 from storage.tracking import alias_for
@@ -39,6 +41,38 @@ def registered_model(ctx: RunContext, uri: str, stage: str) -> StageResult[Model
     return StageResult(stage, model.run_id, ref, 0.0, digest, notes)
 
 
+def distil_students(
+    config: PipelineConfig,
+    ctx: RunContext,
+    base: StageResult[ModelRef],
+    teacher: StageResult[ModelRef],
+    problems: ProblemSet,
+    reward_model: StageResult | None,
+    evaluate: Callable[[StageResult], EvalReport],
+) -> tuple[list[StageResult], dict[str, EvalReport]]:
+    """Stage 7: the teacher's traces, then per student its base, its distillation and its
+    RL-only twin; the stage results in order and the students' evaluations."""
+    distill = config.distillation
+    stages: list[StageResult] = []
+    evals: dict[str, EvalReport] = {}
+    if not distill.students:
+        return stages, evals
+    traces = rejection_sample(
+        distill.traces, ctx, teacher, problems, None, reward_model, stage="distill_traces"
+    )
+    stages.append(traces)
+    for student in distill.students:
+        s_base = student_base(student, config.bootstrap.corpus, ctx, base, problems)
+        s_model = distill_student(distill, student, ctx, s_base, teacher, traces, problems)
+        stages += [s_base, s_model]
+        evals[s_model.stage] = evaluate(s_model)
+        if distill.rl_twins:
+            twin = rl_only_twin(distill, student, ctx, s_base, problems, s_model.seconds)
+            stages.append(twin)
+            evals[twin.stage] = evaluate(twin)
+    return stages, evals
+
+
 @flow(name="distill", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
 def distill(
     profile: str = "tiny",
@@ -61,20 +95,5 @@ def distill(
     def evaluate(stage: StageResult) -> EvalReport:
         return evaluate_model(config.evaluation, ctx, stage, problems, general, rm)
 
-    distill_config = config.distillation
-    stages: list[StageResult] = []
-    evals: dict[str, EvalReport] = {}
-    traces = rejection_sample(
-        distill_config.traces, ctx, model, problems, None, rm, stage="distill_traces"
-    )
-    stages.append(traces)
-    for student in distill_config.students:
-        s_base = student_base(student, config.bootstrap.corpus, ctx, base, problems)
-        s_model = distill_student(distill_config, student, ctx, s_base, model, traces, problems)
-        stages += [s_base, s_model]
-        evals[s_model.stage] = evaluate(s_model)
-        if distill_config.rl_twins:
-            twin = rl_only_twin(distill_config, student, ctx, s_base, problems, s_model.seconds)
-            stages.append(twin)
-            evals[twin.stage] = evaluate(twin)
+    stages, evals = distil_students(config, ctx, base, model, problems, rm, evaluate)
     return close_pipeline_run(ctx, stages, evals, config.evaluation.k)

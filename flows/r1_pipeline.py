@@ -11,9 +11,9 @@ from prefect import flow
 
 from configs.loader import load_profile
 from configs.schema import PipelineConfig
+from flows.distill import distil_students
 from tasks.bootstrap import bootstrap_base
 from tasks.curation import curate_cold_start
-from tasks.distill import distill_student, rl_only_twin, student_base
 from tasks.evaluation import evaluate_model
 from tasks.general import prepare_general, train_reward_model
 from tasks.pipeline import (
@@ -61,20 +61,8 @@ def r1_pipeline(
     stages += [rejected, model_3, model_4]
     evals |= {m.stage: evaluate(m) for m in (model_3, model_4)}
 
-    distill = config.distillation
-    if distill.students:
-        traces = rejection_sample(
-            distill.traces, ctx, model_4, problems, None, rm, stage="distill_traces"
-        )
-        stages.append(traces)
-    for student in distill.students:
-        s_base = student_base(student, config.bootstrap.corpus, ctx, base, problems)
-        s_model = distill_student(distill, student, ctx, s_base, model_4, traces, problems)
-        stages += [s_base, s_model]
-        evals[s_model.stage] = evaluate(s_model)
-        if distill.rl_twins:
-            twin = rl_only_twin(distill, student, ctx, s_base, problems, s_model.seconds)
-            stages.append(twin)
-            evals[twin.stage] = evaluate(twin)
+    students, student_evals = distil_students(config, ctx, base, model_4, problems, rm, evaluate)
+    stages += students
+    evals |= student_evals
 
     return close_pipeline_run(ctx, stages, evals, config.evaluation.k)
