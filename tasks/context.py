@@ -101,6 +101,9 @@ def record_model(
     return digest, version
 
 
+PROGRESS_STEP = 5.0  # percentage points between updates of a stage's progress artifact
+
+
 class InjectedFailure(RuntimeError):
     """The one-time failure that `faults.fail_once_at` asked for."""
 
@@ -125,7 +128,8 @@ class StageTracker(MlflowTracker):
 
     def _show_progress(self, fraction: float) -> None:
         percent = round(100 * fraction, 1)
-        if percent - self._shown < 1 and percent < 100:
+        # every 5 points at most: each update is an event that `prefect ... --watch` prints
+        if percent - self._shown < PROGRESS_STEP and percent < 100:
             return
         self._shown = percent
         description = f"{self.stage}: {percent:.0f}% (MLflow run {self.run_id})"
