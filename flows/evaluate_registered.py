@@ -39,6 +39,7 @@ from storage.tracking import (
     STAGE_TAG,
     MlflowTracker,
     alias_for,
+    check_tracking_store,
     experiment_id,
     finish_run,
     log_dataset,
@@ -400,7 +401,9 @@ def evaluate_registered(
     config = load_profile(profile, overrides or [])
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    paths = StatePaths.from_env().ensure()
+    paths = StatePaths.from_env()
+    check_tracking_store(paths)  # fail fast, naming the MLflow store
+    paths.ensure()
 
     target = resolve_model(paths, name, alias)
     scored = config.data.general is not None and config.evaluation.general_prompts > 0
