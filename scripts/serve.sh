@@ -36,7 +36,11 @@ running() { [ -f "$pids/$1" ] && kill -0 "$(cat "$pids/$1")" 2>/dev/null; }
 stop() {
   for name in worker server; do
     if running "$name"; then
-      kill -- "-$(cat "$pids/$name")" 2>/dev/null || kill "$(cat "$pids/$name")"
+      pid="$(cat "$pids/$name")"
+      kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      # a worker busy with a flow run may not stop on SIGTERM within 10 s
+      kill -0 "$pid" 2>/dev/null && { kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null || true; }
       echo "serve: stopped the $name"
     fi
     rm -f "$pids/$name"
