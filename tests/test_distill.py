@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from configs.schema import ModelConfig, OnPolicyDistillConfig
+from configs.schema import ModelConfig
 from models.chat import EOS, IM_END, PAD, render_prompt
 from models.loading import build_model
 from models.tokenizer import train_tokenizer
@@ -25,7 +25,7 @@ from rl.distill import (
 )
 from rl.rollouts import build_batch
 from sampling.types import Completion
-from tests.tiny_models import TEXTS, make_tokenizer
+from tests.tiny_models import TEXTS, distill_config, make_tokenizer
 
 QUESTIONS = [f"What is {a} + {b}?" for a in range(10) for b in range(10)]
 
@@ -76,16 +76,7 @@ def teacher(tokenizer):
     return model.eval()
 
 
-def config(**overrides) -> OnPolicyDistillConfig:
-    base = dict(
-        steps=4,
-        prompts_per_step=4,
-        samples_per_prompt=2,
-        max_new_tokens=10,
-        learning_rate=1e-2,
-        checkpoint_every=2,
-    )
-    return OnPolicyDistillConfig(**(base | overrides))
+config = distill_config
 
 
 # ---- losses ------------------------------------------------------------------------------------

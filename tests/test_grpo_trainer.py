@@ -9,9 +9,7 @@ from rl.advantages import group_advantages
 from rl.rollouts import token_ends
 from rl.trainer import GRPOTrainer, masked_advantages, prompt_order
 from sampling.types import Completion
-from tests.tiny_models import make_tokenizer, tiny_model
-
-PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(12)]
+from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -20,18 +18,7 @@ def tokenizer():
 
 
 def config(**overrides) -> GRPOConfig:
-    base = dict(
-        steps=4,
-        prompts_per_step=2,
-        group_size=4,
-        max_new_tokens=12,
-        learning_rate=1e-2,
-        rewards=[RewardTerm(name="repetition", params={"n": 1}), RewardTerm(name="tag_count")],
-        checkpoint_every=2,
-        temperature=1.0,
-        mask_truncated=False,
-    )
-    return GRPOConfig(**(base | overrides))
+    return grpo_config(**({"temperature": 1.0} | overrides))
 
 
 def run(tokenizer, tmp_path, cfg, log=None, on_step=None):

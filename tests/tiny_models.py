@@ -1,8 +1,10 @@
-"""A byte-level tokenizer and a one-layer Qwen2 model small enough to train in a test."""
+"""A byte-level tokenizer, a one-layer Qwen2 model small enough to train in a test, and the small
+GRPO and on-policy distillation settings the trainer tests share."""
 
-from configs.schema import ModelConfig
+from configs.schema import GRPOConfig, ModelConfig, OnPolicyDistillConfig, RewardTerm
 from models.loading import build_model
 from models.tokenizer import train_tokenizer
+from problems.types import Problem
 
 TEXTS = [f"What is {a} + {b}? The answer is {a + b}." for a in range(10) for b in range(10)]
 
@@ -21,3 +23,33 @@ def tiny_model(tokenizer, seed: int = 0):
         max_position_embeddings=256,
     )
     return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
+
+
+PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(12)]
+
+
+def grpo_config(**overrides) -> GRPOConfig:
+    """A few GRPO steps on PROBLEMS with rewards a random model can earn (no accuracy)."""
+    base = dict(
+        steps=4,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=12,
+        learning_rate=1e-2,
+        rewards=[RewardTerm(name="repetition", params={"n": 1}), RewardTerm(name="tag_count")],
+        checkpoint_every=2,
+        mask_truncated=False,
+    )
+    return GRPOConfig(**(base | overrides))
+
+
+def distill_config(**overrides) -> OnPolicyDistillConfig:
+    base = dict(
+        steps=4,
+        prompts_per_step=4,
+        samples_per_prompt=2,
+        max_new_tokens=10,
+        learning_rate=1e-2,
+        checkpoint_every=2,
+    )
+    return OnPolicyDistillConfig(**(base | overrides))

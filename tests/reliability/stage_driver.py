@@ -31,8 +31,6 @@ import torch
 
 from configs.schema import (
     FunnelConfig,
-    GRPOConfig,
-    OnPolicyDistillConfig,
     RejectionConfig,
     RewardTerm,
     TrainConfig,
@@ -45,7 +43,14 @@ from stages import rejection
 from stages.refs import ModelRef
 from stages.tracking import NullTracker
 from storage import rollouts
-from tests.tiny_models import TEXTS, make_tokenizer, tiny_model
+from tests.tiny_models import (
+    PROBLEMS,
+    TEXTS,
+    distill_config,
+    grpo_config,
+    make_tokenizer,
+    tiny_model,
+)
 from training.examples import lm_examples
 from training.loop import train
 
@@ -55,24 +60,8 @@ MODEL_ID = "m"
 SFT = TrainConfig(
     epochs=10, batch_size=10, learning_rate=5e-3, warmup_steps=5, log_every=1, checkpoint_every=3
 )
-GRPO = GRPOConfig(
-    steps=30,
-    prompts_per_step=2,
-    group_size=4,
-    max_new_tokens=12,
-    learning_rate=1e-2,
-    rewards=[RewardTerm(name="repetition", params={"n": 1}), RewardTerm(name="tag_count")],
-    checkpoint_every=3,
-    mask_truncated=False,
-)
-DISTILL = OnPolicyDistillConfig(
-    steps=30,
-    prompts_per_step=4,
-    samples_per_prompt=2,
-    max_new_tokens=10,
-    learning_rate=1e-2,
-    checkpoint_every=3,
-)
+GRPO = grpo_config(steps=30, checkpoint_every=3)
+DISTILL = distill_config(steps=30, checkpoint_every=3)
 REJECTION = RejectionConfig(
     samples_per_prompt=3,
     max_new_tokens=12,
@@ -85,7 +74,6 @@ REJECTION = RejectionConfig(
     ],
     funnel=FunnelConfig(require_correct=False, require_well_formed=False, min_language_share=None),
 )
-PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(12)]
 REASONING = [Problem(f"r{i:02d}", f"What is {i} + {i}?", str(2 * i)) for i in range(16)]
 GENERAL = [Problem(f"g{i}", f"Say hello {i} times.", "", kind="general") for i in range(4)]
 

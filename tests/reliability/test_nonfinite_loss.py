@@ -14,15 +14,21 @@ import pytest
 import torch
 
 import preference.training as rm_training
-from configs.schema import GRPOConfig, ModelConfig, OnPolicyDistillConfig, RewardTerm, TrainConfig
+from configs.schema import ModelConfig, TrainConfig
 from models.chat import render_prompt
 from preference.model import build_reward_model
 from preference.training import EncodedPair, train_reward_model
-from problems.types import Problem
 from rl import trainer as grpo_module
 from rl.distill import OnPolicyDistiller
 from rl.trainer import GRPOTrainer
-from tests.tiny_models import TEXTS, make_tokenizer, tiny_model
+from tests.tiny_models import (
+    PROBLEMS,
+    TEXTS,
+    distill_config,
+    grpo_config,
+    make_tokenizer,
+    tiny_model,
+)
 from training.checkpoints import load_checkpoint
 from training.examples import lm_examples
 from training.finite import NonFiniteLossError
@@ -137,17 +143,7 @@ def test_a_fault_before_the_first_checkpoint_says_none_is_kept(tokenizer, tmp_pa
 
 # ---- GRPO --------------------------------------------------------------------------------------
 
-PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(12)]
-GRPO = GRPOConfig(
-    steps=6,
-    prompts_per_step=2,
-    group_size=4,
-    max_new_tokens=12,
-    learning_rate=1e-2,
-    rewards=[RewardTerm(name="repetition", params={"n": 1}), RewardTerm(name="tag_count")],
-    checkpoint_every=2,
-    mask_truncated=False,
-)
+GRPO = grpo_config(steps=6)
 
 
 def run_grpo(
@@ -188,14 +184,7 @@ def test_grpo_stops_at_a_non_finite_loss_and_resumes(tokenizer, tmp_path, monkey
 
 # ---- on-policy distillation --------------------------------------------------------------------
 
-DISTILL = OnPolicyDistillConfig(
-    steps=4,
-    prompts_per_step=4,
-    samples_per_prompt=2,
-    max_new_tokens=10,
-    learning_rate=1e-2,
-    checkpoint_every=2,
-)
+DISTILL = distill_config()
 
 
 def run_distill(tokenizer, folder: Path, poison_step: int | None = None):
