@@ -354,6 +354,11 @@ class GRPOConfig(Strict):
     samples_every: int = Field(
         10, ge=1, description="log a table of sample completions every N steps"
     )
+    engine: EngineConfig = Field(
+        EngineConfig(),
+        description="deepspeed: data-parallel ranks, each sampling and training on its share of "
+        "a step's prompts",
+    )
     seed: int = 0
 
     @model_validator(mode="after")
@@ -363,6 +368,16 @@ class GRPOConfig(Strict):
         names = [r.name for r in self.rewards]
         if len(set(names)) != len(names):
             raise ValueError(f"a reward is listed twice: {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _prompts_split(self) -> GRPOConfig:
+        engine = self.engine
+        if engine.kind == "deepspeed" and self.prompts_per_step % engine.processes:
+            raise ValueError(
+                f"engine: prompts_per_step {self.prompts_per_step} does not split evenly over "
+                f"{engine.processes} processes; make it a multiple of engine.processes"
+            )
         return self
 
 
@@ -496,9 +511,17 @@ class DistillConfig(Strict):
         "sft", description="on_policy: then minimise reverse KL to the teacher on own samples"
     )
     sft: TrainConfig = TrainConfig(epochs=2, learning_rate=1e-3)
+    engine: EngineConfig = Field(
+        EngineConfig(), description="where the students' SFT trains (the RL twins: rl_twin.engine)"
+    )
     on_policy: OnPolicyDistillConfig = OnPolicyDistillConfig()
     rl_twin: GRPOConfig = GRPOConfig()
     rl_twins: bool = Field(True, description="train each student by GRPO alone for comparison")
+
+    @model_validator(mode="after")
+    def _sft_batch_splits(self) -> DistillConfig:
+        SFTConfig(train=self.sft, engine=self.engine)  # the students' SFT, checked at load
+        return self
 
 
 class FaultConfig(Strict):

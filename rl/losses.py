@@ -8,6 +8,7 @@ objective).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -49,23 +50,48 @@ def clipped_surrogate(
     return torch.minimum(unclipped, clipped), ratio  # (B, T), (B, T)
 
 
-def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, max_len: int) -> torch.Tensor:
-    """Original GRPO: mean over each sequence's tokens, then over sequences."""
-    per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (B,)
-    return per_seq.mean()
+# Each aggregation is a numerator over the batch's tokens divided by a denominator that depends
+# only on the mask: a data-parallel rank divides its own numerator by the denominator summed over
+# every rank, and the ranks' losses then add up to the whole batch's.
 
 
-def token_mean(per_token: torch.Tensor, mask: torch.Tensor, max_len: int) -> torch.Tensor:
-    """DAPO: mean over all tokens of the batch, so long sequences weigh by their length."""
-    return (per_token * mask).sum() / mask.sum().clamp(min=1)
+def sequence_mean_numerator(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).sum()  # sum of (B,)
 
 
-def constant_normaliser(per_token: torch.Tensor, mask: torch.Tensor, max_len: int) -> torch.Tensor:
-    """Dr. GRPO: sum over tokens divided by a constant (batch size x max completion length)."""
-    return (per_token * mask).sum() / (per_token.shape[0] * max_len)
+def masked_sum(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (per_token * mask).sum()
 
 
-AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = {
+def sequence_count(mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    return torch.tensor(float(mask.shape[0]))
+
+
+def token_count(mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    return mask.sum()
+
+
+def constant_count(mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    return torch.tensor(float(mask.shape[0] * max_len))
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    numerator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (per_token, mask)
+    denominator: Callable[[torch.Tensor, int], torch.Tensor]  # (mask, max_len)
+
+    def __call__(self, per_token: torch.Tensor, mask: torch.Tensor, max_len: int) -> torch.Tensor:
+        return self.numerator(per_token, mask) / self.denominator(mask, max_len).clamp(min=1)
+
+
+# Original GRPO: mean over each sequence's tokens, then over sequences.
+sequence_mean = Aggregation(sequence_mean_numerator, sequence_count)
+# DAPO: mean over all tokens of the batch, so long sequences weigh by their length.
+token_mean = Aggregation(masked_sum, token_count)
+# Dr. GRPO: sum over tokens divided by a constant (batch size x max completion length).
+constant_normaliser = Aggregation(masked_sum, constant_count)
+
+AGGREGATIONS: dict[str, Aggregation] = {
     "sequence_mean": sequence_mean,
     "token_mean": token_mean,
     "constant": constant_normaliser,
@@ -85,8 +111,13 @@ def grpo_loss(
     kl_estimator: str = "k3",
     aggregation: str = "sequence_mean",
     max_len: int | None = None,
+    denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The negated GRPO objective -(surrogate - beta * KL), aggregated, and its statistics."""
+    """The negated GRPO objective -(surrogate - beta * KL), aggregated, and its statistics.
+
+    `denominator` replaces the aggregation's own (a data-parallel rank passes the sum over all
+    ranks' batches, so that the ranks' losses add up to the loss of the whole batch).
+    """
     objective, ratio = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
     per_token = -objective
     stats: dict[str, float] = {}
@@ -99,7 +130,10 @@ def grpo_loss(
         per_token = per_token + beta * kl
         stats["kl"] = float((kl.detach() * m).sum() / n)
     reduce = AGGREGATIONS[aggregation]
-    loss = reduce(per_token, m, max_len or logp.shape[1])
+    if denominator is None:
+        loss = reduce(per_token, m, max_len or logp.shape[1])
+    else:
+        loss = reduce.numerator(per_token, m) / max(denominator, 1.0)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
     low = (ratio < 1.0 - eps_low) & (adv < 0)  # the clip bound that is active for A < 0
     high = (ratio > 1.0 + eps_high) & (adv > 0)  # and for A > 0

@@ -28,12 +28,13 @@ from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet, combine, safe_scores
 from rewards.steps import check_steps
 from rl.advantages import EPS, group_advantages, process_advantages, zero_spread_groups
-from rl.losses import grpo_loss
+from rl.losses import AGGREGATIONS, grpo_loss
 from rl.rollouts import build_batch, completion_logprobs, token_ends
 from sampling.hf import HFSampler
 from sampling.types import Completion, SamplingParams
 from training import PROGRESS
-from training.checkpoints import load_checkpoint, save_checkpoint
+from training.collective import Collective, Solo
+from training.engines import LocalEngine, UpdateEngine
 from training.finite import LossGuard
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,61 @@ def kind_metrics(batch: Sequence[Problem], rewards: torch.Tensor) -> dict[str, f
     return metrics
 
 
+@dataclass
+class RankRollouts:
+    """What one rank sampled and scored in a step; the ranks' lists, in rank order, are the step's
+    whole batch (a single process has one)."""
+
+    batch: list[Problem]
+    groups: list[list[Completion]]
+    scored: ScoredGroups
+    zero: torch.Tensor  # (B,) groups with no reward spread
+    process: bool = False  # process supervision: the steps were checked
+    steps_seen: int = 0  # checked steps, and how many were right
+    steps_right: int = 0
+
+    @classmethod
+    def merge(cls, parts: Sequence[RankRollouts]) -> RankRollouts:
+        if len(parts) == 1:
+            return parts[0]
+        per_reward = {
+            name: [s for part in parts for s in part.scored.per_reward[name]]
+            for name in parts[0].scored.per_reward
+        }
+        scored = ScoredGroups(torch.cat([p.scored.rewards for p in parts]), per_reward)
+        return cls(
+            [q for p in parts for q in p.batch],
+            [g for p in parts for g in p.groups],
+            scored,
+            torch.cat([p.zero for p in parts]),
+            parts[0].process,
+            sum(p.steps_seen for p in parts),
+            sum(p.steps_right for p in parts),
+        )
+
+    @property
+    def flat(self) -> list[Completion]:
+        return [c for group in self.groups for c in group]
+
+    def step_metrics(self) -> dict[str, float]:
+        if not self.process:
+            return {}
+        metrics = {"steps/per_completion": self.steps_seen / self.scored.rewards.numel()}
+        if self.steps_seen:
+            metrics["steps/correct_fraction"] = self.steps_right / self.steps_seen
+        return metrics
+
+
 class GRPOTrainer:
+    """GRPO on one process, or on one data-parallel rank of several (`collective`, `engine`).
+
+    Each rank samples, scores and normalises the groups of its share of a step's prompts (groups
+    never straddle ranks), the ranks exchange their rollouts for the step's metrics, and each
+    rank's loss is its rows' share of the whole batch's loss, so that the update the engine makes
+    is the single-process one. Sampling is keyed by prompt index (SamplingParams.prompt_offset),
+    so the ranks together draw what one process draws.
+    """
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -144,9 +199,13 @@ class GRPOTrainer:
         log_samples: SamplesFn | None = None,
         show_progress: bool = True,
         extra_rewards: dict[str, RewardFn] | None = None,
+        engine: UpdateEngine | None = None,
+        collective: Collective | None = None,
+        reference: PreTrainedModel | None = None,
     ):
-        """`extra_rewards` supplies rewards that need a model built at run time ("preference")."""
-        self.model = model
+        """`extra_rewards` supplies rewards that need a model built at run time ("preference").
+        Without `engine` the update runs in this process; with one (DeepSpeed), `model` is the
+        engine's module and `reference` a whole copy of the starting policy when beta > 0."""
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.log_metrics = log_metrics
@@ -154,21 +213,20 @@ class GRPOTrainer:
         self.show_progress = show_progress
         rewards = RewardSet.from_terms(cfg.rewards, extra_rewards)
         self.reward_fns, self.weights, self.kinds = rewards.fns, rewards.weights, rewards.kinds
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.learning_rate, weight_decay=0.0
-        )
-        self.reference = self._frozen_copy() if cfg.beta > 0 else None
+        self.engine = engine or LocalEngine(model, cfg.learning_rate, cfg.max_grad_norm)
+        self.collective = collective or Solo()
+        self.model = self.engine.module
+        self.reference = None
+        if cfg.beta > 0:
+            self.reference = frozen(reference or copy.deepcopy(self.engine.sampling_model()))
         self._curve: list[float] = []
         self.guard = LossGuard("grpo")  # a non-finite loss stops training, naming the step
         self.sampler = HFSampler(
-            model, tokenizer, batch_size=cfg.prompts_per_step * cfg.group_size, show_progress=False
+            self.engine.sampling_model(),
+            tokenizer,
+            batch_size=cfg.prompts_per_step * cfg.group_size,
+            show_progress=False,
         )
-
-    def _frozen_copy(self) -> PreTrainedModel:
-        ref = copy.deepcopy(self.model).eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        return ref
 
     def train(self, problems: Sequence[Problem], ckpt_dir: Path, fingerprint: str) -> GRPOReport:
         """Train on `problems`, resuming from `ckpt_dir`; a NaN or infinite loss or gradient norm
@@ -190,7 +248,7 @@ class GRPOTrainer:
             disable=not self.show_progress,
         )
         for step in range(report.resumed_from, cfg.steps):
-            if cfg.max_seconds is not None and time.perf_counter() - began >= cfg.max_seconds:
+            if self._out_of_time(began):
                 log.info("grpo: time budget of %.0f s spent after %d steps", cfg.max_seconds, step)
                 self._checkpoint(ckpt_dir, fingerprint, step)
                 report.steps = step
@@ -203,7 +261,7 @@ class GRPOTrainer:
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
             if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:
-                self.reference.load_state_dict(self.model.state_dict())
+                self.reference.load_state_dict(self.engine.sampling_model().state_dict())
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
                 self._checkpoint(ckpt_dir, fingerprint, step + 1)
         bar.close()
@@ -211,56 +269,82 @@ class GRPOTrainer:
         report.seconds = time.perf_counter() - began
         return report
 
+    def _out_of_time(self, began: float) -> bool:
+        """Whether the time budget is spent; the ranks stop together, when any one is out."""
+        budget = self.cfg.max_seconds
+        if budget is None:
+            return False
+        spent = float(time.perf_counter() - began >= budget)
+        return self.collective.sum([spent])[0] > 0
+
     def step(self, step: int, batch: Sequence[Problem]) -> dict[str, float]:
+        """One GRPO step on the whole step's `batch`, of which this rank takes its share."""
         cfg, tok = self.cfg, self.tokenizer
         t0 = time.perf_counter()
-        prompts = [render_prompt(tok, p.question) for p in batch]
+        local, offset = self.collective.share(batch)
+        prompts = [render_prompt(tok, p.question) for p in local]
         params = SamplingParams(
-            cfg.temperature, cfg.top_p, cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + step
+            cfg.temperature,
+            cfg.top_p,
+            cfg.max_new_tokens,
+            seed=cfg.seed * 1_000_003 + step,
+            prompt_offset=offset,
         )
         self.model.eval()
         with torch.no_grad():
             groups = self.sampler.generate(prompts, cfg.group_size, params)
         t_sample = time.perf_counter() - t0
-        scored = score(batch, prompts, groups, self.reward_fns, self.weights, self.kinds)
-        step_metrics: dict[str, float] = {}
+        scored = score(local, prompts, groups, self.reward_fns, self.weights, self.kinds)
+        mine = RankRollouts(list(local), groups, scored, torch.zeros(0, dtype=torch.bool))
         if cfg.supervision == "process":
-            advantages, zero, step_metrics = self._process_advantages(batch, groups, scored.rewards)
+            advantages, mine.zero, mine.steps_seen, mine.steps_right = self._process_advantages(
+                local, groups, scored.rewards
+            )
+            mine.process = True
         else:
-            advantages, zero = masked_advantages(scored.rewards, cfg.scale_std)
-
-        flat = [c for group in groups for c in group]
-        keep = ~torch.isnan(scored.rewards)  # (B, G)
-        if cfg.dynamic_sampling:
-            keep &= ~zero[:, None]
-        if cfg.mask_truncated:
-            truncated = torch.tensor([c.finish_reason == "length" for c in flat]).view_as(keep)
-            keep &= ~truncated
-        metrics = self._rollout_metrics(scored, zero, flat, t_sample) | step_metrics
-        metrics |= kind_metrics(batch, scored.rewards)
-        rows = keep.flatten().nonzero().flatten().tolist()
-        metrics["samples/trained"] = float(len(rows))
-        if rows:
+            advantages, mine.zero = masked_advantages(scored.rewards, cfg.scale_std)
+        rows = self._trained_rows(mine)
+        whole = RankRollouts.merge(self.collective.gather(mine))
+        metrics = self._rollout_metrics(whole.scored, whole.zero, whole.flat, t_sample)
+        metrics |= whole.step_metrics() | kind_metrics(whole.batch, whole.scored.rewards)
+        trained = int(self.collective.sum([len(rows)])[0])
+        metrics["samples/trained"] = float(trained)
+        if trained:
+            flat = mine.flat
             metrics |= self._update(
                 [prompts[i // cfg.group_size] for i in rows],
                 [flat[i].token_ids for i in rows],
                 advantages.flatten(0, 1)[rows],
+                fallback=(prompts[0], flat[0].token_ids),
             )
         if self.log_samples and ((step + 1) % cfg.samples_every == 0 or step == 0):
-            self.log_samples(step + 1, self._sample_rows(batch, flat, scored))
+            self.log_samples(step + 1, self._sample_rows(whole.batch, whole.flat, whole.scored))
         metrics["time/step_seconds"] = time.perf_counter() - t0
         metrics["time/tokens_per_second"] = (
-            sum(len(c.token_ids) for c in flat) / metrics["time/step_seconds"]
+            sum(len(c.token_ids) for c in whole.flat) / metrics["time/step_seconds"]
         )
         return metrics
+
+    def _trained_rows(self, mine: RankRollouts) -> list[int]:
+        """Indices (into the flattened B x G samples) of the samples that carry signal: scorable,
+        in a group with reward spread (dynamic sampling), not truncated (when masked)."""
+        cfg = self.cfg
+        keep = ~torch.isnan(mine.scored.rewards)  # (B, G)
+        if cfg.dynamic_sampling:
+            keep &= ~mine.zero[:, None]
+        if cfg.mask_truncated:
+            truncated = torch.tensor([c.finish_reason == "length" for c in mine.flat])
+            keep &= ~truncated.view_as(keep)
+        return keep.flatten().nonzero().flatten().tolist()
 
     def _process_advantages(
         self,
         batch: Sequence[Problem],
         groups: Sequence[Sequence[Completion]],
         rewards: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """Token advantages (B, G, T) from checked steps plus the outcome as the last step.
+    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """Token advantages (B, G, T) from checked steps plus the outcome as the last step, the
+        groups with no spread, and the number of steps checked and found right.
 
         Each equation in a completion is a step, rewarded `step_reward` when right and grounded
         (rewards/steps.py); the outcome reward is the step that ends at the last token. Steps are
@@ -289,32 +373,42 @@ class GRPOTrainer:
             flat = [r for steps in step_rewards for r in steps]
             zero[b] = len(flat) < 2 or max(flat) - min(flat) <= 1e-6
             out[b] = process_advantages(step_rewards, step_ends, width, self.cfg.scale_std)
-        metrics = {"steps/per_completion": n_steps / rewards.numel()}
-        if n_steps:
-            metrics["steps/correct_fraction"] = n_correct / n_steps
-        return out, zero, metrics
+        return out, zero, n_steps, n_correct
 
     def _update(
-        self, prompts: list[str], completions: list[list[int]], adv: torch.Tensor
+        self,
+        prompts: list[str],
+        completions: list[list[int]],
+        adv: torch.Tensor,
+        fallback: tuple[str, list[int]],
     ) -> dict[str, float]:
-        """One policy update; `adv` is (N,) per sample or (N, T) per token."""
+        """One policy update; `adv` is (N,) per sample or (N, T) per token.
+
+        A rank whose share has no row to train on while others do still takes part in every
+        collective: it runs its first sample (`fallback`) through the same passes at zero weight.
+        """
         cfg = self.cfg
+        idle = not prompts
+        if idle:
+            prompts, completions, adv = [fallback[0]], [fallback[1]], torch.zeros(1)
         batch = build_batch(self.tokenizer, prompts, completions, self.tokenizer.pad_token_id)
         if adv.dim() == 2:
             adv = adv[:, : batch.completion_width]
-        mask = batch.completion_mask.float()
+        mask = batch.completion_mask.float() * (0.0 if idle else 1.0)
+        aggregation = AGGREGATIONS[cfg.aggregation]
+        local_denominator = float(aggregation.denominator(mask, cfg.max_new_tokens))
+        denominator = self.collective.sum([0.0 if idle else local_denominator])[0]
+        forward = self.engine.forward_model
         self.model.train()
         old_logp = ref_logp = None
         with torch.no_grad():
             if cfg.inner_iterations > 1:  # with mu = 1, pi_old is the policy itself: ratio 1
-                old_logp, _ = completion_logprobs(self.model, batch, cfg.temperature)
+                old_logp, _ = completion_logprobs(forward, batch, cfg.temperature)
             if self.reference is not None:
                 ref_logp, _ = completion_logprobs(self.reference, batch, cfg.temperature)
         stats: dict[str, float] = {}
         for _ in range(cfg.inner_iterations):
-            logp, entropy = completion_logprobs(
-                self.model, batch, cfg.temperature, with_entropy=True
-            )
+            logp, entropy = completion_logprobs(forward, batch, cfg.temperature, with_entropy=True)
             loss, stats = grpo_loss(
                 logp,
                 logp.detach() if old_logp is None else old_logp,
@@ -327,16 +421,18 @@ class GRPOTrainer:
                 kl_estimator=cfg.kl_estimator,
                 aggregation=cfg.aggregation,
                 max_len=cfg.max_new_tokens,
+                denominator=denominator,
             )
-            stats["loss"] = self.guard.check("loss", loss)
-            loss.backward()
-            stats["grad_norm"] = self.guard.check(
-                "gradient norm",
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm),
-            )
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            stats["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+            tokens = float(mask.sum())
+            token_sums = {k: v * tokens for k, v in stats.items()}
+            token_sums["entropy"] = float((entropy * mask).sum())
+            totals = self.collective.sum([float(loss.detach()), tokens, *token_sums.values()])
+            per_token = zip(token_sums, totals[2:], strict=True)
+            stats = {k: v / max(totals[1], 1.0) for k, v in per_token}
+            stats["loss"] = self.guard.check("loss", totals[0])  # the whole batch's loss
+            self.engine.backward(loss)
+            stats["grad_norm"] = self.engine.step(self.guard)
+            self.engine.after_update()
         return stats
 
     def _rollout_metrics(
@@ -383,11 +479,9 @@ class GRPOTrainer:
     # ---- checkpoints ---------------------------------------------------------------------------
 
     def _checkpoint(self, ckpt_dir: Path, fingerprint: str, step: int) -> None:
-        save_checkpoint(
+        self.engine.save(
             ckpt_dir,
             {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
                 "reference": self.reference.state_dict() if self.reference is not None else None,
                 "rng": torch.get_rng_state(),
                 "step": step,
@@ -400,11 +494,9 @@ class GRPOTrainer:
     def _resume(self, ckpt_dir: Path, fingerprint: str) -> int:
         self._curve = []
         self.guard.checkpoint_step = 0
-        state = load_checkpoint(ckpt_dir, fingerprint)
+        state = self.engine.load(ckpt_dir, fingerprint)
         if state is None:
             return 0
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
         if self.reference is not None and state["reference"] is not None:
             self.reference.load_state_dict(state["reference"])
         torch.set_rng_state(state["rng"])
@@ -412,3 +504,11 @@ class GRPOTrainer:
         self.guard.checkpoint_step = state["step"]
         log.info("grpo: resuming from step %d of %d", state["step"], self.cfg.steps)
         return state["step"]
+
+
+def frozen(model: PreTrainedModel) -> PreTrainedModel:
+    """`model` in eval mode with no gradients: the KL reference."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model

@@ -6,8 +6,8 @@ cache by concatenation. On a small model on CPU that overhead is most of the tim
 one forward per step on the rows still running, with the 4D mask passed in, the cache written in
 place (sampling/cache.py) and one-query attention in two matmuls (sampling/attention.py); it
 samples with plain tensor ops and drops a row from the cache, mask and positions at the step it
-stops. Randomness comes only from the generator passed in: a call is deterministic for a given
-seed and batch.
+stops. Randomness comes only from the row keys passed in (sampling/streams.py): a row's draws
+depend on its key and the step, not on the rows decoded beside it.
 
 What a logprob means (the same as `compute_transition_scores(..., normalize_logits=True)` on the
 scores `generate` returns): the log-probability of the sampled token under the distribution it
@@ -29,6 +29,7 @@ from transformers import DynamicCache, PreTrainedModel
 from sampling.attention import NAME as MATMUL_DECODE
 from sampling.attention import matmul_decoding
 from sampling.cache import GrowingLayer, growing_cache
+from sampling.streams import uniforms
 
 # Most likely tokens searched first for the top-p nucleus (see `nucleus`).
 NUCLEUS_CANDIDATES = 32
@@ -43,15 +44,17 @@ class Decoded:
     finish_reason: Literal["stop", "length"]
 
 
-def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One index per row (A,) drawn in proportion to non-negative `weights` (A, K).
+def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One index per row (A,) drawn in proportion to non-negative `weights` (A, K), given one
+    uniform in [0, 1) per row `u` (A, 1).
 
-    Inverse-CDF sampling: a uniform draw located in the cumulative sum. Exact like
-    `torch.multinomial`, and on CPU some thirty times cheaper for a single sample per row.
+    Inverse-CDF sampling: the uniform located in the cumulative sum. Exact like
+    `torch.multinomial`, and on CPU some thirty times cheaper for a single sample per row. The
+    sum is taken in float64, so a uniform just below 1 still lands on a token of positive weight.
     """
-    cdf = weights.cumsum(dim=-1)  # (A, K)
-    u = torch.rand((weights.shape[0], 1), generator=generator) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).clamp_(max=weights.shape[1] - 1).squeeze(1)
+    cdf = weights.double().cumsum(dim=-1)  # (A, K)
+    scaled = u.double() * cdf[:, -1:]
+    return torch.searchsorted(cdf, scaled, right=True).clamp_(max=weights.shape[1] - 1).squeeze(1)
 
 
 def nucleus(logits: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,21 +78,22 @@ def nucleus(logits: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Ten
 
 
 def nucleus_sample(
-    logits: torch.Tensor, top_p: float, generator: torch.Generator
+    logits: torch.Tensor, top_p: float, u: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens (A,) and logprobs (A,) drawn from the nucleus of tempered logits (A, V); the
     logprobs are renormalised over the nucleus, the distribution the tokens are drawn from."""
     cand_logits, cand, keep = nucleus(logits, top_p)
     kept_logits = cand_logits.masked_fill(~keep, float("-inf"))
     kept_logp = kept_logits - kept_logits.logsumexp(dim=-1, keepdim=True)  # (A, K)
-    pick = draw(kept_logp.exp(), generator)[:, None]  # (A, 1)
+    pick = draw(kept_logp.exp(), u)[:, None]  # (A, 1)
     return cand.gather(1, pick).squeeze(1), kept_logp.gather(1, pick).squeeze(1)
 
 
 def choose_tokens(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
+    logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens (A,) and their logprobs (A,) from last-position logits (A, V)."""
+    """Next tokens (A,) and their logprobs (A,) from last-position logits (A, V), with one
+    uniform per row `u` (A, 1) (unused when greedy)."""
     logits = logits.float()
     if temperature == 0:
         tokens = logits.argmax(dim=-1)
@@ -98,9 +102,9 @@ def choose_tokens(
     if temperature != 1:
         logits = logits / temperature
     if top_p < 1:
-        return nucleus_sample(logits, top_p, generator)
+        return nucleus_sample(logits, top_p, u)
     logp = torch.log_softmax(logits, dim=-1)  # (A, V)
-    tokens = draw(logp.exp(), generator)
+    tokens = draw(logp.exp(), u)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
 
@@ -240,11 +244,12 @@ def decode(
     max_new_tokens: int,
     stop_ids: Sequence[int],
     pad_id: int,
-    generator: torch.Generator,
+    keys: torch.Tensor,
 ) -> list[Decoded]:
     """Continue prompt `rows[i]` once for each i; the results are in the order of `rows`.
 
-    A row leaves the batch (cache, mask and positions) at the step it samples a stop token.
+    `keys` (B,) are the rows' random-stream keys (sampling/streams.py `row_keys`). A row leaves
+    the batch (cache, mask and positions) at the step it samples a stop token.
     """
     with matmul_decoding(model):
         cache, logits, run = _prefill(model, prompts, rows, max_new_tokens, pad_id)
@@ -253,7 +258,8 @@ def decode(
         out = _Outputs.empty(len(rows), max_new_tokens, pad_id)
         stop = torch.tensor(list(stop_ids), dtype=torch.long)
         for step in range(max_new_tokens):
-            tokens, logprobs = choose_tokens(logits, temperature, top_p, generator)  # (A,), (A,)
+            u = uniforms(keys[run.rows], step)  # (A, 1)
+            tokens, logprobs = choose_tokens(logits, temperature, top_p, u)  # (A,), (A,)
             finished = torch.isin(tokens, stop)  # (A,)
             out.record(run.rows, step, tokens, logprobs, finished)
             if step + 1 == max_new_tokens or bool(finished.all()):

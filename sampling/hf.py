@@ -21,15 +21,17 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sampling.decode import Decoded, decode
+from sampling.streams import row_keys
 from sampling.types import Completion, SamplingParams
 
 
 class HFSampler:
     """`generate(prompts, n, params)` with a transformers model in this process.
 
-    `batch_size` counts rows (prompt x sample) decoded together. Randomness comes from a private
-    generator seeded with `params.seed`, so a call is reproducible for a given seed, prompts, n and
-    batch size, and the global torch RNG is left alone.
+    `batch_size` counts rows (prompt x sample) decoded together. Each row draws from its own
+    stream, keyed by (params.seed, params.prompt_offset + prompt index, sample index), so a
+    prompt's samples do not depend on the batch size, the other prompts or their order, and the
+    global torch RNG is left alone.
     """
 
     def __init__(
@@ -53,16 +55,13 @@ class HFSampler:
         encoded = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
         rows = [(p, j) for p in order for j in range(n)]
-        generator = torch.Generator().manual_seed(params.seed)
         out: list[list[Completion | None]] = [[None] * n for _ in prompts]
         starts = range(0, len(rows), self.batch_size)
         for start in tqdm(
             starts, desc="sample", unit="batch", leave=False, disable=not self.show_progress
         ):
             batch = rows[start : start + self.batch_size]
-            for (p, j), done in zip(
-                batch, self._decode(encoded, batch, params, generator), strict=True
-            ):
+            for (p, j), done in zip(batch, self._decode(encoded, batch, params), strict=True):
                 out[p][j] = self._completion(done)
         return [[c for c in group if c is not None] for group in out]
 
@@ -71,10 +70,14 @@ class HFSampler:
         encoded: list[list[int]],
         batch: list[tuple[int, int]],
         params: SamplingParams,
-        generator: torch.Generator,
     ) -> list[Decoded]:
         distinct = list(dict.fromkeys(p for p, _ in batch))
         slot = {p: i for i, p in enumerate(distinct)}
+        keys = row_keys(
+            params.seed,
+            torch.tensor([params.prompt_offset + p for p, _ in batch]),
+            torch.tensor([j for _, j in batch]),
+        )
         return decode(
             self.model,
             [encoded[p] for p in distinct],
@@ -84,7 +87,7 @@ class HFSampler:
             max_new_tokens=params.max_new_tokens,
             stop_ids=[self.tokenizer.eos_token_id],
             pad_id=self.tokenizer.pad_token_id,
-            generator=generator,
+            keys=keys,
         )
 
     def _completion(self, done: Decoded) -> Completion:

@@ -8,12 +8,19 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy decoding; top_p 1 keeps the whole vocabulary (no top-k cut)."""
+    """temperature 0 is greedy decoding; top_p 1 keeps the whole vocabulary (no top-k cut).
+
+    Randomness is per prompt: prompt i of a call draws from a stream named by (seed,
+    prompt_offset + i), whatever else is in the call. A data-parallel rank that samples a share
+    of a step's prompts passes the index of its first prompt as `prompt_offset` and draws what
+    one process sampling all of them would.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 128
     seed: int = 0
+    prompt_offset: int = 0
 
 
 @dataclass(frozen=True)

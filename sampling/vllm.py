@@ -54,10 +54,11 @@ def completions_from_request(request_output: Any) -> list[Completion]:
     return [completion_from_vllm(o) for o in outputs]
 
 
-def request_seeds(seed: int, n_prompts: int) -> list[int]:
+def request_seeds(seed: int, n_prompts: int, prompt_offset: int = 0) -> list[int]:
     """One seed per prompt: vLLM seeds each request's generator with its own `seed`, so prompts
-    sharing one would share their random draws. Kept within a signed 64-bit integer."""
-    return [(seed * SEED_STRIDE + i) % 2**63 for i in range(n_prompts)]
+    sharing one would share their random draws. Prompt i's seed depends on `prompt_offset + i`
+    only (SamplingParams). Kept within a signed 64-bit integer."""
+    return [(seed * SEED_STRIDE + prompt_offset + i) % 2**63 for i in range(n_prompts)]
 
 
 class VLLMSampler:
@@ -106,7 +107,7 @@ class VLLMSampler:
                 logprobs=0,
                 stop_token_ids=[self.eos_token_id],
             )
-            for seed in request_seeds(params.seed, len(prompts))
+            for seed in request_seeds(params.seed, len(prompts), params.prompt_offset)
         ]
         outputs = self.llm.generate(list(prompts), per_prompt, use_tqdm=False)
         return [completions_from_request(o) for o in outputs]

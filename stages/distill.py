@@ -44,7 +44,12 @@ def distill(
 ) -> ModelRef:
     """SFT of the student base on the teacher's traces; then on-policy KL when configured."""
     model = sft.run(
-        SFTConfig(train=config.sft), student_base, traces, out_dir / "sft", tracker, desc
+        SFTConfig(train=config.sft, engine=config.engine),
+        student_base,
+        traces,
+        out_dir / "sft",
+        tracker,
+        desc,
     )
     if config.method == "sft":
         return model

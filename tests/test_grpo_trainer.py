@@ -135,8 +135,8 @@ def test_process_supervision_rewards_steps_token_by_token(tokenizer, tmp_path):
     texts = ["3 + 4 = 7. The answer is 7.", "3 + 4 = 8. The answer is 8.", "The answer is 7."]
     groups = [[_completion(tokenizer, t) for t in texts]]
     rewards = torch.tensor([[1.0, 0.0, 1.0]])
-    adv, zero, metrics = trainer._process_advantages([problem], groups, rewards)
-    assert metrics == {"steps/per_completion": 2 / 3, "steps/correct_fraction": 0.5}
+    adv, zero, seen, right = trainer._process_advantages([problem], groups, rewards)
+    assert (seen, right) == (2, 1)
     assert not zero[0]
     # steps of the group: (1, 1), (0, 0), (1): mean 0.6; the wrong sample is negative throughout
     # its tokens, the right one positive, and tokens after the last step get nothing

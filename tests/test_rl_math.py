@@ -170,6 +170,23 @@ def test_aggregations_differ_as_the_papers_say():
     assert AGGREGATIONS["constant"](values, mask, 4).item() == pytest.approx(9 / 8)
 
 
+@pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
+def test_shares_over_the_global_denominator_add_up_to_the_whole_batch(mode):
+    """What a data-parallel rank computes: its rows' numerator over the denominator of all."""
+    torch.manual_seed(2)
+    logp, old = torch.randn(6, 5) * 0.3, torch.randn(6, 5) * 0.3
+    adv = torch.randn(6)
+    mask = (torch.rand(6, 5) > 0.3).float()
+    mask[:, 0] = 1
+    whole, _ = grpo_loss(logp, old, adv, mask, aggregation=mode, max_len=5)
+    den = sum(float(AGGREGATIONS[mode].denominator(mask[r], 5)) for r in (slice(0, 2), slice(2, 6)))
+    parts = [
+        grpo_loss(logp[r], old[r], adv[r], mask[r], aggregation=mode, max_len=5, denominator=den)
+        for r in (slice(0, 2), slice(2, 6))
+    ]
+    assert float(parts[0][0] + parts[1][0]) == pytest.approx(float(whole), rel=1e-6)
+
+
 def test_grpo_loss_is_negated_objective_plus_beta_kl():
     torch.manual_seed(2)
     logp, old, ref = (torch.randn(2, 3) * 0.2 for _ in range(3))

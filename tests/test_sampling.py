@@ -17,6 +17,7 @@ from sampling.decode import choose_tokens, decode, draw, nucleus
 from sampling.factory import make_sampler
 from sampling.hf import HFSampler
 from sampling.reference import GenerateSampler
+from sampling.streams import row_keys, uniforms
 from sampling.types import SamplingParams
 from sampling.vllm import completion_from_vllm, completions_from_request, request_seeds
 from tests.tiny_models import make_tokenizer, tiny_model
@@ -57,7 +58,7 @@ def run_decode(model, tokenizer, prompts, rows, stop_ids, temperature=0.0, top_p
         max_new_tokens=m,
         stop_ids=stop_ids,
         pad_id=tokenizer.pad_token_id,
-        generator=torch.Generator().manual_seed(seed),
+        keys=row_keys(seed, torch.tensor(list(rows)), torch.arange(len(rows))),
     )
 
 
@@ -230,11 +231,11 @@ def test_tempered_nucleus_logprobs_are_renormalised_over_the_nucleus(model, toke
 
 def test_choose_tokens_greedy_and_sampled():
     logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
-    g = torch.Generator().manual_seed(0)
-    tokens, logp = choose_tokens(logits, 0.0, 1.0, g)
+    u = torch.tensor([[0.3], [0.9]])
+    tokens, logp = choose_tokens(logits, 0.0, 1.0, u)
     assert tokens.tolist() == [1, 0]
     torch.testing.assert_close(logp, torch.log_softmax(logits, -1).max(-1).values)
-    tokens, logp = choose_tokens(logits, 1.0, 0.01, g)  # nucleus of one token: certain
+    tokens, logp = choose_tokens(logits, 1.0, 0.01, u)  # nucleus of one token: certain
     assert tokens.tolist() == [1, 0] and torch.allclose(logp, torch.zeros(2))
 
 
@@ -254,6 +255,28 @@ def test_sampling_is_seeded_and_results_come_in_prompt_order(model, tokenizer):
     for first_sample, second_sample in together:  # greedy: both samples of a prompt agree
         assert first_sample.token_ids == second_sample.token_ids
         assert first_sample.logprobs == pytest.approx(second_sample.logprobs, abs=1e-5)
+
+
+def test_a_prompts_samples_do_not_depend_on_its_batch(model, tokenizer):
+    """Per-prompt streams: the batch size, the other prompts and their order change nothing, and
+    a share of the prompts sampled with `prompt_offset` draws what sampling them all draws."""
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=8, seed=5)
+
+    def tokens(groups):
+        return [[c.token_ids for c in g] for g in groups]
+
+    def sample(batch_size, prompts, sampling):
+        sampler = HFSampler(model, tokenizer, batch_size, show_progress=False)
+        return tokens(sampler.generate(prompts, 3, sampling))
+
+    whole = sample(64, PROMPTS, params)
+    small = sample(2, PROMPTS, params)
+    assert small == whole
+    for start in (1, 2, 3):
+        shifted = SamplingParams(1.0, 0.95, 8, seed=5, prompt_offset=start)
+        assert sample(64, PROMPTS[start:], shifted) == whole[start:]
+    unshifted = sample(64, PROMPTS[2:], params)
+    assert unshifted != whole[2:]  # without the offset the share takes the first prompts' streams
 
 
 def test_sampler_leaves_the_global_rng_alone(model, tokenizer):
@@ -314,6 +337,7 @@ def test_vllm_output_maps_to_completion():
     with pytest.raises(ValueError, match="abort"):
         completion_from_vllm(vllm_output([5], [-1.0], "abort"))
     assert len(set(request_seeds(0, 100))) == 100
+    assert request_seeds(4, 6)[2:] == request_seeds(4, 4, prompt_offset=2)
 
 
 def test_factory_builds_hf_and_names_the_gpu_extra_for_vllm(model, tokenizer):
@@ -327,10 +351,30 @@ def test_factory_builds_hf_and_names_the_gpu_extra_for_vllm(model, tokenizer):
 
 def test_draw_follows_the_weights():
     weights = torch.tensor([[1.0, 2.0, 0.0, 5.0]]).expand(40_000, 4)
-    picks = draw(weights, torch.Generator().manual_seed(0))
+    picks = draw(weights, uniforms(row_keys(0, torch.arange(40_000), torch.zeros(40_000)), 0))
     freq = torch.bincount(picks, minlength=4).float() / len(picks)
     assert freq[2] == 0
     torch.testing.assert_close(freq, torch.tensor([1, 2, 0, 5]) / 8, atol=0.01, rtol=0)
+    # a uniform just below 1 takes the last token of positive weight, never a zero-weight tail
+    tail = torch.tensor([[1.0, 3.0, 0.0, 0.0]])
+    assert draw(tail, torch.tensor([[1 - 2**-32]], dtype=torch.float64)).item() == 1
+    assert draw(tail, torch.tensor([[0.0]])).item() == 0
+
+
+def test_keyed_uniforms_are_uniform_and_independent_across_rows_and_steps():
+    keys = row_keys(3, torch.arange(2_000).repeat_interleave(5), torch.arange(5).repeat(2_000))
+    assert len(set(keys.tolist())) == len(keys)
+    u = torch.cat([uniforms(keys, step) for step in range(10)], dim=1)  # (10000, 10)
+    assert float(u.min()) >= 0 and float(u.max()) < 1
+    counts = torch.histc(u.flatten().float(), bins=20, min=0, max=1)
+    expected = u.numel() / 20
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 43.8  # the 0.999 quantile of chi-square with 19 degrees of freedom
+    centred = u - u.mean()
+    corr = (centred[:, :-1] * centred[:, 1:]).mean() / centred.var()
+    assert abs(float(corr)) < 0.02  # successive steps of a row
+    assert abs(float(torch.corrcoef(u[:, :2].T.float())[0, 1])) < 0.03
+    assert torch.equal(uniforms(keys[:7], 4), uniforms(keys, 4)[:7])  # a row is its own stream
 
 
 def test_matmul_decode_attention_equals_sdpa_for_one_query():

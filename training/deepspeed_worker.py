@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 from configs.schema import SFTConfig
 from training import PROGRESS
 from training.distributed import WorkerSpec, rank_share, target_count, zero_config
+from training.engines import full_state_dict
 from training.examples import Example
 from training.finite import LossGuard, NonFiniteLossError
 from training.loop import batch_order, collate, lr_lambda
@@ -162,15 +164,6 @@ def train_zero(
     return engine, report
 
 
-def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | None:
-    """The whole model's weights on rank 0 (None elsewhere); every rank must call it."""
-    if zero_stage == 3:
-        return engine._zero3_consolidated_16bit_state_dict()  # fp32 here: the params' dtype
-    if engine.global_rank != 0:
-        return None
-    return {key: value.detach().cpu() for key, value in engine.module.state_dict().items()}
-
-
 def save_full_model(state: dict[str, torch.Tensor], spec: WorkerSpec, tokenizer: Any) -> int:
     """Save the trained weights where the single-process stage saves its model; returns the
     parameter count."""
@@ -221,12 +214,14 @@ def run(spec: WorkerSpec) -> None:
     dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> None:
+def worker_main(run_rank: Callable[[WorkerSpec], None], argv: list[str] | None = None) -> None:
+    """The entry point of a worker module: read the spec named on the command line and run this
+    rank's part; a failing rank leaves its traceback for the stage's error message."""
     args = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     spec = WorkerSpec.read(Path(args[0]))
     try:
-        run(spec)
+        run_rank(spec)
     except BaseException:
         # for the stage's error message: the launcher's own report buries the cause
         spec.error_path(int(os.environ.get("RANK", "0"))).write_text(traceback.format_exc())
@@ -240,4 +235,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    worker_main(run)

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,8 @@ class WorkerSpec:
     out_dir: str  # the stage folder; the model goes to `out_dir/model`
     run_dir: str  # spec, metrics and result files of this launch
     fingerprint: str
+    module: str = WORKER_MODULE  # the worker's entry point: `python -m MODULE SPEC`
+    extras: dict[str, str] = field(default_factory=dict)  # what a particular worker also needs
 
     @property
     def metrics_path(self) -> Path:
@@ -111,8 +113,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def launch_command(engine: EngineConfig, spec_path: Path, port: int) -> list[str]:
-    """The launcher command line for `engine.processes` workers on this machine."""
+def launch_command(
+    engine: EngineConfig, spec_path: Path, port: int, module: str = WORKER_MODULE
+) -> list[str]:
+    """The launcher command line for `engine.processes` workers of `module` on this machine."""
     n = str(engine.processes)
     if engine.launcher == "deepspeed":
         launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", n]
@@ -122,7 +126,7 @@ def launch_command(engine: EngineConfig, spec_path: Path, port: int) -> list[str
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
         launcher += ["--nproc_per_node", n, "--master_addr", "127.0.0.1"]
         launcher += ["--master_port", str(port), "-m"]
-    return [*launcher, WORKER_MODULE, str(spec_path)]
+    return [*launcher, module, str(spec_path)]
 
 
 def worker_env(engine: EngineConfig) -> dict[str, str]:
@@ -168,7 +172,7 @@ def run_workers(
     for stale in (spec.metrics_path, spec.result_path, *Path(spec.run_dir).glob("error-*")):
         stale.unlink(missing_ok=True)
     port = engine.master_port or free_port()
-    command = launch_command(engine, spec_path, port)
+    command = launch_command(engine, spec_path, port, spec.module)
     log.info("%s: launching %d DeepSpeed workers: %s", spec.desc, engine.processes, command)
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     metrics = MetricsTail(spec.metrics_path)

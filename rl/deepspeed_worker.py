@@ -1,0 +1,121 @@
+"""One rank of a GRPO stage under DeepSpeed ZeRO (`engine.kind: deepspeed`); the stage launches
+it (training.distributed) as `python -m torch.distributed.run ... -m rl.deepspeed_worker SPEC`.
+
+Every rank runs the same GRPOTrainer as the single-process stage, with a DeepSpeed engine for
+its update and torch.distributed for what the ranks exchange: each rank samples and trains on its
+share of each step's prompts. Rank 0 appends the logged steps to `metrics.jsonl` for the stage to
+forward, writes the sample tables into the stage folder, and saves the trained model where the
+single-process stage saves it. Checkpoints are DeepSpeed's own, committed by a record written
+after every rank's shard is on disk, so a killed stage resumes from the last committed step.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from configs.schema import GRPOConfig
+from models.loading import load_model, load_tokenizer
+from problems.loader import load_problems
+from rewards.registry import RewardFn
+from rl.trainer import GRPOTrainer, frozen
+from training.collective import TorchCollective
+from training.deepspeed_worker import (
+    MetricsFile,
+    init_distributed,
+    quiet_libraries,
+    save_full_model,
+    worker_main,
+    write_result,
+)
+from training.distributed import WorkerSpec
+from training.engines import DeepSpeedEngine
+from training.finite import NonFiniteLossError
+
+log = logging.getLogger("rl.deepspeed_worker")
+
+REWARD_MODEL = "reward_model"  # spec.extras: the preference reward model's folder, if any
+
+
+def runtime_rewards(spec: WorkerSpec) -> dict[str, RewardFn]:
+    """The rewards a model backs, rebuilt in this process from the folders the spec names."""
+    if REWARD_MODEL not in spec.extras:
+        return {}
+    from rewards.preference import PreferenceReward
+
+    return {"preference": PreferenceReward(spec.extras[REWARD_MODEL])}
+
+
+def sample_writer(out_dir: Path):
+    """Rank 0's sample tables, one JSON file per logged step, as the single-process stage writes
+    them (the stage logs them to its tracker when the workers are done)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def write(step: int, rows: list[dict[str, Any]]) -> None:
+        path = out_dir / f"step_{step:05d}.json"
+        path.write_text(json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8")
+
+    return write
+
+
+def run(spec: WorkerSpec) -> None:
+    """This rank's part of the GRPO run that `spec` describes."""
+    import torch.distributed as dist
+
+    rank, world = init_distributed()
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
+    quiet_libraries()
+    config = GRPOConfig.model_validate(spec.config)
+    tokenizer = load_tokenizer(spec.base)
+    problems = load_problems(spec.dataset)
+    model = load_model(spec.base)
+    reference = frozen(copy.deepcopy(model)) if config.beta > 0 else None
+    engine = DeepSpeedEngine(
+        model, config.learning_rate, config.max_grad_norm, config.engine, world
+    )
+    out_dir = Path(spec.out_dir)
+    metrics = MetricsFile(spec.metrics_path) if rank == 0 else None
+    trainer = GRPOTrainer(
+        engine.module,
+        tokenizer,
+        config,
+        metrics.log if metrics is not None else lambda m, s: None,
+        sample_writer(out_dir / "samples") if rank == 0 else None,
+        show_progress=False,
+        extra_rewards=runtime_rewards(spec),
+        engine=engine,
+        collective=TorchCollective(),
+        reference=reference,
+    )
+    zero = config.engine.zero_stage
+    log.info("%s: ZeRO-%d, %d ranks, %d steps", spec.desc, zero, world, config.steps)
+    try:
+        report = trainer.train(problems, out_dir / "checkpoints", spec.fingerprint)
+    except NonFiniteLossError as error:
+        if rank == 0:
+            bad = {"step": error.step, "what": error.what, "value": error.value}
+            write_result(spec, {"non_finite": bad})
+        raise
+    state = engine.full_state_dict()
+    if rank == 0:
+        assert state is not None
+        parameters = save_full_model(state, spec, tokenizer)
+        write_result(
+            spec,
+            {
+                "steps": report.steps,
+                "resumed_from": report.resumed_from,
+                "reward_curve": report.reward_curve,
+                "seconds": report.seconds,
+                "parameters": parameters,
+            },
+        )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    worker_main(run)

@@ -1,0 +1,288 @@
+"""Where a trainer's gradient step runs: AdamW in this process, or a DeepSpeed ZeRO engine in each
+of several worker processes. The trainer computes its loss the same way either way; the engine
+owns the optimizer, the backward pass, clipping, the update and the checkpoint of both.
+
+A data-parallel rank's loss is its share of the whole batch's loss (the ranks' losses add up to
+it); DeepSpeed averages the ranks' gradients, so the DeepSpeed engine scales the loss by the
+world size before its backward pass and the update equals the single-process one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from configs.schema import EngineConfig
+from training.checkpoints import load_checkpoint, save_checkpoint
+from training.finite import LossGuard
+
+log = logging.getLogger(__name__)
+
+# Parameters gathered at once when a ZeRO-3 engine copies its weights out (bytes of fp32)
+GATHER_BYTES = 256 * 2**20
+
+
+class UpdateEngine(Protocol):
+    @property
+    def forward_model(self) -> torch.nn.Module:
+        """What the training forward pass calls (it may gather sharded weights)."""
+        ...
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The model itself: its mode, its weights to save."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self, guard: LossGuard) -> float:
+        """Clip and apply the accumulated gradients; returns the gradient norm. A non-finite norm
+        raises through `guard` before the update."""
+        ...
+
+    def sampling_model(self) -> torch.nn.Module:
+        """A model with whole weights to sample from in this process."""
+        ...
+
+    def after_update(self) -> None:
+        """Bring `sampling_model()` up to date with the weights just updated."""
+        ...
+
+    def save(self, ckpt_dir: Path, state: dict[str, Any]) -> None:
+        """Weights, optimizer and the trainer's `state` (which holds a `fingerprint`)."""
+        ...
+
+    def load(self, ckpt_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+        """Restore weights and optimizer from `ckpt_dir` and return the trainer's state, or None
+        when there is no checkpoint of the run named by `fingerprint`."""
+        ...
+
+
+class LocalEngine:
+    """AdamW in this process; checkpoints through training.checkpoints."""
+
+    def __init__(self, model: torch.nn.Module, learning_rate: float, max_grad_norm: float):
+        self._model = model
+        self.max_grad_norm = max_grad_norm
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+
+    @property
+    def forward_model(self) -> torch.nn.Module:
+        return self._model
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self._model
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self, guard: LossGuard) -> float:
+        norm = guard.check(
+            "gradient norm",
+            torch.nn.utils.clip_grad_norm_(self._model.parameters(), self.max_grad_norm),
+        )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def sampling_model(self) -> torch.nn.Module:
+        return self._model
+
+    def after_update(self) -> None:
+        return None
+
+    def save(self, ckpt_dir: Path, state: dict[str, Any]) -> None:
+        payload = {"model": self._model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        save_checkpoint(ckpt_dir, payload | state)
+
+    def load(self, ckpt_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+        state = load_checkpoint(ckpt_dir, fingerprint)
+        if state is None:
+            return None
+        self._model.load_state_dict(state.pop("model"))
+        self.optimizer.load_state_dict(state.pop("optimizer"))
+        return state
+
+
+def deepspeed_config(engine: EngineConfig, max_grad_norm: float, world: int) -> dict[str, Any]:
+    """ZeRO at `engine.zero_stage` in fp32 with the trainer's clipping. The batch sizes are
+    nominal: the trainer feeds the engine its own batches, of varying size."""
+    bucket = int(engine.bucket_size)
+    zero: dict[str, Any] = {
+        "stage": engine.zero_stage,
+        "reduce_bucket_size": bucket,
+        "allgather_bucket_size": bucket,
+    }
+    if engine.zero_stage == 3:
+        # 0: every parameter is sharded, however small (DeepSpeed keeps those under 1e5 whole)
+        zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=0)
+    return {
+        "train_batch_size": world,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": max_grad_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": False},
+        "fp16": {"enabled": False},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedEngine:
+    """A DeepSpeed ZeRO-2/3 engine over `model` with AdamW, one per worker process.
+
+    Sampling needs whole weights in each process. Under ZeRO-2 every rank holds them and samples
+    from the module itself; under ZeRO-3 they are sharded, so each rank keeps a plain copy for
+    sampling and refreshes it after every update, gathering the shards a bounded chunk at a time.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        learning_rate: float,
+        max_grad_norm: float,
+        engine: EngineConfig,
+        world: int,
+    ):
+        import deepspeed
+
+        self.zero_stage = engine.zero_stage
+        self.world = world
+        self._copy = copy.deepcopy(model).eval() if self.zero_stage == 3 else None
+        if self._copy is not None:
+            for p in self._copy.parameters():
+                p.requires_grad_(False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            config=deepspeed_config(engine, max_grad_norm, world),
+        )
+
+    @property
+    def forward_model(self) -> torch.nn.Module:
+        return self.engine
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss * self.world)
+
+    def step(self, guard: LossGuard) -> float:
+        self.engine.step()  # ZeRO clips to gradient_clipping; a non-finite norm skips the update
+        norm = self.engine.get_global_grad_norm()
+        return guard.check("gradient norm", norm) if norm is not None else float("nan")
+
+    def sampling_model(self) -> torch.nn.Module:
+        return self._copy if self._copy is not None else self.engine.module
+
+    def after_update(self) -> None:
+        if self._copy is None:
+            return
+        targets = dict(self._copy.named_parameters())
+        with torch.no_grad():
+            for chunk in parameter_chunks(list(self.engine.module.named_parameters())):
+                with gathered([p for _, p in chunk]):
+                    for name, param in chunk:
+                        targets[name].copy_(param.data)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights on rank 0 (None elsewhere); every rank must call it."""
+        return full_state_dict(self.engine, self.zero_stage)
+
+    # ---- checkpoints: DeepSpeed's own files, committed by a small record written last ---------
+
+    def save(self, ckpt_dir: Path, state: dict[str, Any]) -> None:
+        import torch.distributed as dist
+
+        root = ckpt_dir / "deepspeed"
+        tag = f"step-{state['step']}"
+        self.engine.save_checkpoint(str(root), tag=tag, client_state=state, save_latest=False)
+        dist.barrier()  # every rank's shard is on disk before the record names the tag
+        if self.engine.global_rank == 0:
+            record = root / "committed.json"
+            partial = record.with_suffix(".partial")
+            partial.write_text(json.dumps({"tag": tag, "fingerprint": state["fingerprint"]}))
+            os.replace(partial, record)
+            for old in root.iterdir():
+                if old.is_dir() and old.name != tag:
+                    shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
+
+    def load(self, ckpt_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+        record = ckpt_dir / "deepspeed" / "committed.json"
+        if not record.exists():
+            return None
+        committed = json.loads(record.read_text())
+        if committed["fingerprint"] != fingerprint:
+            log.warning("ignoring checkpoint at %s: it belongs to a different run", record.parent)
+            return None
+        path, state = self.engine.load_checkpoint(str(record.parent), tag=committed["tag"])
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load the committed checkpoint {committed}")
+        self.after_update()
+        return dict(state)
+
+
+def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | None:
+    """A DeepSpeed engine's whole model weights on rank 0 (None elsewhere); every rank must call
+    it, as ZeRO-3 gathers the shards."""
+    if zero_stage == 3:
+        return engine._zero3_consolidated_16bit_state_dict()  # fp32 here: the params' dtype
+    if engine.global_rank != 0:
+        return None
+    return {key: value.detach().cpu() for key, value in engine.module.state_dict().items()}
+
+
+def parameter_chunks(
+    named: list[tuple[str, torch.nn.Parameter]], budget: int = GATHER_BYTES
+) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
+    """Consecutive parameters in chunks of at most `budget` bytes of whole weights (a larger
+    parameter is a chunk of its own)."""
+    chunk: list[tuple[str, torch.nn.Parameter]] = []
+    size = 0
+    for name, param in named:
+        numel = int(getattr(param, "ds_numel", param.numel()))
+        nbytes = numel * param.element_size()
+        if chunk and size + nbytes > budget:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, param))
+        size += nbytes
+    if chunk:
+        yield chunk
+
+
+@contextlib.contextmanager
+def gathered(params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """ZeRO-3 parameters whole on every rank inside the block (a collective: every rank enters)."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        yield
+
+
+def make_engine(
+    model: torch.nn.Module,
+    learning_rate: float,
+    max_grad_norm: float,
+    engine: EngineConfig | None = None,
+    world: int = 1,
+) -> UpdateEngine:
+    """The engine `engine.kind` names; `single` (or none) trains in this process."""
+    if engine is None or engine.kind == "single":
+        return LocalEngine(model, learning_rate, max_grad_norm)
+    return DeepSpeedEngine(model, learning_rate, max_grad_norm, engine, world)
