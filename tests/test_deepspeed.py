@@ -129,6 +129,32 @@ def test_zero_sft_follows_the_single_process_curve(world, single, zero_stage):
 
 
 @needs_deepspeed
+def test_distillation_sft_trains_under_the_engine_switch(world, single, tmp_path):
+    """Stage 7's SFT of a student on traces takes `distillation.engine`: the student trained by
+    two ZeRO-2 ranks is the one the single-process loop trains."""
+    from configs.schema import DistillConfig
+    from stages.distill import distill
+
+    _, reference_weights = single
+    config = DistillConfig(sft=TRAIN, engine=EngineConfig(kind="deepspeed", processes=2))
+    teacher = ModelRef(world["base"], parameters=10**9)
+    ref = distill(
+        config,
+        ModelRef(world["base"]),
+        teacher,
+        world["data"],
+        None,
+        tmp_path,
+        Recorder(),
+        "student",
+    )
+    assert (tmp_path / "sft" / "deepspeed" / "spec.json").exists()  # it ran in the workers
+    trained = load_model(ref.path).state_dict()
+    for name, weight in reference_weights.items():
+        assert torch.allclose(trained[name], weight, atol=WEIGHT_ATOL), name
+
+
+@needs_deepspeed
 @pytest.mark.slow
 def test_a_nan_loss_under_deepspeed_stops_the_stage(world, tmp_path):
     tokenizer = load_tokenizer(world["base"])
