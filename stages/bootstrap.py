@@ -22,7 +22,7 @@ from configs.schema import (
     TrainConfig,
 )
 from curation.teacher import write_traces
-from models.chat import render_completion, render_prompt
+from models.chat import render_completions, render_prompt
 from models.loading import build_model, load_tokenizer, parameter_count
 from models.tokenizer import train_tokenizer
 from problems.corpus import Document, build_corpus
@@ -111,7 +111,10 @@ def pretrain(
     desc: str,
 ) -> ModelRef:
     """A fresh decoder trained as a causal LM on the corpus documents."""
-    texts = [render_prompt(tokenizer, d.question) + render_completion(d.response) for d in docs]
+    completions = render_completions(tokenizer, [d.response for d in docs])
+    texts = [
+        render_prompt(tokenizer, d.question) + c for d, c in zip(docs, completions, strict=True)
+    ]
     examples = lm_examples(tokenizer, texts, train_config.max_length)
     model = build_model(
         model_config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed
