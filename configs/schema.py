@@ -212,6 +212,11 @@ class FilterConfig(Strict):
 class CurationConfig(Strict):
     """Stage 1: cold-start long-CoT data."""
 
+    source: Literal["teacher", "solutions"] = Field(
+        "teacher",
+        description="teacher: the programmatic teacher (needs worked steps: the tiny world); "
+        "solutions: the data set's own reference solutions (GSM8K, MATH) as the reasoning",
+    )
     max_problems: int | None = Field(None, ge=1)
     teacher: TeacherConfig = TeacherConfig()
     filters: FilterConfig = FilterConfig()
@@ -533,3 +538,12 @@ class PipelineConfig(Strict):
     distillation: DistillConfig = DistillConfig()
     evaluation: EvalConfig = EvalConfig()
     faults: FaultConfig = FaultConfig()
+
+    @model_validator(mode="after")
+    def _solutions_exist(self) -> PipelineConfig:
+        if self.curation.source == "solutions" and self.data.source != "files":
+            raise ValueError(
+                "curation.source 'solutions' needs data with reference solutions "
+                "(data.source: files); the tiny world's problems have none"
+            )
+        return self
