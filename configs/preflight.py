@@ -22,12 +22,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
-# What each flow opens: the whole recipe all of it; R1-Zero no students; stage 7 alone takes
-# its teacher and base from the registry.
+# What each flow opens: the whole recipe all of it; R1-Zero no students; stage 7 alone and the
+# scheduled evaluation take their models from the registry.
 FLOW_NEEDS: dict[str, tuple[str, ...]] = {
     "r1_pipeline": ("policy", "students", "data"),
     "r1_zero": ("policy", "data"),
     "distill": ("students", "data"),
+    "evaluate_registered": ("data",),
 }
 MODEL_HINT = "a local folder saved with save_pretrained (config.json, tokenizer files, weights)"
 

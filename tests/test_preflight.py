@@ -40,10 +40,12 @@ def test_the_tiny_profiles_need_no_local_inputs():
 
 def test_each_flow_checks_what_it_opens():
     config = load_profile(GPU)
-    keys = {flow: [i.key for i in required_inputs(config, flow)] for flow in ("r1_zero", "distill")}
+    flows = ("r1_zero", "distill", "evaluate_registered")
+    keys = {flow: [i.key for i in required_inputs(config, flow)] for flow in flows}
     assert keys["r1_zero"] == ["bootstrap.path", "data.files.train_path", "data.files.heldout_path"]
     assert keys["distill"][:2] == ["distillation.students[0].path", "distillation.students[1].path"]
     assert "bootstrap.path" not in keys["distill"]
+    assert keys["evaluate_registered"] == ["data.files.train_path", "data.files.heldout_path"]
 
 
 def test_the_message_names_key_path_cause_and_remedy(tmp_path, monkeypatch):
