@@ -31,7 +31,7 @@ from configs.schema import (  # noqa: E402
     TrainConfig,
     WorldConfig,
 )
-from models.chat import render_completion, render_prompt  # noqa: E402
+from models.chat import render_completions, render_prompt  # noqa: E402
 from models.loading import build_model, load_model, load_tokenizer  # noqa: E402
 from models.tokenizer import train_tokenizer  # noqa: E402
 from problems.corpus import build_corpus  # noqa: E402
@@ -54,7 +54,10 @@ def make_model(folder: Path, seed: int) -> tuple[Path, list]:
         hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192
     )
     model = build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
-    texts = [render_prompt(tokenizer, d.question) + render_completion(d.response) for d in docs]
+    completions = render_completions(tokenizer, [d.response for d in docs])
+    texts = [
+        render_prompt(tokenizer, d.question) + c for d, c in zip(docs, completions, strict=True)
+    ]
     pretrain = TrainConfig(
         epochs=2, batch_size=32, learning_rate=3e-3, warmup_steps=5, checkpoint_every=10_000
     )

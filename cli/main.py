@@ -1,6 +1,6 @@
 """`r1 run` runs the pipeline flow on a profile and prints the per-stage table; `r1 config`
-shows the validated profile; `r1 lineage MODEL` prints a registered model's chain back to the raw
-problems."""
+shows the validated profile (and, exit status 3, the local inputs it lacks); `r1 lineage MODEL`
+prints a registered model's chain back to the raw problems."""
 
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return lineage_command(args.model, args.state_dir, args.json)
     paths = prepare_environment(args.state_dir)
-    from configs.loader import ConfigError, load_profile
+    from configs.loader import ConfigError, load_profile, profile_path
+    from configs.preflight import MissingInputsError, check_inputs
 
     try:
         config = load_profile(args.profile, args.overrides)
@@ -66,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "config":
         print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    try:  # the profile's local checkpoints and data files, before anything starts
+        check_inputs(config, getattr(args, "flow", "r1_pipeline"), str(profile_path(args.profile)))
+    except MissingInputsError as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 3
+    if args.command == "config":
         return 0
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -7,7 +7,7 @@ so the object that MLflow logs is the object that ran.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -164,9 +164,24 @@ class CorpusConfig(Strict):
         return self
 
 
-class BootstrapConfig(Strict):
-    """Stage 0: tokenizer and base model for the tiny world."""
+def _hub_id() -> Any:
+    """The `hub_id` field of a checkpoint: where a user with hub access downloads `path`."""
+    return Field(
+        None,
+        description="the hub repository `path` is a download of (e.g. Qwen/Qwen2.5-1.5B-Instruct):"
+        " named in messages and records, never fetched",
+    )
 
+
+class BootstrapConfig(Strict):
+    """Stage 0: the policy's base. The tiny world trains a tokenizer and a base model from
+    scratch (`vocab_size`, `model`, `corpus`, `train`); with `path`, a local pretrained
+    checkpoint is the base and nothing trains."""
+
+    path: Path | None = Field(
+        None, description="a local folder saved with save_pretrained (weights, config, tokenizer)"
+    )
+    hub_id: str | None = _hub_id()
     vocab_size: int = Field(1024, ge=64)
     model: ModelConfig = ModelConfig()
     corpus: CorpusConfig = CorpusConfig()
@@ -212,6 +227,11 @@ class FilterConfig(Strict):
 class CurationConfig(Strict):
     """Stage 1: cold-start long-CoT data."""
 
+    source: Literal["teacher", "solutions"] = Field(
+        "teacher",
+        description="teacher: the programmatic teacher (needs worked steps: the tiny world); "
+        "solutions: the data set's own reference solutions (GSM8K, MATH) as the reasoning",
+    )
     max_problems: int | None = Field(None, ge=1)
     teacher: TeacherConfig = TeacherConfig()
     filters: FilterConfig = FilterConfig()
@@ -466,6 +486,7 @@ class StudentConfig(Strict):
     model: ModelConfig | None = None
     pretrain: TrainConfig = TrainConfig()
     path: Path | None = None
+    hub_id: str | None = _hub_id()
 
     @model_validator(mode="after")
     def _one_source(self) -> StudentConfig:
@@ -556,3 +577,12 @@ class PipelineConfig(Strict):
     distillation: DistillConfig = DistillConfig()
     evaluation: EvalConfig = EvalConfig()
     faults: FaultConfig = FaultConfig()
+
+    @model_validator(mode="after")
+    def _solutions_exist(self) -> PipelineConfig:
+        if self.curation.source == "solutions" and self.data.source != "files":
+            raise ValueError(
+                "curation.source 'solutions' needs data with reference solutions "
+                "(data.source: files); the tiny world's problems have none"
+            )
+        return self

@@ -24,6 +24,7 @@ from prefect import flow, get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 
 from configs.loader import load_profile
+from configs.preflight import check_inputs
 from configs.schema import DataConfig, EvalConfig
 from problems.general import write_general_sets
 from problems.loader import load_problems
@@ -399,6 +400,7 @@ def evaluate_registered(
     if max_drop < 0:
         raise ValueError(f"max_drop must be 0 or more, got {max_drop}")
     config = load_profile(profile, overrides or [])
+    check_inputs(config, "evaluate_registered")  # the held-out data files, if the profile has any
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     paths = StatePaths.from_env()

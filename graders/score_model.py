@@ -134,13 +134,11 @@ class LocalJudge:
         return self.tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
 
     def _stop_ids(self) -> list[int]:
-        from models.chat import IM_END
+        from models.chat import stop_token_ids
 
-        ids = [self.tokenizer.eos_token_id]
-        end = self.tokenizer.convert_tokens_to_ids(IM_END)
-        if isinstance(end, int) and end != self.tokenizer.unk_token_id:
-            ids.append(end)
-        return [i for i in ids if i is not None]
+        if not getattr(self.tokenizer, "chat_template", None):  # a plain LM stops on its EOS
+            return [self.tokenizer.eos_token_id]
+        return stop_token_ids(self.tokenizer)
 
 
 def _role(role: str) -> str:

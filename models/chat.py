@@ -1,6 +1,14 @@
-"""The chat template and how prompts and training examples are rendered with it."""
+"""The chat template and how prompts and training examples are rendered with it.
+
+Prompts are rendered by the tokenizer's own chat template, so the tiny world's tokenizer and a
+real one (Qwen2.5's `<|im_end|>`, Llama 3's `<|eot_id|>`) go through the same code. What ends an
+assistant turn is read off that template too (`end_of_turn`): a completion trained without it
+never learns to stop, and a sampler that does not stop on it runs every sample to the length cap.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
@@ -15,6 +23,12 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+_PROBE = "R1ENDOFTURNPROBE"  # plain letters: no template trims, escapes or splits it
+
+
+class ChatTemplateError(ValueError):
+    """A tokenizer whose chat template cannot render our prompts or end a completion."""
+
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
     """The text a model continues to answer `question`."""
@@ -23,6 +37,50 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
     )
 
 
-def render_completion(completion: str) -> str:
+def end_of_turn(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The token that closes an assistant turn in `tokenizer`'s chat template.
+
+    Read off the template by rendering a probe reply: the first token after it, when that is a
+    special or added token (`<|im_end|>` for Qwen and the tiny world, `<|eot_id|>` for Llama 3).
+    A template that closes turns with plain text falls back to the tokenizer's EOS token.
+    """
+    if not tokenizer.chat_template:
+        raise ChatTemplateError("the tokenizer has no chat template")
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _PROBE}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    if _PROBE not in text:
+        raise ChatTemplateError("the chat template does not render the assistant's reply")
+    tail = text.split(_PROBE, 1)[1]
+    ids = tokenizer(tail, add_special_tokens=False)["input_ids"] if tail.strip() else []
+    first = tokenizer.convert_ids_to_tokens(ids[0]) if ids else None
+    marked = set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab())
+    if first is not None and first in marked and tail.startswith(first):
+        return first
+    if tokenizer.eos_token is None:
+        raise ChatTemplateError(
+            f"the chat template ends a turn with {tail!r}, not a special token, and the "
+            "tokenizer has no EOS token to end completions with"
+        )
+    return tokenizer.eos_token
+
+
+def render_completion(tokenizer: PreTrainedTokenizerBase, completion: str) -> str:
     """What follows the prompt in a training example: the completion and its end-of-turn."""
-    return f"{completion}{IM_END}"
+    return f"{completion}{end_of_turn(tokenizer)}"
+
+
+def render_completions(tokenizer: PreTrainedTokenizerBase, completions: Sequence[str]) -> list[str]:
+    """`render_completion` over many: the template is read once (a read costs ~0.5 ms)."""
+    end = end_of_turn(tokenizer)
+    return [f"{completion}{end}" for completion in completions]
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids a sampler stops on: the end-of-turn and, when it differs, the EOS token.
+
+    A base checkpoint may name `<|endoftext|>` its EOS while its template ends turns with
+    `<|im_end|>` (Qwen2.5-Math): the fine-tuned model ends with the latter.
+    """
+    tokens = [end_of_turn(tokenizer), tokenizer.eos_token]
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens if t is not None]
+    return list(dict.fromkeys(i for i in ids if isinstance(i, int)))

@@ -24,7 +24,7 @@ from transformers import (
 )
 
 from configs.schema import ModelConfig
-from models.chat import render_completion, render_prompt
+from models.chat import render_completions, render_prompt
 from models.loading import ModelNotFoundError, decoder_config
 
 
@@ -68,11 +68,9 @@ def pair_texts(
     """
     before, after = template_ends(tokenizer)
     texts = []
-    for prompt, response in zip(prompts, responses, strict=True):
+    for prompt, response in zip(prompts, render_completions(tokenizer, responses), strict=True):
         rendered = prompt.startswith(before) and prompt.endswith(after)
-        texts.append(
-            (prompt if rendered else render_prompt(tokenizer, prompt)) + render_completion(response)
-        )
+        texts.append((prompt if rendered else render_prompt(tokenizer, prompt)) + response)
     return texts
 
 

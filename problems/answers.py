@@ -39,3 +39,16 @@ def final_answer_text(text: str) -> str:
     if boxed is not None:
         return boxed
     return text.strip()
+
+
+def worked_solution(text: str) -> str:
+    """`text` when it is a worked solution (reasoning before GSM8K's `#### 42` or before MATH's
+    last `\\boxed{42}`), else "": a bare answer ("42", "\\boxed{42}") has no reasoning to learn."""
+    stripped = text.strip()
+    if "####" in stripped:
+        reasoning = stripped[: stripped.rfind("####")]
+    elif last_boxed(stripped) is not None:
+        reasoning = stripped[: stripped.rfind("\\boxed{")]
+    else:
+        return ""
+    return stripped if any(ch.isalnum() for ch in reasoning) else ""

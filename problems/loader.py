@@ -2,7 +2,8 @@
 
 Real data: JSONL or Parquet with a question and an answer column (names configurable). Answers
 may be GSM8K solutions ending in `#### 42` or MATH solutions with `\\boxed{42}`; the final answer
-is extracted at load so every stage sees a clean gold string.
+is extracted at load so every stage sees a clean gold string, and a worked solution is kept whole
+as `Problem.solution` (cold-start curation can learn from it).
 
 A row that cannot become a problem (see REASONS) is either refused, with the file, the line and
 the reason, or skipped and counted by reason in a LoadReport (`data.files.bad_rows`). The
@@ -20,7 +21,7 @@ from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
-from problems.answers import final_answer_text
+from problems.answers import final_answer_text, worked_solution
 from problems.scripts import dominant_script
 from problems.types import Problem
 
@@ -170,6 +171,7 @@ def _problem(row: dict[str, Any], index: int, path: Path, fields: tuple[str, str
     if kind == "reasoning" and not answer:
         raise BadRow("empty_answer", f"{answer_field!r} holds no final answer")
     default_id = f"{path.stem}-{index:06d}"
+    given = _text(row, "solution")  # our own files keep it apart from the clean answer
     return Problem(
         id=row_id or default_id,
         question=question,
@@ -179,6 +181,7 @@ def _problem(row: dict[str, Any], index: int, path: Path, fields: tuple[str, str
         key=key or row_id or default_id,
         steps=tuple(steps),
         kind=kind,
+        solution=worked_solution(given or solution),
     )
 
 

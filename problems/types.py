@@ -15,6 +15,9 @@ class Problem:
     its wording and language, so that the train/held-out split can keep a problem and its
     rephrasings on the same side. `steps` are worked intermediate results ("7 + 5 = 12") when the
     source knows them; the programmatic teacher needs them, real data usually lacks them.
+    `solution` is a data set's own worked solution (GSM8K's reasoning before `#### 42`, MATH's
+    text ending in `\\boxed{}`), kept for cold-start curation from reference solutions; "" when
+    the source has none (the tiny world, bare answers).
     """
 
     id: str
@@ -25,10 +28,15 @@ class Problem:
     key: str = ""
     steps: tuple[str, ...] = field(default_factory=tuple)
     kind: str = "reasoning"  # or "general": no checkable answer, a reward model judges it
+    solution: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready row; `solution` only when there is one, so files of problems without
+        one (the tiny world's) stay as they were."""
         row = asdict(self)
         row["steps"] = list(self.steps)
+        if not self.solution:
+            del row["solution"]
         return row
 
     @classmethod
@@ -42,4 +50,5 @@ class Problem:
             key=str(row.get("key") or row["id"]),
             steps=tuple(row.get("steps") or ()),
             kind=str(row.get("kind") or "reasoning"),
+            solution=str(row.get("solution") or ""),
         )

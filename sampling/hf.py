@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from models.chat import stop_token_ids
 from sampling.decode import Decoded, decode
 from sampling.streams import row_keys
 from sampling.types import Completion, SamplingParams
@@ -45,6 +46,7 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.show_progress = show_progress
+        self.stop_ids = stop_token_ids(tokenizer)
 
     def generate(
         self, prompts: Sequence[str], n: int, params: SamplingParams
@@ -85,7 +87,7 @@ class HFSampler:
             temperature=params.temperature,
             top_p=params.top_p,
             max_new_tokens=params.max_new_tokens,
-            stop_ids=[self.tokenizer.eos_token_id],
+            stop_ids=self.stop_ids,
             pad_id=self.tokenizer.pad_token_id,
             keys=keys,
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from models.chat import stop_token_ids
 from sampling.types import Completion, SamplingParams
 
 FINISH_REASONS = {"stop": "stop", "length": "length"}
@@ -89,7 +90,8 @@ class VLLMSampler:
             logprobs_mode="processed_logprobs",
             **engine_kwargs,
         )
-        self.eos_token_id = self.llm.get_tokenizer().eos_token_id
+        # the chat template's end-of-turn as well as EOS (models.chat.stop_token_ids)
+        self.stop_ids = stop_token_ids(self.llm.get_tokenizer())
 
     def generate(
         self, prompts: Sequence[str], n: int, params: SamplingParams
@@ -105,7 +107,7 @@ class VLLMSampler:
                 max_tokens=params.max_new_tokens,
                 seed=seed,
                 logprobs=0,
-                stop_token_ids=[self.eos_token_id],
+                stop_token_ids=self.stop_ids,
             )
             for seed in request_seeds(params.seed, len(prompts), params.prompt_offset)
         ]

@@ -12,12 +12,17 @@
 #
 # Settings: R1_STATE_DIR (default ./state), R1_PREFECT_PORT (default 4200), R1_WORK_POOL
 # (default r1-local), R1_VENV (default .venv).
+#
+# The pool r1-gpu is created but gets no worker here: `prefect deploy --all` refuses a
+# deployment whose pool does not exist, and the runs of r1-pipeline/gpu wait in it for a worker
+# on a GPU machine (README, "GPU profile").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv="${R1_VENV:-.venv}"
 port="${R1_PREFECT_PORT:-4200}"
 pool="${R1_WORK_POOL:-r1-local}"
+gpu_pool=r1-gpu  # prefect.yaml names it
 state="$(realpath -m "${R1_STATE_DIR:-state}")"
 logs="$state/logs"
 pids="$state/pids"
@@ -71,8 +76,10 @@ urllib.request.urlopen(sys.argv[1] + "/health", timeout=2)
 EOF
     sleep 1
   done
-  "$venv/bin/prefect" work-pool inspect "$pool" > /dev/null 2>&1 ||
-    "$venv/bin/prefect" work-pool create "$pool" --type process > /dev/null
+  for name in "$pool" "$gpu_pool"; do
+    "$venv/bin/prefect" work-pool inspect "$name" > /dev/null 2>&1 ||
+      "$venv/bin/prefect" work-pool create "$name" --type process > /dev/null
+  done
   "$venv/bin/prefect" --no-prompt deploy --all > "$logs/deploy.log" 2>&1 ||
     { cat "$logs/deploy.log" >&2; exit 1; }
   echo "serve: deployed $(grep -c "^  - name:" prefect.yaml) deployments (log: $logs/deploy.log)"

@@ -1,8 +1,10 @@
-"""Stage 0 (tiny world only): a tokenizer and a small Qwen2/Llama base model from scratch.
+"""Stage 0: the policy's base model.
 
-The base is pretrained on a synthetic corpus (problems.corpus) whose style mix makes it what R1
-starts from, in miniature: sometimes right, sometimes mixing languages, rarely using the
-think/answer format.
+In the tiny world, a tokenizer and a small Qwen2/Llama base model from scratch: the base is
+pretrained on a synthetic corpus (problems.corpus) whose style mix makes it what R1 starts from,
+in miniature: sometimes right, sometimes mixing languages, rarely using the think/answer format.
+With real checkpoints (`bootstrap.path`), R1's starting point exists already: the folder is
+checked (models.checkpoint) and used where it lies, and nothing trains.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from configs.schema import (
     TrainConfig,
 )
 from curation.teacher import write_traces
-from models.chat import render_completion, render_prompt
+from models.chat import render_completions, render_prompt
+from models.checkpoint import check_checkpoint
 from models.loading import build_model, load_tokenizer, parameter_count
 from models.tokenizer import train_tokenizer
 from problems.corpus import Document, build_corpus
@@ -50,6 +53,8 @@ def _tokenizer_texts(docs: list, train_problems: list, seed: int) -> list[str]:
 def run(
     config: BootstrapConfig, problems: ProblemSet, out_dir: Path, tracker: Tracker, seed: int = 0
 ) -> ModelRef:
+    if config.path is not None:
+        return from_checkpoint(config.path, tracker)
     train_problems = load_problems(problems.train_path)
     docs = build_corpus(train_problems, config.corpus, seed=seed)
     styles = Counter(d.style for d in docs)
@@ -66,6 +71,28 @@ def run(
         seed,
         desc="bootstrap",
     )
+
+
+def from_checkpoint(path: Path, tracker: Tracker) -> ModelRef:
+    """A pretrained checkpoint as the base (or a student's base): checked, not copied, and
+    referred to by its absolute path, so a later run from another folder finds it too."""
+    checked = check_checkpoint(path)
+    log.info(
+        "checkpoint %s: %s, %d parameters, %d tokens, turns end with %s",
+        path,
+        checked.model_type,
+        checked.parameters,
+        checked.tokens,
+        checked.end_of_turn,
+    )
+    tracker.log_metrics(
+        {
+            "model/parameters": float(checked.parameters),
+            "model/tokenizer_tokens": float(checked.tokens),
+            "model/embedding_rows": float(checked.embedding_rows),
+        }
+    )
+    return ModelRef(path=path.resolve(), parameters=checked.parameters)
 
 
 def pretrain_student(
@@ -111,7 +138,10 @@ def pretrain(
     desc: str,
 ) -> ModelRef:
     """A fresh decoder trained as a causal LM on the corpus documents."""
-    texts = [render_prompt(tokenizer, d.question) + render_completion(d.response) for d in docs]
+    completions = render_completions(tokenizer, [d.response for d in docs])
+    texts = [
+        render_prompt(tokenizer, d.question) + c for d, c in zip(docs, completions, strict=True)
+    ]
     examples = lm_examples(tokenizer, texts, train_config.max_length)
     model = build_model(
         model_config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed

@@ -1,9 +1,10 @@
 """Stage 1: cold-start curation of long chain-of-thought traces.
 
-The teacher writes traces for the training problems; the filters keep the well-formed, readable,
-single-language, correct, length-bounded, distinct ones and count what each removed. The kept
-set is saved as a Hugging Face dataset; every candidate, with the filter that removed it, is
-saved as Parquet for the record.
+The teacher writes traces for the training problems (or, with `source: solutions`, the data
+set's reference solutions become them: curation.solutions); the filters keep the well-formed,
+readable, single-language, correct, length-bounded, distinct ones and count what each removed.
+The kept set is saved as a Hugging Face dataset; every candidate, with the filter that removed
+it, is saved as Parquet for the record.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from datasets import Dataset
 
 from configs.schema import CurationConfig
 from curation.filters import apply_filters
-from curation.teacher import write_traces
+from curation.solutions import solution_traces
+from curation.teacher import Trace, write_traces
 from models.loading import load_tokenizer
 from problems.loader import load_problems
+from problems.types import Problem
 from stages.refs import CuratedSet, ModelRef, ProblemSet
 from stages.tracking import Tracker
 
@@ -34,14 +37,15 @@ def run(
     def count_tokens(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    traces = write_traces(train, config.teacher)
+    traces, skipped = candidate_traces(config, train)
     result = apply_filters(traces, config.filters, count_tokens)
+    counts = skipped | result.counts
     tracker.log_metrics(
-        {f"filter/{name}_removed": float(n) for name, n in result.counts.items()}
+        {f"filter/{name}_removed": float(n) for name, n in counts.items()}
         | {"curation/candidates": float(len(traces)), "curation/kept": float(len(result.kept))}
     )
     if not result.kept:
-        raise ValueError(f"curation kept none of {len(traces)} traces; removed: {result.counts}")
+        raise ValueError(f"curation kept none of {len(traces)} traces; removed: {counts}")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     dataset_path = out_dir / "curated"
@@ -62,5 +66,16 @@ def run(
         candidates_path=candidates_path,
         n_candidates=len(traces),
         n_kept=len(result.kept),
-        filter_counts=result.counts,
+        filter_counts=counts,
     )
+
+
+def candidate_traces(
+    config: CurationConfig, problems: list[Problem]
+) -> tuple[list[Trace], dict[str, int]]:
+    """The traces the filters judge, from the configured source, and what was skipped before
+    them: with `solutions`, the problems that have none (`no_solution`, counted first)."""
+    if config.source == "solutions":
+        traces, missing = solution_traces(problems)
+        return traces, {"no_solution": missing}
+    return write_traces(problems, config.teacher), {}

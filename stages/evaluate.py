@@ -32,10 +32,13 @@ def general_score(
     scorer: RewardFn,
     params: SamplingParams,
 ) -> dict[str, float]:
-    """Mean reward-model score of one sample per held-out general prompt (stage 6's target)."""
+    """Mean reward-model score of one sample per held-out general prompt (stage 6's target).
+
+    The reward model gets the raw questions and renders them with its own chat template: a
+    student's template (Llama 3's) need not be the reward model's (the policy's, Qwen's)."""
     rendered = [render_prompt(tokenizer, p.question) for p in prompts]
     texts = [group[0].text for group in sampler.generate(rendered, 1, params)]
-    scores = [s for s in scorer(rendered, texts) if s is not None]
+    scores = [s for s in scorer([p.question for p in prompts], texts) if s is not None]
     formed = [is_well_formed(t) for t in texts]
     return {
         "general_score": sum(scores) / max(len(scores), 1),

@@ -12,7 +12,7 @@ from datasets import load_from_disk
 from transformers import PreTrainedTokenizerBase
 
 from configs.schema import SFTConfig
-from models.chat import render_completion, render_prompt
+from models.chat import render_completions, render_prompt
 from models.loading import load_model, load_tokenizer
 from stages.fingerprint import fingerprint
 from stages.refs import ModelRef, save_model
@@ -89,6 +89,6 @@ def dataset_examples(
     return sft_examples(
         tokenizer,
         [render_prompt(tokenizer, q) for q in rows["question"]],
-        [render_completion(c) for c in rows["completion"]],
+        render_completions(tokenizer, rows["completion"]),
         max_length,
     )

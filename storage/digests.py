@@ -18,13 +18,18 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+HUB_CACHE = ".cache/"  # `hf download --local-dir` keeps download metadata (with times) here
+
+
 def tree_digest(root: Path, skip: Iterable[str] = ()) -> str:
-    """Digest over a folder's files (relative names and bytes), in name order."""
+    """Digest over a folder's files (relative names and bytes), in name order; files are read
+    in chunks, so a checkpoint of many GB costs time, not memory. A hub download's `.cache/`
+    is bookkeeping, not content: two downloads of the same files digest the same."""
     skipped = set(skip)
     h = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
-        if rel in skipped:
+        if rel in skipped or rel.startswith(HUB_CACHE):
             continue
         h.update(rel.encode())
         h.update(file_digest(path).encode())

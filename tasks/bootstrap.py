@@ -1,4 +1,4 @@
-"""Stage 0 task: the tiny world's tokenizer and base model."""
+"""Stage 0 task: the policy's base, trained in the tiny world or a local checkpoint."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ from configs.schema import BootstrapConfig
 from stages import bootstrap as bootstrap_stage
 from stages.refs import ModelRef, ProblemSet
 from tasks.cache import stage_task
-from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
+from tasks.context import (
+    RunContext,
+    StageResult,
+    log_problems,
+    record_model,
+    tag_checkpoint,
+    tracked_stage,
+)
 
 STAGE = "bootstrap"
 
@@ -16,14 +23,14 @@ def bootstrap_base(
     config: BootstrapConfig, ctx: RunContext, problems: ProblemSet, seed: int = 0
 ) -> StageResult[ModelRef]:
     with tracked_stage(ctx, STAGE, config) as (tracker, timing):
-        train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
+        if config.path is None:  # trained on a corpus made from the training problems
+            inputs = [log_problems(tracker.client, tracker.run_id, problems, "train")]
+        else:
+            inputs = []
+            tag_checkpoint(tracker, config.path, config.hub_id)
         model = bootstrap_stage.run(config, problems, ctx.stage_dir(STAGE), tracker, seed)
-        digest, version = record_model(ctx, tracker, STAGE, model, [train_digest])
-    return StageResult(
-        STAGE,
-        tracker.run_id,
-        model,
-        timing["seconds"],
-        digest,
-        {"params": f"{model.parameters / 1e6:.2f}M", "model": f"v{version}"},
-    )
+        digest, version = record_model(ctx, tracker, STAGE, model, inputs)
+    notes = {"params": f"{model.parameters / 1e6:.2f}M", "model": f"v{version}"}
+    if config.path is not None:
+        notes["checkpoint"] = config.hub_id or config.path.name
+    return StageResult(STAGE, tracker.run_id, model, timing["seconds"], digest, notes)

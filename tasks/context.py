@@ -101,6 +101,17 @@ def record_model(
     return digest, version
 
 
+CHECKPOINT_TAG = "r1.checkpoint"  # the local folder a stage's model was taken from, untrained
+
+
+def tag_checkpoint(tracker: MlflowTracker, path: Path, hub_id: str | None) -> None:
+    """Mark a stage's MLflow run as taking its model from a local checkpoint (and from which
+    hub repository that is a download of, when the profile says)."""
+    tracker.client.set_tag(tracker.run_id, CHECKPOINT_TAG, str(path.resolve()))
+    if hub_id:
+        tracker.client.set_tag(tracker.run_id, f"{CHECKPOINT_TAG}.hub_id", hub_id)
+
+
 PROGRESS_STEP = 5.0  # percentage points between updates of a stage's progress artifact
 
 

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from configs.schema import CorpusConfig, DistillConfig, StudentConfig
-from models.loading import load_model, parameter_count
 from stages import bootstrap as bootstrap_stage
 from stages import distill as distill_stage
 from stages.mixed import build_sft_set
 from stages.refs import ModelRef, ProblemSet
 from storage.tracking import log_dataset
 from tasks.cache import stage_task
-from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
+from tasks.context import (
+    RunContext,
+    StageResult,
+    log_problems,
+    record_model,
+    tag_checkpoint,
+    tracked_stage,
+)
 from tasks.rejection import RejectionSet
 
 
@@ -26,17 +32,18 @@ def student_base(
     """A real student is a local checkpoint; the tiny world pretrains one like its base."""
     stage = f"student_base_{student.name}"
     with tracked_stage(ctx, stage, student) as (tracker, timing):
-        if student.path is not None:
-            model = ModelRef(student.path, parameter_count(load_model(student.path)))
-        else:
+        if student.path is not None:  # a raw input: it derives from nothing in this run
+            tag_checkpoint(tracker, student.path, student.hub_id)
+            model, inputs = bootstrap_stage.from_checkpoint(student.path, tracker), []
+        else:  # the base's tokenizer, a corpus made from the training problems
             model = bootstrap_stage.pretrain_student(
                 student, corpus, base.output, problems, ctx.stage_dir(stage), tracker, seed
             )
-        inputs = [base.digest]
-        if student.path is None:  # pretrained on a corpus made from the training problems
-            inputs.append(log_problems(tracker.client, tracker.run_id, problems, "train"))
+            inputs = [base.digest, log_problems(tracker.client, tracker.run_id, problems, "train")]
         digest, version = record_model(ctx, tracker, stage, model, inputs)
     notes = {"params": f"{model.parameters / 1e6:.2f}M", "model": f"v{version}"}
+    if student.path is not None:
+        notes["checkpoint"] = student.hub_id or student.path.name
     return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)
 
 

@@ -11,6 +11,7 @@ from mlflow import MlflowClient
 from prefect import get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 
+from configs.preflight import check_inputs
 from configs.schema import PipelineConfig
 from evaluation.report import StageRow, markdown_table, plot_stages, table_dict
 from stages.refs import CuratedSet, EvalReport
@@ -42,6 +43,8 @@ class PipelineResult:
 
 @task(name="open-pipeline-run")
 def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunContext:
+    # every local checkpoint and data file the flow needs, before any store is touched
+    check_inputs(config, flow)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     paths = StatePaths.from_env()
@@ -138,8 +141,12 @@ def run_url(experiment: str, run_id: str) -> str:
 
 
 def mark_pipeline_failed(flow, flow_run, state) -> None:
-    """Flow failure hook: close the parent run of this flow run as FAILED."""
-    client = tracking_client(StatePaths.from_env())
+    """Flow failure hook: close the parent run of this flow run as FAILED (none if the flow
+    failed before the MLflow store existed: do not create one just to search it)."""
+    paths = StatePaths.from_env()
+    if not paths.mlflow_db.exists():
+        return
+    client = tracking_client(paths)
     runs = client.search_runs(
         experiment_ids=[e.experiment_id for e in client.search_experiments()],
         filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run.id}' AND tags.`r1.stage` = 'pipeline'",

@@ -22,3 +22,13 @@ def test_a_bad_setting_exits_2_naming_the_key(capsys, tmp_path):
     assert code == 2
     err = capsys.readouterr().err
     assert "cold_start_sft.train.epohcs: Extra inputs are not permitted" in err
+
+
+def test_config_prints_the_profile_and_exits_3_naming_missing_inputs(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no checkpoints/ or data/ here
+    code = main(["config", "--profile", "gpu-qwen", "--state-dir", str(tmp_path / "state")])
+    assert code == 3
+    captured = capsys.readouterr()
+    assert "name: r1-gpu-qwen" in captured.out
+    assert "5 local input(s) missing" in captured.err
+    assert "bootstrap.path = checkpoints/Qwen2.5-1.5B-Instruct" in captured.err

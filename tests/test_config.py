@@ -5,7 +5,7 @@ from configs.loader import known_profiles
 
 
 def test_shipped_profiles_load():
-    assert {"tiny", "micro"} <= set(known_profiles())
+    assert {"tiny", "micro", "gpu-qwen"} <= set(known_profiles())
     tiny = load_profile("tiny")
     assert isinstance(tiny, PipelineConfig) and tiny.name == "r1-tiny"
     assert load_profile("micro").evaluation.n_samples == 2

@@ -250,14 +250,13 @@ def test_a_failing_stage_marks_the_mlflow_runs_failed(prefect_server, tmp_path, 
     monkeypatch.setenv("R1_STATE_DIR", str(tmp_path / "state"))
     from flows.r1_pipeline import r1_pipeline
 
+    bad = tmp_path / "bad.jsonl"  # there, so the preflight passes; no row loads in the stage
+    bad.write_text("not json\n")
     config = load_profile(
         "micro",
-        [
-            "data.source=files",
-            f"data.files={{train_path: {tmp_path}/no.jsonl, heldout_path: {tmp_path}/no.jsonl}}",
-        ],
+        ["data.source=files", f"data.files={{train_path: {bad}, heldout_path: {bad}}}"],
     )
-    with pytest.raises(Exception, match="no such file"):
+    with pytest.raises(Exception, match="no usable rows"):
         r1_pipeline(config=config)
     client = MlflowClient(f"sqlite:///{tmp_path}/state/mlflow.db")
     (experiment,) = [e for e in client.search_experiments() if e.name == "r1-micro"]

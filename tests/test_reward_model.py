@@ -84,7 +84,7 @@ def tokenizer():
 def test_prompts_are_rendered_once(tokenizer):
     rendered = render_prompt(tokenizer, "Hello, my name is Tom.")
     texts = pair_texts(tokenizer, ["Hello, my name is Tom.", rendered], ["hi", "hi"])
-    assert texts[0] == texts[1] == rendered + render_completion("hi")
+    assert texts[0] == texts[1] == rendered + render_completion(tokenizer, "hi")
 
 
 def test_a_score_does_not_depend_on_padding(tokenizer):

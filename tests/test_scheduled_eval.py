@@ -334,10 +334,12 @@ def test_an_evaluation_that_breaks_leaves_a_failed_mlflow_run(evaluations, tmp_p
     from flows.evaluate_registered import evaluate_registered
 
     paths = evaluations["paths"]
-    files = f"{{train_path: {tmp_path}/no.jsonl, heldout_path: {tmp_path}/no.jsonl}}"
+    bad = tmp_path / "bad.jsonl"  # there, so the preflight passes; no row loads in the flow
+    bad.write_text("not json\n")
+    files = f"{{train_path: {bad}, heldout_path: {bad}}}"
     kwargs = evaluations["kwargs"] | {"overrides": ["data.source=files", f"data.files={files}"]}
     state = evaluate_registered(**kwargs, return_state=True)
-    assert state.is_failed() and "no such file" in state.message
+    assert state.is_failed() and "no usable rows" in state.message
     client = MlflowClient(paths.tracking_uri)
     (run,) = client.search_runs(
         [client.get_experiment_by_name(f"{NAME}-evaluation").experiment_id],
@@ -345,3 +347,20 @@ def test_an_evaluation_that_breaks_leaves_a_failed_mlflow_run(evaluations, tmp_p
     )
     assert run.info.status == "FAILED"
     assert len({r[0] for r in history_rows(paths)}) == 3  # nothing recorded
+
+
+def test_missing_data_files_stop_the_evaluation_before_it_starts(evaluations, tmp_path):
+    from flows.evaluate_registered import evaluate_registered
+
+    paths = evaluations["paths"]
+    files = f"{{train_path: {tmp_path}/no.jsonl, heldout_path: {tmp_path}/no.jsonl}}"
+    kwargs = evaluations["kwargs"] | {"overrides": ["data.source=files", f"data.files={files}"]}
+    state = evaluate_registered(**kwargs, return_state=True)
+    assert state.is_failed() and "2 local input(s) missing" in state.message
+    assert f"data.files.heldout_path = {tmp_path}/no.jsonl" in state.message
+    client = MlflowClient(paths.tracking_uri)
+    runs = client.search_runs(
+        [client.get_experiment_by_name(f"{NAME}-evaluation").experiment_id],
+        filter_string=f"tags.`prefect.flow_run_id` = '{state.state_details.flow_run_id}'",
+    )
+    assert runs == []  # no MLflow run was opened

@@ -30,7 +30,7 @@ def test_tokenizer_keeps_tags_whole_and_splits_digits(tokenizer):
 def test_sft_examples_put_the_loss_on_the_completion_only(tokenizer):
     prompt = render_prompt(tokenizer, "What is 1 + 2?")
     (example,) = sft_examples(
-        tokenizer, [prompt], [render_completion("The answer is 3.")], max_length=256
+        tokenizer, [prompt], [render_completion(tokenizer, "The answer is 3.")], max_length=256
     )
     n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     assert example.labels[:n_prompt] == [IGNORE] * n_prompt

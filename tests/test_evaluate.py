@@ -1,0 +1,23 @@
+"""The general score hands the reward model raw questions, which it renders with its own template:
+a Llama-templated student's prompt would otherwise reach a Qwen-templated judge wrapped twice."""
+
+from problems.types import Problem
+from sampling.hf import HFSampler
+from sampling.types import SamplingParams
+from stages.evaluate import general_score
+from tests.real_checkpoints import decoder, llama_style_tokenizer
+
+
+def test_the_reward_model_gets_the_questions_not_the_students_rendering():
+    tokenizer = llama_style_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token  # as models.loading.load_tokenizer does
+    sampler = HFSampler(decoder(tokenizer, "llama", 16, 1), tokenizer, show_progress=False)
+    prompts = [Problem("g1", "Name a colour.", "", kind="general")]
+    seen: list[list[str]] = []
+
+    def scorer(questions: list[str], completions: list[str], **_: object) -> list[float | None]:
+        seen.append(questions)
+        return [1.0 for _ in completions]
+
+    metrics = general_score(sampler, tokenizer, prompts, scorer, SamplingParams(1.0, 1.0, 4, 0))
+    assert seen == [["Name a colour."]] and metrics["general_score"] == 1.0
