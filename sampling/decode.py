@@ -8,6 +8,7 @@ place (sampling/cache.py) and one-query attention in two matmuls (sampling/atten
 samples with plain tensor ops and drops a row from the cache, mask and positions at the step it
 stops. Randomness comes only from the row keys passed in (sampling/streams.py): a row's draws
 depend on its key and the step, not on the rows decoded beside it.
+Tensors live on the model's device, so the same loop samples on CPU and on a GPU.
 
 What a logprob means (the same as `compute_transition_scores(..., normalize_logits=True)` on the
 scores `generate` returns): the log-probability of the sampled token under the distribution it
