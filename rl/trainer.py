@@ -226,13 +226,15 @@ class GRPOTrainer:
             self.reference = frozen(reference or copy.deepcopy(self.engine.sampling_model()))
         self._curve: list[float] = []
         self.guard = LossGuard("grpo")  # a non-finite loss stops training, naming the step
-        self.sampler = sampler or policy_sampler(
-            cfg.sampler,
-            self.engine.sampling_model(),
-            tokenizer,
-            batch_size=cfg.prompts_per_step * cfg.group_size,
-            policy_path=policy_path,
-        )
+        if sampler is None:
+            sampler = policy_sampler(
+                cfg.sampler,
+                self.engine.sampling_model(),
+                tokenizer,
+                batch_size=cfg.prompts_per_step * cfg.group_size,
+                policy_path=policy_path,
+            )
+        self.sampler = sampler
 
     def train(self, problems: Sequence[Problem], ckpt_dir: Path, fingerprint: str) -> GRPOReport:
         """Train on `problems`, resuming from `ckpt_dir`; a NaN or infinite loss or gradient norm
