@@ -281,11 +281,47 @@ class SFTConfig(Strict):
 
 
 class SamplerConfig(Strict):
-    """Which engine generates: `hf` (in-process, CPU or GPU) or `vllm` (GPU; the `gpu` extra)."""
+    """Which engine generates: `hf` (in-process, CPU or GPU) or `vllm` (GPU; the `gpu` extra).
+
+    The other settings are vLLM's. Its engine calls run under time limits: a start, generate or
+    weight sync that runs past its limit fails with SamplerTimeoutError, naming the key to raise,
+    instead of hanging (sampling/watchdog.py).
+    """
 
     backend: Literal["hf", "vllm"] = "hf"
-    tensor_parallel_size: int = Field(1, ge=1, description="vllm only")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm only")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="vllm: GPUs one engine shards the model over"
+    )
+    gpu_memory_utilization: float = Field(
+        0.85,
+        gt=0,
+        le=1,
+        description="vllm: share of each GPU's memory the engine takes (weights, KV cache)",
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, description="vllm: longest prompt + completion; None: the model's own"
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="vllm: weights and activations; auto: the checkpoint's (fp32 -> bf16)"
+    )
+    start_timeout_s: float = Field(
+        900.0, gt=0, description="vllm: engine start (loading, compiling, CUDA graphs, NCCL)"
+    )
+    generate_timeout_s: float = Field(
+        1800.0, gt=0, description="vllm: one generate call (all its prompts and samples)"
+    )
+    sync_timeout_s: float = Field(
+        300.0, gt=0, description="vllm: one weight sync from the trainer into the engine"
+    )
+    sync_chunk_mb: int = Field(
+        256, ge=1, description="vllm: weights handed over per load call (bounds the extra memory)"
+    )
+
+
+# A trainer's colocated engine shares the GPU with the policy, its gradients and AdamW state
+# (16 bytes a parameter in fp32: 24 GiB for 1.5B), so it takes 0.3 of the memory (TRL's default
+# for colocate mode) instead of the 0.85 an evaluation engine takes.
+COLOCATED_GPU_MEMORY = 0.3
 
 
 class EvalConfig(Strict):
@@ -379,6 +415,11 @@ class GRPOConfig(Strict):
         description="deepspeed: data-parallel ranks, each sampling and training on its share of "
         "a step's prompts",
     )
+    sampler: SamplerConfig = Field(
+        SamplerConfig(gpu_memory_utilization=COLOCATED_GPU_MEMORY),
+        description="what generates the rollouts; vllm: a colocated engine, synced after each "
+        "update, taking 0.3 of the GPU's memory by default so the trainer keeps the rest",
+    )
     seed: int = 0
 
     @model_validator(mode="after")
@@ -397,6 +438,11 @@ class GRPOConfig(Strict):
             raise ValueError(
                 f"engine: prompts_per_step {self.prompts_per_step} does not split evenly over "
                 f"{engine.processes} processes; make it a multiple of engine.processes"
+            )
+        if engine.kind == "deepspeed" and self.sampler.tensor_parallel_size > 1:
+            raise ValueError(
+                "sampler.tensor_parallel_size: each DeepSpeed rank runs its own vLLM engine on "
+                "its share of the prompts, so it must be 1"
             )
         return self
 

@@ -89,6 +89,7 @@ def run(spec: WorkerSpec) -> None:
         engine=engine,
         collective=TorchCollective(),
         reference=reference,
+        policy_path=spec.base,
     )
     zero = config.engine.zero_stage
     log.info("%s: ZeRO-%d, %d ranks, %d steps", spec.desc, zero, world, config.steps)

@@ -22,6 +22,15 @@ class PolicyBatch:
     def completion_width(self) -> int:
         return self.input_ids.shape[1] - self.prompt_width
 
+    def to(self, device: torch.device | str) -> PolicyBatch:
+        """The batch on the policy's device (a no-op on CPU)."""
+        return PolicyBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.completion_mask.to(device),
+            self.prompt_width,
+        )
+
 
 def build_batch(
     tokenizer: PreTrainedTokenizerBase,

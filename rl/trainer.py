@@ -30,8 +30,9 @@ from rewards.steps import check_steps
 from rl.advantages import EPS, group_advantages, process_advantages, zero_spread_groups
 from rl.losses import AGGREGATIONS, grpo_loss
 from rl.rollouts import build_batch, completion_logprobs, token_ends
-from sampling.hf import HFSampler
+from sampling.factory import Sampler, policy_sampler
 from sampling.types import Completion, SamplingParams
+from sampling.weight_sync import SyncsWeights
 from training import PROGRESS
 from training.collective import Collective, Solo
 from training.engines import LocalEngine, UpdateEngine
@@ -202,10 +203,14 @@ class GRPOTrainer:
         engine: UpdateEngine | None = None,
         collective: Collective | None = None,
         reference: PreTrainedModel | None = None,
+        sampler: Sampler | None = None,
+        policy_path: str | Path | None = None,
     ):
         """`extra_rewards` supplies rewards that need a model built at run time ("preference").
         Without `engine` the update runs in this process; with one (DeepSpeed), `model` is the
-        engine's module and `reference` a whole copy of the starting policy when beta > 0."""
+        engine's module and `reference` a whole copy of the starting policy when beta > 0.
+        Without `sampler`, `cfg.sampler` names one (sampling.factory.policy_sampler); a vLLM
+        engine starts from `policy_path` and is synced after every update."""
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.log_metrics = log_metrics
@@ -221,12 +226,15 @@ class GRPOTrainer:
             self.reference = frozen(reference or copy.deepcopy(self.engine.sampling_model()))
         self._curve: list[float] = []
         self.guard = LossGuard("grpo")  # a non-finite loss stops training, naming the step
-        self.sampler = HFSampler(
-            self.engine.sampling_model(),
-            tokenizer,
-            batch_size=cfg.prompts_per_step * cfg.group_size,
-            show_progress=False,
-        )
+        if sampler is None:
+            sampler = policy_sampler(
+                cfg.sampler,
+                self.engine.sampling_model(),
+                tokenizer,
+                batch_size=cfg.prompts_per_step * cfg.group_size,
+                policy_path=policy_path,
+            )
+        self.sampler = sampler
 
     def train(self, problems: Sequence[Problem], ckpt_dir: Path, fingerprint: str) -> GRPOReport:
         """Train on `problems`, resuming from `ckpt_dir`; a NaN or infinite loss or gradient norm
@@ -238,6 +246,8 @@ class GRPOTrainer:
         report.reward_curve = list(self._curve)
         if report.resumed_from:
             self.log_metrics({"train/resumed_from_step": float(report.resumed_from)}, 0)
+        if synced := self._sync_sampler():  # the engine may hold other weights than a resume's
+            self.log_metrics(synced, report.resumed_from)
         began = time.perf_counter()
         bar = tqdm(
             total=cfg.steps,
@@ -317,6 +327,7 @@ class GRPOTrainer:
                 advantages.flatten(0, 1)[rows],
                 fallback=(prompts[0], flat[0].token_ids),
             )
+            metrics |= self._sync_sampler()
         if self.log_samples and ((step + 1) % cfg.samples_every == 0 or step == 0):
             self.log_samples(step + 1, self._sample_rows(whole.batch, whole.flat, whole.scored))
         metrics["time/step_seconds"] = time.perf_counter() - t0
@@ -324,6 +335,13 @@ class GRPOTrainer:
             sum(len(c.token_ids) for c in whole.flat) / metrics["time/step_seconds"]
         )
         return metrics
+
+    def _sync_sampler(self) -> dict[str, float]:
+        """Bring a sampler that holds its own copy of the weights (vLLM) up to date with the
+        policy; a sampler over the policy itself (hf) needs nothing."""
+        if not isinstance(self.sampler, SyncsWeights):
+            return {}
+        return self.sampler.sync_weights(self.engine.sampling_model()).metrics()
 
     def _trained_rows(self, mine: RankRollouts) -> list[int]:
         """Indices (into the flattened B x G samples) of the samples that carry signal: scorable,
@@ -391,7 +409,9 @@ class GRPOTrainer:
         idle = not prompts
         if idle:
             prompts, completions, adv = [fallback[0]], [fallback[1]], torch.zeros(1)
+        device = next(self.model.parameters()).device
         batch = build_batch(self.tokenizer, prompts, completions, self.tokenizer.pad_token_id)
+        batch, adv = batch.to(device), adv.to(device)
         if adv.dim() == 2:
             adv = adv[:, : batch.completion_width]
         mask = batch.completion_mask.float() * (0.0 if idle else 1.0)

@@ -8,6 +8,7 @@ place (sampling/cache.py) and one-query attention in two matmuls (sampling/atten
 samples with plain tensor ops and drops a row from the cache, mask and positions at the step it
 stops. Randomness comes only from the row keys passed in (sampling/streams.py): a row's draws
 depend on its key and the step, not on the rows decoded beside it.
+Tensors live on the model's device, so the same loop samples on CPU and on a GPU.
 
 What a logprob means (the same as `compute_transition_scores(..., normalize_logits=True)` on the
 scores `generate` returns): the log-probability of the sampled token under the distribution it
@@ -132,12 +133,12 @@ class _Outputs:
     stopped: torch.Tensor  # (B,) ended on a stop token
 
     @classmethod
-    def empty(cls, rows: int, max_new_tokens: int, pad_id: int) -> _Outputs:
+    def empty(cls, rows: int, max_new_tokens: int, pad_id: int, device: torch.device) -> _Outputs:
         return cls(
-            torch.full((rows, max_new_tokens), pad_id, dtype=torch.long),
-            torch.zeros((rows, max_new_tokens)),
-            torch.full((rows,), max_new_tokens, dtype=torch.long),
-            torch.zeros(rows, dtype=torch.bool),
+            torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device),
+            torch.zeros((rows, max_new_tokens), device=device),
+            torch.full((rows,), max_new_tokens, dtype=torch.long, device=device),
+            torch.zeros(rows, dtype=torch.bool, device=device),
         )
 
     def record(
@@ -155,11 +156,11 @@ class _Outputs:
         self.lengths[rows[finished]] = step + 1
 
     def decoded(self) -> list[Decoded]:
+        tokens, logprobs = self.tokens.cpu(), self.logprobs.cpu()  # one copy off the GPU
+        stopped = self.stopped.tolist()
         return [
             Decoded(
-                self.tokens[r, :n].tolist(),
-                self.logprobs[r, :n].tolist(),
-                "stop" if bool(self.stopped[r]) else "length",
+                tokens[r, :n].tolist(), logprobs[r, :n].tolist(), "stop" if stopped[r] else "length"
             )
             for r, n in enumerate(self.lengths.tolist())
         ]
@@ -214,7 +215,7 @@ def _prefill(
 
     Returns the cache, the last-position logits (B, V) and the rows' running state.
     """
-    ids, prompt_mask = _left_pad(prompts, pad_id)  # (U, W)
+    ids, prompt_mask = (t.to(model.device) for t in _left_pad(prompts, pad_id))  # (U, W)
     width = ids.shape[1]
     positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # (U, W)
     cache = growing_cache(model.config)
@@ -226,11 +227,11 @@ def _prefill(
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]  # (U, V)
-    source = torch.tensor(list(rows), dtype=torch.long)  # (B,)
+    source = torch.tensor(list(rows), dtype=torch.long, device=ids.device)  # (B,)
     cache.batch_select_indices(source)
-    mask = torch.zeros((len(rows), width + max_new_tokens), dtype=torch.long)
+    mask = torch.zeros((len(rows), width + max_new_tokens), dtype=torch.long, device=ids.device)
     mask[:, :width] = prompt_mask[source]
-    running = _Running(torch.arange(len(rows)), mask, positions[source, -1] + 1)
+    running = _Running(torch.arange(len(rows), device=ids.device), mask, positions[source, -1] + 1)
     return cache, logits[source], running
 
 
@@ -255,8 +256,9 @@ def decode(
         cache, logits, run = _prefill(model, prompts, rows, max_new_tokens, pad_id)
         kind = mask_kind(model, cache)
         width = run.mask.shape[1] - max_new_tokens
-        out = _Outputs.empty(len(rows), max_new_tokens, pad_id)
-        stop = torch.tensor(list(stop_ids), dtype=torch.long)
+        out = _Outputs.empty(len(rows), max_new_tokens, pad_id, model.device)
+        stop = torch.tensor(list(stop_ids), dtype=torch.long, device=model.device)
+        keys = keys.to(model.device)
         for step in range(max_new_tokens):
             u = uniforms(keys[run.rows], step)  # (A, 1)
             tokens, logprobs = choose_tokens(logits, temperature, top_p, u)  # (A,), (A,)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -10,6 +12,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from configs.schema import SamplerConfig
 from sampling.types import Completion, SamplingParams
+
+log = logging.getLogger(__name__)
 
 Backend = Literal["hf", "vllm"]
 
@@ -29,8 +33,7 @@ def make_sampler(
     **kwargs: Any,
 ) -> Sampler:
     """`hf` samples with the in-process `model` and `tokenizer`; `vllm` loads `model_path` into
-    its own engine (kwargs go to `VLLMSampler`: tensor_parallel_size, gpu_memory_utilization, ...).
-    """
+    its own engine (kwargs go to `VLLMSampler`: config, seed, weight_sync)."""
     if backend == "hf":
         if model is None or tokenizer is None:
             raise ValueError("the hf sampler needs a model and a tokenizer")
@@ -54,14 +57,34 @@ def open_sampler(
     tokenizer: PreTrainedTokenizerBase,
     batch_size: int,
 ) -> Sampler:
-    """The configured sampler for a saved model; the hf model is loaded only when it is used."""
+    """The configured sampler for a saved model; the hf model is loaded only when it is used.
+    vllm gets the whole config: tensor parallel size, memory share, lengths and time limits."""
     if config.backend == "vllm":
-        return make_sampler(
-            "vllm",
-            model_path=model_path,
-            tensor_parallel_size=config.tensor_parallel_size,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-        )
+        return make_sampler("vllm", model_path=model_path, config=config)
     from models.loading import load_model
 
     return make_sampler("hf", load_model(model_path), tokenizer, batch_size=batch_size)
+
+
+def policy_sampler(
+    config: SamplerConfig,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    batch_size: int,
+    policy_path: str | Path | None = None,
+) -> Sampler:
+    """The sampler a trainer draws its rollouts from.
+
+    hf samples from `model` itself, so it sees every update as it happens. vllm starts an
+    engine in this process from `policy_path` (the folder the policy was loaded from; without
+    one, `model` is saved to a temporary folder first) and holds its own copy of the weights,
+    which the trainer brings up to date with `sync_weights(model)` after each update.
+    """
+    if config.backend == "hf":
+        return make_sampler("hf", model, tokenizer, batch_size=batch_size, show_progress=False)
+    if policy_path is None:
+        policy_path = tempfile.mkdtemp(prefix="r1-policy-")
+        model.save_pretrained(policy_path)
+        tokenizer.save_pretrained(policy_path)
+        log.info("policy saved to %s for the vLLM engine to start from", policy_path)
+    return make_sampler("vllm", model_path=policy_path, config=config, weight_sync=True)

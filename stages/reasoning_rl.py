@@ -73,7 +73,13 @@ def run(
         tracker.log_artifact(path, "samples")
 
     trainer = GRPOTrainer(
-        model, tokenizer, config, tracker.log_metrics, log_samples, extra_rewards=extra_rewards
+        model,
+        tokenizer,
+        config,
+        tracker.log_metrics,
+        log_samples,
+        extra_rewards=extra_rewards,
+        policy_path=policy.path,
     )
     report = trainer.train(train, out_dir / "checkpoints", ckpt_fingerprint)
     curve = plot_reward_curve(report.reward_curve, out_dir / "reward_curve.png", desc)
