@@ -253,6 +253,11 @@ class EngineConfig(Strict):
         description="elements per ZeRO reduce/all-gather bucket; DeepSpeed's 5e8 default makes "
         "each step of a small model slow on CPU",
     )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="bf16: DeepSpeed's bf16 mixed precision (bf16 weights and activations, fp32 "
+        "master weights in the optimizer), for GPUs; fp32: what the CPU tests compare",
+    )
     launcher: Literal["torchrun", "deepspeed"] = "torchrun"
     master_port: int | None = Field(
         None, ge=1024, le=65535, description="rendezvous port; None: a free one"

@@ -76,6 +76,8 @@ def run(spec: WorkerSpec) -> None:
     engine = DeepSpeedEngine(
         model, config.learning_rate, config.max_grad_norm, config.engine, world
     )
+    if reference is not None:
+        reference.to(engine.device)
     out_dir = Path(spec.out_dir)
     metrics = MetricsFile(spec.metrics_path) if rank == 0 else None
     trainer = GRPOTrainer(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from configs.schema import EngineConfig, GRPOConfig
 from models.loading import load_model
@@ -108,6 +109,22 @@ def test_zero_grpo_follows_the_single_process_stage(world, single, zero_stage):
     assert any(p.parent.name == "samples" for p in recorder.artifacts)
 
 
+@needs_deepspeed
+def test_bf16_mixed_precision_follows_the_fp32_stage(world, single):
+    """`engine.precision: bf16` (the GPU setting) on the CPU accelerator: the first step's samples
+    are the fp32 ones, the losses stay within bf16's rounding, and the saved model is fp32."""
+    reference, _ = single
+    cfg = config(2)
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"precision": "bf16"})})
+    recorder, ref = run_stage(world, cfg, "bf16")
+    assert recorder.steps[1]["reward/mean"] == reference.steps[1]["reward/mean"]
+    for step, theirs in reference.steps.items():
+        if "loss" in theirs:
+            assert recorder.steps[step]["loss"] == pytest.approx(theirs["loss"], rel=0.1, abs=0.01)
+    with safe_open(str(ref.path / "model.safetensors"), "pt") as saved:  # as written on disk
+        assert {saved.get_tensor(k).dtype for k in saved.keys()} == {torch.float32}  # noqa: SIM118
+
+
 class StopAtStep3(Recorder):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         super().log_metrics(metrics, step)
@@ -116,15 +133,21 @@ class StopAtStep3(Recorder):
 
 
 @needs_deepspeed
-def test_a_stopped_zero_grpo_stage_resumes_from_its_checkpoint(world, single):
-    _, reference_model = single
-    cfg = config(2, checkpoint_every=2)
+def test_a_stopped_zero_grpo_stage_resumes_from_its_checkpoint(world):
+    """The tracker stops the stage at step 3 (the workers, running ahead, are stopped wherever
+    they are); the rerun resumes from the last committed checkpoint and ends with the weights of
+    an uninterrupted run. 24 steps, so the workers never reach the end before they are stopped."""
+    steps = 24
+    _, straight = run_stage(world, config(None, steps=steps, checkpoint_every=2), "straight")
+    cfg = config(2, steps=steps, checkpoint_every=2)
     with pytest.raises(RuntimeError, match="at step 3"):
         run_stage(world, cfg, "resumed", StopAtStep3())
     recorder, ref = run_stage(world, cfg, "resumed")
-    assert recorder.steps and min(recorder.steps) == 3  # steps 1-2 came from the checkpoint
+    first = min(recorder.steps)
+    assert 3 <= first <= steps and first % 2 == 1  # resumed after an even, committed step
+    assert max(recorder.steps) == steps
     trained = load_model(ref.path).state_dict()
-    for name, weight in load_model(reference_model.path).state_dict().items():
+    for name, weight in load_model(straight.path).state_dict().items():
         assert torch.allclose(trained[name], weight, atol=WEIGHT_ATOL), name
 
 

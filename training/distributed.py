@@ -267,8 +267,8 @@ def _first_error(spec: WorkerSpec) -> str:
 
 
 def zero_config(engine: EngineConfig, train: TrainConfig, world: int) -> dict[str, Any]:
-    """The DeepSpeed config: the global batch split evenly over the ranks, fp32, the loop's
-    gradient clipping, ZeRO at `engine.zero_stage` with `engine.bucket_size` buckets."""
+    """The DeepSpeed config: the global batch split evenly over the ranks, `engine.precision`,
+    the loop's gradient clipping, ZeRO at `engine.zero_stage` with `engine.bucket_size` buckets."""
     bucket = int(engine.bucket_size)
     zero: dict[str, Any] = {
         "stage": engine.zero_stage,
@@ -284,7 +284,7 @@ def zero_config(engine: EngineConfig, train: TrainConfig, world: int) -> dict[st
         "gradient_accumulation_steps": 1,
         "gradient_clipping": train.max_grad_norm,
         "zero_optimization": zero,
-        "bf16": {"enabled": False},
+        "bf16": {"enabled": engine.precision == "bf16"},
         "fp16": {"enabled": False},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,

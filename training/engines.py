@@ -115,8 +115,8 @@ class LocalEngine:
 
 
 def deepspeed_config(engine: EngineConfig, max_grad_norm: float, world: int) -> dict[str, Any]:
-    """ZeRO at `engine.zero_stage` in fp32 with the trainer's clipping. The batch sizes are
-    nominal: the trainer feeds the engine its own batches, of varying size."""
+    """ZeRO at `engine.zero_stage` in `engine.precision` with the trainer's clipping. The batch
+    sizes are nominal: the trainer feeds the engine its own batches, of varying size."""
     bucket = int(engine.bucket_size)
     zero: dict[str, Any] = {
         "stage": engine.zero_stage,
@@ -132,7 +132,7 @@ def deepspeed_config(engine: EngineConfig, max_grad_norm: float, world: int) -> 
         "gradient_accumulation_steps": 1,
         "gradient_clipping": max_grad_norm,
         "zero_optimization": zero,
-        "bf16": {"enabled": False},
+        "bf16": {"enabled": engine.precision == "bf16"},
         "fp16": {"enabled": False},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
@@ -169,6 +169,9 @@ class DeepSpeedEngine:
             optimizer=optimizer,
             config=deepspeed_config(engine, max_grad_norm, world),
         )
+        self.device = self.engine.device  # the engine moved the model to its rank's device
+        if self._copy is not None:
+            self._copy.to(self.device)
 
     @property
     def forward_model(self) -> torch.nn.Module:
