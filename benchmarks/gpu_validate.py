@@ -102,7 +102,7 @@ def sft_set(args: argparse.Namespace, tokenizer) -> list:
                 rows.append(json.loads(line))
     rows = rows[: max(1, args.sft_batch_size * (args.sft_steps + 1))]
     prompts = [render_prompt(tokenizer, r["question"]) for r in rows]
-    completions = [render_completion(str(r["answer"])) for r in rows]
+    completions = [render_completion(tokenizer, str(r["answer"])) for r in rows]
     return sft_examples(tokenizer, prompts, completions, args.max_length)
 
 

@@ -51,6 +51,7 @@ GRPO = {
     "samples_every": 1,
 }
 SAMPLING = {"max_new_tokens": 48, "batch_size": 32, "sampler": {"backend": "hf"}}
+IN_PROCESS = {"engine": {"kind": "single", "precision": "fp32"}, "sampler": {"backend": "hf"}}
 LENIENT = {
     "max_completion_tokens": 48,
     "require_correct": False,
@@ -85,16 +86,18 @@ CPU_SETTINGS = {
     "curation": {"filters": {"max_tokens": 256}},
     "cold_start_sft": {"train": TRAIN | {"epochs": 2}, "engine": {"kind": "single"}},
     "evaluation": SAMPLING | {"max_problems": 4, "n_samples": 2, "k": 2, "general_prompts": 2},
-    "reasoning_rl": GRPO,
+    "reasoning_rl": GRPO | IN_PROCESS,
     "rejection": SAMPLING
     | {"reasoning_prompts": 8, "general_prompts": 2, "samples_per_prompt": 2, "chunk_prompts": 8}
     | {"funnel": LENIENT},
     "mixed_sft": {"train": TRAIN, "engine": {"kind": "single"}},
-    "all_scenarios_rl": GRPO | {"general_prompts": 2},
+    "all_scenarios_rl": GRPO | IN_PROCESS | {"general_prompts": 2},
     "distillation": {
         "traces": SAMPLING
         | {"reasoning_prompts": 8, "samples_per_prompt": 2, "chunk_prompts": 8, "funnel": LENIENT},
         "sft": TRAIN,
+        "engine": {"kind": "single"},
+        "rl_twin": IN_PROCESS,
         "rl_twins": False,
     },
 }
@@ -173,6 +176,13 @@ def test_the_profile_validates_as_written():
     )
     assert config.curation.source == "solutions"
     assert config.evaluation.sampler.backend == config.rejection.sampler.backend == "vllm"
+    for grpo in (config.reasoning_rl, config.all_scenarios_rl, config.distillation.rl_twin):
+        assert (grpo.engine.kind, grpo.engine.precision, grpo.sampler.backend) == (
+            "deepspeed",
+            "bf16",
+            "vllm",
+        )
+    assert config.distillation.engine.kind == config.mixed_sft.engine.kind == "deepspeed"
     assert {s.name: s.hub_id for s in config.distillation.students} == {
         "qwen": "Qwen/Qwen2.5-0.5B-Instruct",
         "llama": "meta-llama/Llama-3.2-1B-Instruct",
