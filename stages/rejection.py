@@ -23,7 +23,7 @@ from models.chat import render_prompt
 from models.loading import load_tokenizer
 from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet
-from rl.trainer import score
+from rl.scoring import score
 from sampling.factory import open_sampler
 from sampling.types import Completion, SamplingParams
 from stages.refs import ModelRef

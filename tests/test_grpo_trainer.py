@@ -7,7 +7,8 @@ from configs.schema import GRPOConfig, RewardTerm
 from problems.types import Problem
 from rl.advantages import group_advantages
 from rl.rollouts import token_ends
-from rl.trainer import GRPOTrainer, masked_advantages, prompt_order
+from rl.scoring import masked_advantages
+from rl.trainer import GRPOTrainer, prompt_order
 from sampling.types import Completion
 from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
 
@@ -186,7 +187,7 @@ def test_killed_run_resumes_to_the_same_weights_and_metrics(tokenizer, tmp_path)
 
 
 def test_rewards_limited_to_a_kind_score_other_prompts_none():
-    from rl.trainer import kind_metrics, score
+    from rl.scoring import kind_metrics, score
 
     mixed = [PROBLEMS[0], Problem("g0", "Say hi.", "", kind="general")]
     groups = [[Completion("<answer> 1 </answer>", [1], [0.0], "stop")] * 2] * 2

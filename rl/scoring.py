@@ -1,0 +1,136 @@
+"""Scoring a step's sampled groups: every reward on every sample, advantages over the samples a
+reward could score, and what one data-parallel rank sampled, merged with the others' for the
+step's metrics. No model and no I/O here."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from problems.types import Problem
+from rewards.registry import RewardFn, combine, safe_scores
+from rl.advantages import EPS, group_advantages, zero_spread_groups
+from sampling.types import Completion
+
+
+@dataclass(frozen=True)
+class ScoredGroups:
+    rewards: torch.Tensor  # (B, G) total reward, NaN where no reward could score the sample
+    per_reward: dict[str, list[float | None]]  # name -> B*G scores
+
+
+def score(
+    problems: Sequence[Problem],
+    prompts: Sequence[str],
+    groups: Sequence[Sequence[Completion]],
+    reward_fns: dict[str, RewardFn],
+    weights: dict[str, float],
+    kinds: dict[str, frozenset[str] | None] | None = None,
+) -> ScoredGroups:
+    """Every reward on every sample, except that a reward limited to some prompt kinds scores
+    the others None (left out of their sum), so reasoning and general prompts can share a batch."""
+    g = len(groups[0])
+    flat = [c for group in groups for c in group]
+    flat_problems = [p for p in problems for _ in range(g)]
+    columns = {
+        "answer": [p.answer for p in flat_problems],
+        "language": [p.language for p in flat_problems],
+        "kind": [p.kind for p in flat_problems],
+        "completion_tokens": [len(c.token_ids) for c in flat],
+    }
+    texts = [c.text for c in flat]
+    flat_prompts = [p for p in prompts for _ in range(g)]
+    per_reward = {}
+    for name, fn in reward_fns.items():
+        allowed = (kinds or {}).get(name)
+        rows = [i for i, p in enumerate(flat_problems) if allowed is None or p.kind in allowed]
+        scores: list[float | None] = [None] * len(flat)
+        if rows:
+            picked = {k: [v[i] for i in rows] for k, v in columns.items()}
+            got = safe_scores(
+                fn, [flat_prompts[i] for i in rows], [texts[i] for i in rows], **picked
+            )
+            for i, value in zip(rows, got, strict=True):
+                scores[i] = value
+        per_reward[name] = scores
+    total = [math.nan if r is None else r for r in combine(per_reward, weights)]
+    return ScoredGroups(torch.tensor(total, dtype=torch.float32).view(len(groups), g), per_reward)
+
+
+def masked_advantages(rewards: torch.Tensor, scale_std: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages (B, G) over the scorable samples, and the groups (B,) with no reward spread.
+
+    Unscorable samples (NaN) are left out of their group's mean and std and get advantage 0; the
+    caller masks them out of the loss. With every sample scorable this is `group_advantages`.
+    """
+    valid = ~torch.isnan(rewards)  # (B, G)
+    if bool(valid.all()):
+        return group_advantages(rewards, scale_std=scale_std), zero_spread_groups(rewards)
+    counts = valid.sum(dim=1, keepdim=True).clamp(min=1)
+    mean = torch.where(valid, rewards, 0.0).sum(dim=1, keepdim=True) / counts
+    centred = torch.where(valid, rewards - mean, 0.0)  # (B, G)
+    std = (centred.pow(2).sum(dim=1, keepdim=True) / counts).sqrt()
+    zero = (std.squeeze(1) <= 1e-6) | (valid.sum(dim=1) < 2)
+    return (centred / (std + EPS) if scale_std else centred), zero
+
+
+def kind_metrics(batch: Sequence[Problem], rewards: torch.Tensor) -> dict[str, float]:
+    """Mean total reward per prompt kind, when a batch mixes kinds (stage 6)."""
+    kinds = sorted({p.kind for p in batch})
+    if len(kinds) < 2:
+        return {}
+    metrics = {}
+    for kind in kinds:
+        rows = rewards[[p.kind == kind for p in batch]]  # (B_kind, G)
+        valid = rows[~torch.isnan(rows)]
+        if valid.numel():
+            metrics[f"reward/kind/{kind}/mean"] = float(valid.mean())
+    return metrics
+
+
+@dataclass
+class RankRollouts:
+    """What one rank sampled and scored in a step; the ranks' lists, in rank order, are the step's
+    whole batch (a single process has one)."""
+
+    batch: list[Problem]
+    groups: list[list[Completion]]
+    scored: ScoredGroups
+    zero: torch.Tensor  # (B,) groups with no reward spread
+    process: bool = False  # process supervision: the steps were checked
+    steps_seen: int = 0  # checked steps, and how many were right
+    steps_right: int = 0
+
+    @classmethod
+    def merge(cls, parts: Sequence[RankRollouts]) -> RankRollouts:
+        if len(parts) == 1:
+            return parts[0]
+        per_reward = {
+            name: [s for part in parts for s in part.scored.per_reward[name]]
+            for name in parts[0].scored.per_reward
+        }
+        scored = ScoredGroups(torch.cat([p.scored.rewards for p in parts]), per_reward)
+        return cls(
+            [q for p in parts for q in p.batch],
+            [g for p in parts for g in p.groups],
+            scored,
+            torch.cat([p.zero for p in parts]),
+            parts[0].process,
+            sum(p.steps_seen for p in parts),
+            sum(p.steps_right for p in parts),
+        )
+
+    @property
+    def flat(self) -> list[Completion]:
+        return [c for group in self.groups for c in group]
+
+    def step_metrics(self) -> dict[str, float]:
+        if not self.process:
+            return {}
+        metrics = {"steps/per_completion": self.steps_seen / self.scored.rewards.numel()}
+        if self.steps_seen:
+            metrics["steps/correct_fraction"] = self.steps_right / self.steps_seen
+        return metrics
