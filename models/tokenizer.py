@@ -14,7 +14,8 @@ from transformers import PreTrainedTokenizerFast
 from models.chat import CHAT_TEMPLATE, EOS, FORMAT_TOKENS, IM_END, PAD, SPECIAL_TOKENS
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: list[str]) -> Tokenizer:
+    """The byte-level BPE model with digits split one per token, trained on `texts`."""
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -25,13 +26,18 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     core.train_from_iterator(texts, trainer=trainer)
+    return core
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """The tiny world's tokenizer: our chat template, its markers and the format tags."""
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
+        tokenizer_object=train_bpe(texts, vocab_size, SPECIAL_TOKENS),
         eos_token=IM_END,
         pad_token=PAD,
         additional_special_tokens=[EOS],

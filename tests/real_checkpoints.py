@@ -16,7 +16,7 @@ import json
 import random
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, processors
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
@@ -26,6 +26,7 @@ from transformers import (
 
 from configs.schema import TrainConfig
 from models.chat import render_completions, render_prompt
+from models.tokenizer import train_bpe
 from stages.tracking import NullTracker
 from training.examples import lm_examples
 from training.loop import train
@@ -112,24 +113,9 @@ def corpus(n: int = 96, seed: int = 1) -> list[dict[str, str]]:
 
 
 def _bpe(special: list[str], vocab_size: int) -> Tokenizer:
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=special,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     texts = [r["question"] + " " + r["answer"] for r in corpus()]
     texts.append("<think> reasoning </think> <answer> The answer is 5. </answer>")
-    core.train_from_iterator(texts, trainer=trainer)
-    return core
+    return train_bpe(texts, vocab_size, special)
 
 
 def qwen_style_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:

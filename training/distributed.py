@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from configs.schema import EngineConfig, TrainConfig
+from training.engines import deepspeed_config
 from training.examples import IGNORE, Example
 from training.finite import NonFiniteLossError
 
@@ -267,28 +268,11 @@ def _first_error(spec: WorkerSpec) -> str:
 
 
 def zero_config(engine: EngineConfig, train: TrainConfig, world: int) -> dict[str, Any]:
-    """The DeepSpeed config: the global batch split evenly over the ranks, `engine.precision`,
-    the loop's gradient clipping, ZeRO at `engine.zero_stage` with `engine.bucket_size` buckets."""
-    bucket = int(engine.bucket_size)
-    zero: dict[str, Any] = {
-        "stage": engine.zero_stage,
-        "reduce_bucket_size": bucket,
-        "allgather_bucket_size": bucket,
-    }
-    if engine.zero_stage == 3:
-        # 0: every parameter is sharded, however small (DeepSpeed keeps those under 1e5 whole)
-        zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=0)
-    return {
-        "train_batch_size": train.batch_size,
-        "train_micro_batch_size_per_gpu": train.batch_size // world,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": train.max_grad_norm,
-        "zero_optimization": zero,
-        "bf16": {"enabled": engine.precision == "bf16"},
-        "fp16": {"enabled": False},
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
-    }
+    """The DeepSpeed config of an SFT run: the global batch split evenly over the ranks, the
+    loop's gradient clipping."""
+    return deepspeed_config(
+        engine, train.max_grad_norm, train.batch_size, train.batch_size // world
+    )
 
 
 def rank_share(batch: list[Example], rank: int, world: int) -> list[Example]:

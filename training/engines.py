@@ -9,19 +9,18 @@ world size before its backward pass and the update equals the single-process one
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from configs.schema import EngineConfig
+from sampling.weight_sync import chunks, zero3_gather
 from training.checkpoints import load_checkpoint, save_checkpoint
 from training.finite import LossGuard
 
@@ -114,9 +113,11 @@ class LocalEngine:
         return state
 
 
-def deepspeed_config(engine: EngineConfig, max_grad_norm: float, world: int) -> dict[str, Any]:
-    """ZeRO at `engine.zero_stage` in `engine.precision` with the trainer's clipping. The batch
-    sizes are nominal: the trainer feeds the engine its own batches, of varying size."""
+def deepspeed_config(
+    engine: EngineConfig, max_grad_norm: float, batch_size: int, micro_batch_size: int
+) -> dict[str, Any]:
+    """ZeRO at `engine.zero_stage` with `engine.bucket_size` buckets, in `engine.precision`, with
+    the trainer's gradient clipping; one micro-batch per step on each rank."""
     bucket = int(engine.bucket_size)
     zero: dict[str, Any] = {
         "stage": engine.zero_stage,
@@ -127,8 +128,8 @@ def deepspeed_config(engine: EngineConfig, max_grad_norm: float, world: int) -> 
         # 0: every parameter is sharded, however small (DeepSpeed keeps those under 1e5 whole)
         zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=0)
     return {
-        "train_batch_size": world,
-        "train_micro_batch_size_per_gpu": 1,
+        "train_batch_size": batch_size,
+        "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": max_grad_norm,
         "zero_optimization": zero,
@@ -167,7 +168,8 @@ class DeepSpeedEngine:
         self.engine, _, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
-            config=deepspeed_config(engine, max_grad_norm, world),
+            # the trainer feeds the engine batches of its own, of varying size: nominal sizes
+            config=deepspeed_config(engine, max_grad_norm, batch_size=world, micro_batch_size=1),
         )
         self.device = self.engine.device  # the engine moved the model to its rank's device
         if self._copy is not None:
@@ -197,8 +199,8 @@ class DeepSpeedEngine:
             return
         targets = dict(self._copy.named_parameters())
         with torch.no_grad():
-            for chunk in parameter_chunks(list(self.engine.module.named_parameters())):
-                with gathered([p for _, p in chunk]):
+            for chunk in chunks(list(self.engine.module.named_parameters()), GATHER_BYTES):
+                with zero3_gather([p for _, p in chunk]):
                     for name, param in chunk:
                         targets[name].copy_(param.data)
 
@@ -248,34 +250,6 @@ def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | N
     if engine.global_rank != 0:
         return None
     return {key: value.detach().cpu() for key, value in engine.module.state_dict().items()}
-
-
-def parameter_chunks(
-    named: list[tuple[str, torch.nn.Parameter]], budget: int = GATHER_BYTES
-) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
-    """Consecutive parameters in chunks of at most `budget` bytes of whole weights (a larger
-    parameter is a chunk of its own)."""
-    chunk: list[tuple[str, torch.nn.Parameter]] = []
-    size = 0
-    for name, param in named:
-        numel = int(getattr(param, "ds_numel", param.numel()))
-        nbytes = numel * param.element_size()
-        if chunk and size + nbytes > budget:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append((name, param))
-        size += nbytes
-    if chunk:
-        yield chunk
-
-
-@contextlib.contextmanager
-def gathered(params: list[torch.nn.Parameter]) -> Iterator[None]:
-    """ZeRO-3 parameters whole on every rank inside the block (a collective: every rank enters)."""
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-        yield
 
 
 def make_engine(
