@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
@@ -24,7 +23,7 @@ from datasets import load_from_disk
 from mlflow import MlflowClient
 
 from configs.loader import PROFILES_DIR, validate
-from configs.preflight import MissingInputsError, check_inputs
+from configs.preflight import MissingInputsError
 from configs.schema import PipelineConfig
 from models.chat import end_of_turn
 from models.loading import load_tokenizer
@@ -263,21 +262,17 @@ def test_the_flow_stops_at_once_naming_what_is_missing(
     missing = {"policy": tmp_path / "no-policy", "test": tmp_path / "no-test.jsonl"}
     config = gpu_profile(stand_ins | missing)
     monkeypatch.setenv("R1_STATE_DIR", str(tmp_path / "state"))
-    began = time.perf_counter()
     with pytest.raises(MissingInputsError) as err:
         r1_pipeline(config=config)
-    seconds = time.perf_counter() - began
     assert [m.input.key for m in err.value.missing] == ["bootstrap.path", "data.files.heldout_path"]
     assert str(missing["policy"]) in str(err.value) and str(missing["test"]) in str(err.value)
     assert not (tmp_path / "state" / "mlflow.db").exists()
-    assert seconds < 30  # the flow run's bookkeeping; the check itself is below
 
 
 def test_r1_run_exits_at_once_naming_every_missing_input(tmp_path):
     """In a folder without the downloads: every input is named with its key and a way to get
     it, and the command ends before any store is opened."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    began = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "cli.main", "run", "--profile", str(GPU_PROFILE)]
         + ["--state-dir", str(tmp_path / "state")],
@@ -287,7 +282,6 @@ def test_r1_run_exits_at_once_naming_every_missing_input(tmp_path):
         text=True,
         timeout=120,
     )
-    seconds = time.perf_counter() - began
     assert done.returncode == 3, done.stderr
     err = done.stderr
     for key, path in (
@@ -302,12 +296,32 @@ def test_r1_run_exits_at_once_naming_every_missing_input(tmp_path):
     assert "hf download meta-llama/Llama-3.2-1B-Instruct --local-dir " in err
     assert "5 local input(s) missing" in err
     assert not (tmp_path / "state" / "mlflow.db").exists()
-    assert seconds < 60  # interpreter start and imports on a busy machine; the check is fast
 
 
-def test_the_check_itself_takes_well_under_a_second(stand_ins, tmp_path):
+CHECK_ALONE = """
+import json, sys
+from configs.loader import load_profile
+from configs.preflight import MissingInputsError, check_inputs
+try:
+    check_inputs(load_profile(sys.argv[1]))
+except MissingInputsError as err:
+    heavy = sorted({"torch", "transformers"} & set(sys.modules))
+    print(json.dumps({"missing": [m.input.key for m in err.missing], "heavy": heavy}))
+"""
+
+
+def test_the_check_alone_reads_files_and_imports_no_model_library(stand_ins, tmp_path):
+    """What makes the check instant: it never imports torch or transformers."""
     config = gpu_profile(stand_ins | {"llama": tmp_path / "nothing"}, cpu=False)
-    began = time.perf_counter()
-    with pytest.raises(MissingInputsError):
-        check_inputs(config)
-    assert time.perf_counter() - began < 0.5
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(config.model_dump(mode="json")), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK_ALONE, str(profile)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report == {"missing": ["distillation.students[1].path"], "heavy": []}

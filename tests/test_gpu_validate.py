@@ -103,12 +103,11 @@ def test_mfu_is_achieved_model_flops_over_the_peak():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_the_whole_script_on_a_gpu(tmp_path):
     """Runs on a CUDA machine with the `gpu` extra: vLLM and HF side by side, SFT and GRPO with
     the colocated vLLM engine. The model is $R1_GPU_MODEL (a Qwen2.5 folder) and the data
     $R1_GPU_DATA when set; otherwise a small Qwen2 model built here and a generated set."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     pytest.importorskip("vllm", reason="needs vLLM: the `gpu` extra")
     model = os.environ.get("R1_GPU_MODEL")
     data = os.environ.get("R1_GPU_DATA") or str(write_data(tmp_path / "data.jsonl", 64))

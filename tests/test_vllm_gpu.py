@@ -42,9 +42,8 @@ def logprob_gap(sampler, trainer, tokenizer, prompts) -> float:
     return float((logp[batch.completion_mask.bool()].cpu() - theirs).abs().max())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_a_synced_engine_samples_from_the_trainer_s_weights(tmp_path):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     pytest.importorskip("vllm", reason="needs vLLM: the `gpu` extra")
     from sampling.vllm import VLLMSampler
 
