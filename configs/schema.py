@@ -139,6 +139,9 @@ class TrainConfig(Strict):
     max_length: int = Field(256, ge=8)
     checkpoint_every: int = Field(50, ge=1)
     log_every: int = Field(10, ge=1)
+    length_window: int = Field(
+        32, ge=0, description="batches per window sorted by length (0 or 1: plain random batches)"
+    )
     seed: int = 0
 
 

@@ -52,6 +52,35 @@ def test_batch_order_covers_fractional_epochs():
     )
 
 
+def _padded(order: list[list[int]], lengths: list[int]) -> int:
+    return sum(max(lengths[i] for i in batch) * len(batch) for batch in order)
+
+
+def test_length_grouped_batches_hold_the_same_examples_with_less_padding():
+    lengths = torch.randint(5, 200, (300,), generator=torch.Generator().manual_seed(0)).tolist()
+    plain = batch_order(300, TrainConfig(epochs=2.5, batch_size=8, length_window=0, seed=3))
+    cfg = TrainConfig(epochs=2.5, batch_size=8, length_window=10, seed=3)
+    grouped = batch_order(300, cfg, lengths)
+    assert grouped == batch_order(300, cfg, lengths)  # a pure function: resumes see the same
+    assert len(grouped) == len(plain) and all(len(b) == 8 for b in grouped)
+    for start in range(0, len(plain), 10):  # each stretch of 10 batches: the same examples
+        stretch = slice(start, start + 10)
+        assert sorted(sum(grouped[stretch], [])) == sorted(sum(plain[stretch], []))
+    real = sum(lengths[i] for batch in plain for i in batch)
+    assert _padded(plain, lengths) / real > 1.3
+    assert _padded(grouped, lengths) / real < 1.1
+    first_lengths = [max(lengths[i] for i in b) for b in grouped[:10]]
+    assert first_lengths != sorted(first_lengths)  # the stretch's batches are shuffled
+
+
+def test_length_window_of_one_or_no_lengths_gives_plain_batches():
+    cfg = TrainConfig(epochs=1, batch_size=4, length_window=1, seed=0)
+    plain = batch_order(20, cfg)
+    assert batch_order(20, cfg, list(range(20))) == plain
+    windowed = TrainConfig(epochs=1, batch_size=4, length_window=5, seed=0)
+    assert batch_order(20, windowed) == plain
+
+
 def test_training_lowers_the_loss_and_changes_parameters(tokenizer, tmp_path):
     model = tiny_model(tokenizer)
     before = [p.detach().clone() for p in model.parameters()]

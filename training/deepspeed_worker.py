@@ -126,7 +126,7 @@ def train_zero(
     """Train as `training.loop.train` does on one process, logging the same metrics at the same
     steps; returns the engine and a report (steps, final loss, tokens per second, seconds)."""
     cfg = config.train
-    order = batch_order(len(examples), cfg)
+    order = batch_order(len(examples), cfg, [len(e.input_ids) for e in examples])
     engine, scheduler = build_engine(model, config, world, len(order))
     guard = LossGuard(spec.desc)
     metrics = MetricsFile(spec.metrics_path) if rank == 0 else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,14 +36,43 @@ class TrainReport:
     seconds: float
 
 
-def batch_order(n_examples: int, cfg: TrainConfig) -> list[list[int]]:
-    """Indices of each step's batch: one seeded permutation per epoch, fractional epochs cut."""
+def batch_order(
+    n_examples: int, cfg: TrainConfig, lengths: Sequence[int] | None = None
+) -> list[list[int]]:
+    """Indices of each step's batch: one seeded permutation per epoch, fractional epochs cut.
+
+    Given the examples' `lengths` and `cfg.length_window` > 1, each run of that many batches is
+    sorted by length, cut into batches and those batches shuffled: a batch holds examples of
+    like length, so little of it is padding, while which examples meet stays random.
+    """
     total_steps = max(1, math.ceil(cfg.epochs * n_examples / cfg.batch_size))
     generator = torch.Generator().manual_seed(cfg.seed)
     flat: list[int] = []
     while len(flat) < total_steps * cfg.batch_size:
         flat += torch.randperm(n_examples, generator=generator).tolist()
+    flat = flat[: total_steps * cfg.batch_size]
+    if lengths is not None and cfg.length_window > 1:
+        flat = _length_grouped(flat, lengths, cfg.batch_size, cfg.length_window, generator)
     return [flat[i * cfg.batch_size : (i + 1) * cfg.batch_size] for i in range(total_steps)]
+
+
+def _length_grouped(
+    flat: list[int],
+    lengths: Sequence[int],
+    batch_size: int,
+    window: int,
+    generator: torch.Generator,
+) -> list[int]:
+    """`flat`, each stretch of `window` batches sorted by length into batches, put in a seeded
+    order; no example moves out of its stretch, so the epochs stay (nearly) where they were."""
+    out: list[int] = []
+    span = batch_size * window
+    for start in range(0, len(flat), span):
+        ranked = sorted(flat[start : start + span], key=lambda i: lengths[i])
+        batches = [ranked[i : i + batch_size] for i in range(0, len(ranked), batch_size)]
+        for j in torch.randperm(len(batches), generator=generator).tolist():
+            out += batches[j]
+    return out
 
 
 def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
@@ -87,7 +116,7 @@ def train(
     """
     if not examples:
         raise ValueError(f"{desc}: no training examples")
-    order = batch_order(len(examples), cfg)
+    order = batch_order(len(examples), cfg, [len(e.input_ids) for e in examples])
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
     )
