@@ -24,13 +24,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from configs.loader import load_profile  # noqa: E402
-from models.chat import render_completions, render_prompt  # noqa: E402
 from models.loading import build_model  # noqa: E402
 from models.tokenizer import train_tokenizer  # noqa: E402
 from problems.corpus import build_corpus  # noqa: E402
 from problems.generators import split_world  # noqa: E402
-from stages.bootstrap import _tokenizer_texts  # noqa: E402
-from training.examples import Example, lm_examples  # noqa: E402
+from stages.bootstrap import tokenizer_texts, corpus_examples  # noqa: E402
+from training.examples import Example  # noqa: E402
 from training.loop import batch_order, collate  # noqa: E402
 
 
@@ -69,11 +68,9 @@ def main() -> None:
     train, _ = split_world(config.data.world)
     docs = build_corpus(train, boot.corpus, seed=config.data.world.seed)
     tokenizer = train_tokenizer(
-        _tokenizer_texts(docs, train, config.data.world.seed), boot.vocab_size
+        tokenizer_texts(docs, train, config.data.world.seed), boot.vocab_size
     )
-    completions = render_completions(tokenizer, [d.response for d in docs])
-    texts = [render_prompt(tokenizer, d.question) + c for d, c in zip(docs, completions)]
-    examples = lm_examples(tokenizer, texts, boot.train.max_length)
+    examples = corpus_examples(tokenizer, docs, boot.train.max_length)
     lengths = [len(e.input_ids) for e in examples]
     plain_cfg = boot.train.model_copy(update={"length_window": 0})
     orders = {

@@ -33,13 +33,13 @@ from problems.loader import load_problems
 from stages.fingerprint import fingerprint
 from stages.refs import ModelRef, ProblemSet, save_model
 from stages.tracking import Tracker
-from training.examples import lm_examples
+from training.examples import Example, lm_examples
 from training.loop import train
 
 log = logging.getLogger(__name__)
 
 
-def _tokenizer_texts(docs: list, train_problems: list, seed: int) -> list[str]:
+def tokenizer_texts(docs: list, train_problems: list, seed: int) -> list[str]:
     """The corpus plus clean teacher traces.
 
     A real tokenizer is trained on far broader text than a base model's answers; without the
@@ -59,7 +59,7 @@ def run(
     docs = build_corpus(train_problems, config.corpus, seed=seed)
     styles = Counter(d.style for d in docs)
     tracker.log_metrics({f"corpus/{style}": float(n) for style, n in styles.items()})
-    tokenizer = train_tokenizer(_tokenizer_texts(docs, train_problems, seed), config.vocab_size)
+    tokenizer = train_tokenizer(tokenizer_texts(docs, train_problems, seed), config.vocab_size)
     return pretrain(
         config.model,
         config.train,
@@ -126,6 +126,17 @@ def pretrain_student(
     )
 
 
+def corpus_examples(
+    tokenizer: PreTrainedTokenizerBase, docs: list[Document], max_length: int
+) -> list[Example]:
+    """The corpus documents as causal-LM examples, each a chat turn: question, then response."""
+    completions = render_completions(tokenizer, [d.response for d in docs])
+    texts = [
+        render_prompt(tokenizer, d.question) + c for d, c in zip(docs, completions, strict=True)
+    ]
+    return lm_examples(tokenizer, texts, max_length)
+
+
 def pretrain(
     model_config: ModelConfig,
     train_config: TrainConfig,
@@ -138,11 +149,7 @@ def pretrain(
     desc: str,
 ) -> ModelRef:
     """A fresh decoder trained as a causal LM on the corpus documents."""
-    completions = render_completions(tokenizer, [d.response for d in docs])
-    texts = [
-        render_prompt(tokenizer, d.question) + c for d, c in zip(docs, completions, strict=True)
-    ]
-    examples = lm_examples(tokenizer, texts, train_config.max_length)
+    examples = corpus_examples(tokenizer, docs, train_config.max_length)
     model = build_model(
         model_config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed
     )
