@@ -1,14 +1,17 @@
 """Length-grouped batches (`train.length_window`) against plain random batches, in pretraining.
 
-Builds the profile's pretraining corpus and base model as the bootstrap does (a fresh tokenizer
-from the tiny world, the profile's model), then times `--steps` training steps of each batch
-order, alternating in blocks of `--block` steps for `--repeats` rounds in one process with the
-profile's torch threads, so load from elsewhere on the machine falls on both alike. Both orders
-hold the same examples in each stretch of `length_window` batches. Prints, for each order, the
-padded tokens per real token over the whole run's order, and real tokens per second; then the
-speed-up (median over rounds of grouped over plain tokens/s).
+The bootstrap's corpus is where grouping was measured, though the tiny profile trains that corpus
+on plain batches (grouping there gave a base that had not learnt its arithmetic; README).
 
-    python -m benchmarks.batching --profile tiny --block 20 --repeats 3
+Builds the profile's pretraining corpus and base model as the bootstrap does (a fresh tokenizer
+from the tiny world, the profile's model), then times training steps of each batch order,
+alternating in blocks of `--block` steps for `--repeats` rounds in one process with the profile's
+torch threads, so load from elsewhere on the machine falls on both alike. Both orders hold the
+same examples in each stretch of `--window` batches. Prints, for each order, the padded tokens
+per real token over the whole run's order, and real tokens per second; then the speed-up
+(median over rounds of grouped over plain tokens/s).
+
+    python -m benchmarks.batching --profile tiny --block 30 --repeats 3 --window 32
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ def main() -> None:
     parser.add_argument("--profile", default="tiny")
     parser.add_argument("--block", type=int, default=20, help="steps per timed block")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of plain, then grouped")
+    parser.add_argument("--window", type=int, default=32, help="batches per length-sorted stretch")
     args = parser.parse_args()
     config = load_profile(args.profile)
     torch.set_num_threads(config.torch_threads)
@@ -73,11 +77,10 @@ def main() -> None:
     examples = corpus_examples(tokenizer, docs, boot.train.max_length)
     lengths = [len(e.input_ids) for e in examples]
     plain_cfg = boot.train.model_copy(update={"length_window": 0})
+    grouped_cfg = boot.train.model_copy(update={"length_window": args.window})
     orders = {
         "plain": batch_order(len(examples), plain_cfg),
-        f"grouped (window {boot.train.length_window})": batch_order(
-            len(examples), boot.train, lengths
-        ),
+        f"grouped (window {args.window})": batch_order(len(examples), grouped_cfg, lengths),
     }
     model = build_model(
         boot.model, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed=0

@@ -140,7 +140,10 @@ class TrainConfig(Strict):
     checkpoint_every: int = Field(50, ge=1)
     log_every: int = Field(10, ge=1)
     length_window: int = Field(
-        32, ge=0, description="batches per window sorted by length (0 or 1: plain random batches)"
+        0,
+        ge=0,
+        description="batches per stretch sorted by length (0 or 1: plain random batches); for "
+        "data of one kind: on a mixture, like lengths put like kinds together (README)",
     )
     seed: int = 0
 
