@@ -44,7 +44,7 @@ def main() -> None:
     problem_set = problems.run(base_config.data, out / "problems")
     windows = args.windows or [base_config.bootstrap.train.length_window]
     evaluation = base_config.evaluation.model_copy(update={"general_prompts": 0})
-    print(f"{args.profile} {' '.join(args.set)}: bases under {out}")
+    print(f"{' '.join([args.profile, *args.set])}: bases under {out}")
     for window in windows:
         for seed in args.seeds:
             overrides = [f"bootstrap.train.seed={seed}", f"bootstrap.train.length_window={window}"]
