@@ -40,7 +40,11 @@ def columns(k: int) -> list[tuple[str, str]]:
 
 
 def cell(metrics: dict[str, float], key: str) -> str:
-    return f"{metrics[key]:.3f}" if key in metrics else "-"
+    """The figure, with its standard error where the stage measured one (`<key>_sem`)."""
+    if key not in metrics:
+        return "-"
+    sem = metrics.get(f"{key}_sem")
+    return f"{metrics[key]:.3f}" if sem is None else f"{metrics[key]:.3f} ± {sem:.3f}"
 
 
 def markdown_table(rows: Sequence[StageRow], k: int) -> str:

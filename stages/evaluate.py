@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,18 +33,29 @@ def general_score(
     prompts: Sequence[Problem],
     scorer: RewardFn,
     params: SamplingParams,
+    n_samples: int = 1,
 ) -> dict[str, float]:
-    """Mean reward-model score of one sample per held-out general prompt (stage 6's target).
+    """Mean reward-model score of `n_samples` samples per held-out general prompt (stage 6's
+    target), with its standard error over prompts: a stage-to-stage change smaller than about
+    twice that is noise.
 
     The reward model gets the raw questions and renders them with its own chat template: a
     student's template (Llama 3's) need not be the reward model's (the policy's, Qwen's)."""
     rendered = [render_prompt(tokenizer, p.question) for p in prompts]
-    texts = [group[0].text for group in sampler.generate(rendered, 1, params)]
-    scores = [s for s in scorer([p.question for p in prompts], texts) if s is not None]
-    formed = [is_well_formed(t) for t in texts]
+    groups = sampler.generate(rendered, n_samples, params)
+    questions = [p.question for p, group in zip(prompts, groups, strict=True) for _ in group]
+    texts = [c.text for group in groups for c in group]
+    scores = scorer(questions, texts)
+    per_prompt = []
+    for start in range(0, len(scores), n_samples):
+        scored = [s for s in scores[start : start + n_samples] if s is not None]
+        if scored:
+            per_prompt.append(statistics.fmean(scored))
+    sem = statistics.stdev(per_prompt) / math.sqrt(len(per_prompt)) if len(per_prompt) > 1 else 0.0
     return {
-        "general_score": sum(scores) / max(len(scores), 1),
-        "general_format_rate": sum(formed) / len(formed),
+        "general_score": statistics.fmean(per_prompt) if per_prompt else 0.0,
+        "general_score_sem": sem,
+        "general_format_rate": sum(is_well_formed(t) for t in texts) / len(texts),
     }
 
 
@@ -98,7 +111,7 @@ def run(
     metrics["mean_completion_tokens"] = sum(r["completion_tokens"] for r in rows) / len(rows)
     if scorer is not None and general and config.general_prompts:
         metrics |= general_score(
-            sampler, tokenizer, general[: config.general_prompts], scorer, params
+            sampler, tokenizer, general[: config.general_prompts], scorer, params, config.n_samples
         )
     tracker.log_metrics({f"eval/{name}": value for name, value in metrics.items()})
     out_dir.mkdir(parents=True, exist_ok=True)
