@@ -1,6 +1,9 @@
 """How much the tiny world's base depends on its batch order: the bootstrap, trained once per
 training seed (which sets only the batch order; the initial weights follow the world's seed) and
 batching (`length_window`), then evaluated on the held-out problems as the pipeline evaluates it.
+Besides pass@1 it prints where a base goes wrong: the share of written equations whose arithmetic
+holds, and the share of first equations whose operands are the question's first two numbers (a
+base that has not learnt to copy operands from the question computes well and still fails).
 
 The base's arithmetic decides what every later stage can reach, so a setting of the corpus or of
 the pretraining is only worth keeping when it holds across seeds. Each combination trains the
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -21,11 +25,31 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 from configs.loader import load_profile  # noqa: E402
 from stages import bootstrap, evaluate, problems  # noqa: E402
 from stages.tracking import NullTracker  # noqa: E402
+
+_NUMBER = re.compile(r"\d+")
+_EQUATION = re.compile(r"(\d+) ([-+*]) (\d+) = (\d+)")
+
+
+def step_rates(questions: list[str], completions: list[str]) -> tuple[float, float]:
+    """(share of equations `a op b = c` that are right, share of samples with equations whose
+    first one takes its operands from the question's first two numbers)."""
+    right = written = copied = with_steps = 0
+    for question, completion in zip(questions, completions, strict=True):
+        equations = _EQUATION.findall(completion)
+        for a, op, b, c in equations:
+            x, y = int(a), int(b)
+            written += 1
+            right += {"+": x + y, "-": x - y, "*": x * y}[op] == int(c)
+        if equations:
+            with_steps += 1
+            copied += _NUMBER.findall(question)[:2] == [equations[0][0], equations[0][2]]
+    return right / max(written, 1), copied / max(with_steps, 1)
 
 
 def main() -> None:
@@ -60,6 +84,9 @@ def main() -> None:
                 f"{key} {report.metrics[key]:.3f}"
                 for key in ("pass_at_1", f"pass_at_{evaluation.k}", "format_rate")
             )
+            samples = pq.read_table(report.samples_path).to_pydict()
+            right, copied = step_rates(samples["question"], samples["completion"])
+            shown += f"; equations right {right:.3f}, first operands copied {copied:.3f}"
             print(f"length_window {window:>3}, seed {seed}: trained {seconds:.0f} s; {shown}")
 
 
