@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from itertools import islice
 from pathlib import Path
 
 import pyarrow as pa
@@ -45,10 +46,10 @@ def general_score(
     groups = sampler.generate(rendered, n_samples, params)
     questions = [p.question for p, group in zip(prompts, groups, strict=True) for _ in group]
     texts = [c.text for group in groups for c in group]
-    scores = scorer(questions, texts)
+    scores = iter(scorer(questions, texts))
     per_prompt = []
-    for start in range(0, len(scores), n_samples):
-        scored = [s for s in scores[start : start + n_samples] if s is not None]
+    for group in groups:
+        scored = [s for s in islice(scores, len(group)) if s is not None]
         if scored:
             per_prompt.append(statistics.fmean(scored))
     sem = statistics.stdev(per_prompt) / math.sqrt(len(per_prompt)) if len(per_prompt) > 1 else 0.0
