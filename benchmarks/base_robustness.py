@@ -29,11 +29,11 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 from configs.loader import load_profile  # noqa: E402
+from rewards.steps import check_steps  # noqa: E402
 from stages import bootstrap, evaluate, problems  # noqa: E402
 from stages.tracking import NullTracker  # noqa: E402
 
 _NUMBER = re.compile(r"\d+")
-_EQUATION = re.compile(r"(\d+) ([-+*]) (\d+) = (\d+)")
 
 
 def step_rates(questions: list[str], completions: list[str]) -> tuple[float, float]:
@@ -41,14 +41,13 @@ def step_rates(questions: list[str], completions: list[str]) -> tuple[float, flo
     first one takes its operands from the question's first two numbers)."""
     right = written = copied = with_steps = 0
     for question, completion in zip(questions, completions, strict=True):
-        equations = _EQUATION.findall(completion)
-        for a, op, b, c in equations:
-            x, y = int(a), int(b)
-            written += 1
-            right += {"+": x + y, "-": x - y, "*": x * y}[op] == int(c)
-        if equations:
+        checks = check_steps(question, completion)
+        written += len(checks)
+        right += sum(c.right for c in checks)
+        if checks:
             with_steps += 1
-            copied += _NUMBER.findall(question)[:2] == [equations[0][0], equations[0][2]]
+            asked = tuple(float(n) for n in _NUMBER.findall(question)[:2])
+            copied += asked == checks[0].operands
     return right / max(written, 1), copied / max(with_steps, 1)
 
 

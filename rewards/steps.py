@@ -31,7 +31,13 @@ _OPS: dict[str, Callable[[float, float], float | None]] = {
 @dataclass(frozen=True)
 class StepCheck:
     end: int  # offset in the completion just past the step's result
-    correct: bool
+    operands: tuple[float, float]
+    right: bool  # the arithmetic holds
+    grounded: bool  # both operands are numbers of the question or results of earlier steps
+
+    @property
+    def correct(self) -> bool:
+        return self.right and self.grounded
 
 
 def check_steps(question: str, completion: str) -> list[StepCheck]:
@@ -42,6 +48,8 @@ def check_steps(question: str, completion: str) -> list[StepCheck]:
         a, op, b, c = float(match[1]), match[2], float(match[3]), float(match[4])
         value = _OPS[op](a, b)
         right = value is not None and abs(value - c) < 1e-9
-        checks.append(StepCheck(end=match.end(), correct=right and a in known and b in known))
+        checks.append(
+            StepCheck(match.end(), (a, b), right=right, grounded=a in known and b in known)
+        )
         known.add(c)
     return checks

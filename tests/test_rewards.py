@@ -136,6 +136,8 @@ def test_step_checks_catch_wrong_facts_and_ungrounded_operands():
     checks = check_steps(question, text)
     # 4 is not in the question; 3 is an earlier result; 6 + 1 is wrong and 1 is ungrounded
     assert [c.correct for c in checks] == [False, True, False, True]
+    assert [c.right for c in checks] == [True, True, False, True]
+    assert [c.grounded for c in checks] == [False, True, False, True]
     assert [text[: c.end].rsplit(" ", 1)[-1] for c in checks] == ["3", "6", "8", "6"]
 
 
