@@ -414,6 +414,12 @@ class GRPOConfig(Strict):
     general_prompts: int = Field(
         0, ge=0, description="general prompts mixed into the reasoning ones (stage 6); 0: none"
     )
+    general_per_step: int | None = Field(
+        None,
+        ge=1,
+        description="general prompts in each step's batch (stage 6); none: drawn in proportion "
+        "to their numbers",
+    )
     max_seconds: float | None = Field(
         None, gt=0, description="stop after this much training time (RL-only twins in stage 7)"
     )
@@ -440,6 +446,19 @@ class GRPOConfig(Strict):
         names = [r.name for r in self.rewards]
         if len(set(names)) != len(names):
             raise ValueError(f"a reward is listed twice: {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _general_share_fits(self) -> GRPOConfig:
+        if self.general_per_step is None:
+            return self
+        if not self.general_prompts:
+            raise ValueError("general_per_step needs general_prompts to draw from")
+        if self.general_per_step >= self.prompts_per_step:
+            raise ValueError(
+                f"general_per_step {self.general_per_step} leaves no reasoning prompt in a step "
+                f"of {self.prompts_per_step}; make it smaller than prompts_per_step"
+            )
         return self
 
     @model_validator(mode="after")

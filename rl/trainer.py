@@ -62,6 +62,26 @@ def prompt_order(n_problems: int, steps: int, per_step: int, seed: int) -> list[
     return [flat[i * per_step : (i + 1) * per_step] for i in range(steps)]
 
 
+def kind_prompt_order(
+    kinds: Sequence[str], steps: int, per_step: int, general_per_step: int, seed: int
+) -> list[list[int]]:
+    """Problem indices for each step, `general_per_step` of them general prompts and the rest
+    reasoning problems, each kind taken in its own seeded permutations."""
+    general = [i for i, kind in enumerate(kinds) if kind == "general"]
+    reasoning = [i for i, kind in enumerate(kinds) if kind != "general"]
+    if not general or not reasoning:
+        raise ValueError(
+            f"a fixed number of general prompts per step needs both kinds; got {len(general)} "
+            f"general and {len(reasoning)} reasoning problems"
+        )
+    picks = zip(
+        prompt_order(len(reasoning), steps, per_step - general_per_step, seed),
+        prompt_order(len(general), steps, general_per_step, seed + 1),
+        strict=True,
+    )
+    return [[reasoning[i] for i in r] + [general[i] for i in g] for r, g in picks]
+
+
 class GRPOTrainer:
     """GRPO on one process, or on one data-parallel rank of several (`collective`, `engine`).
 
@@ -122,7 +142,13 @@ class GRPOTrainer:
         stops training with NonFiniteLossError before the update, keeping the last checkpoint."""
         cfg = self.cfg
         self.guard.ckpt_dir = ckpt_dir
-        order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, cfg.seed)
+        if cfg.general_per_step is None:
+            order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, cfg.seed)
+        else:
+            kinds = [p.kind for p in problems]
+            order = kind_prompt_order(
+                kinds, cfg.steps, cfg.prompts_per_step, cfg.general_per_step, cfg.seed
+            )
         report = GRPOReport(steps=cfg.steps, resumed_from=self._resume(ckpt_dir, fingerprint))
         report.reward_curve = list(self._curve)
         if report.resumed_from:

@@ -41,6 +41,12 @@ def test_cross_field_rules(tmp_path):
         load_profile(write(tmp_path, "bootstrap: {corpus: {direct_share: 0.9}}\n"))
     with pytest.raises(ConfigError, match="needs a 'files' section"):
         load_profile(write(tmp_path, "data: {source: files}\n"))
+    with pytest.raises(ConfigError, match="general_per_step needs general_prompts"):
+        load_profile(write(tmp_path, "reasoning_rl: {general_per_step: 2}\n"))
+    with pytest.raises(ConfigError, match="leaves no reasoning prompt"):
+        load_profile(
+            write(tmp_path, "all_scenarios_rl: {general_prompts: 9, general_per_step: 8}\n")
+        )
 
 
 def test_overrides_are_validated_like_the_file():

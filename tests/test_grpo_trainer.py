@@ -8,7 +8,7 @@ from problems.types import Problem
 from rl.advantages import group_advantages
 from rl.rollouts import token_ends
 from rl.scoring import masked_advantages
-from rl.trainer import GRPOTrainer, prompt_order
+from rl.trainer import GRPOTrainer, kind_prompt_order, prompt_order
 from sampling.types import Completion
 from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
 
@@ -43,6 +43,19 @@ def test_prompt_order_is_seeded_and_covers_problems():
         sorted(i for step in order[:2] for i in step)[:4]
         == sorted(set(i for s in order[:2] for i in s))[:4]
     )
+
+
+def test_kind_prompt_order_puts_a_fixed_number_of_general_prompts_in_each_step():
+    kinds = ["reasoning"] * 5 + ["general"] * 3 + ["reasoning"]
+    order = kind_prompt_order(kinds, steps=6, per_step=4, general_per_step=1, seed=0)
+    assert order == kind_prompt_order(kinds, steps=6, per_step=4, general_per_step=1, seed=0)
+    assert all(len(step) == 4 for step in order)
+    assert all([kinds[i] for i in step].count("general") == 1 for step in order)
+    # each kind goes through all of its problems before any comes again
+    assert sorted(step[-1] for step in order[:3]) == [5, 6, 7]
+    assert sorted(i for step in order[:2] for i in step[:3]) == [0, 1, 2, 3, 4, 8]
+    with pytest.raises(ValueError, match="needs both kinds"):
+        kind_prompt_order(["reasoning"] * 4, steps=2, per_step=2, general_per_step=1, seed=0)
 
 
 def test_masked_advantages_skip_unscorable_samples_and_flag_flat_groups():
