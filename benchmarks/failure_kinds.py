@@ -23,6 +23,8 @@ from problems.generators import apply
 from problems.loader import load_problems
 
 FAILURE_KINDS = ("step count", "arithmetic", "operands", "summary")
+# the worked steps' own form (problems.generators.worked_steps); rewards.steps.check_steps also
+# reads "a op b gives c", which is the traces' self-check, not a step
 _EQUATION = re.compile(r"(\d+) ([-+*]) (\d+) = (\d+)")
 
 
@@ -66,11 +68,14 @@ def main() -> None:
     parser.add_argument("--stages", nargs="+", default=["cold_start_sft", "reasoning_rl"])
     args = parser.parse_args()
     runs = args.state_dir / "runs"
-    heldout = latest("problems/*/heldout.jsonl", runs)
-    for stage in args.stages:
-        counts = failure_counts(latest(f"{stage}/*/eval/eval_samples.parquet", runs), heldout)
-        shown = ", ".join(f"{kind} {counts[kind]}" for kind in FAILURE_KINDS)
-        print(f"{stage}: {sum(counts.values())} wrong samples: {shown}")
+    try:
+        heldout = latest("problems/*/heldout.jsonl", runs)
+        for stage in args.stages:
+            counts = failure_counts(latest(f"{stage}/*/eval/eval_samples.parquet", runs), heldout)
+            shown = ", ".join(f"{kind} {counts[kind]}" for kind in FAILURE_KINDS)
+            print(f"{stage}: {sum(counts.values())} wrong samples: {shown}")
+    except (FileNotFoundError, ValueError) as err:
+        parser.exit(2, f"failure_kinds: {err}\n")
 
 
 if __name__ == "__main__":
