@@ -1,15 +1,18 @@
-"""Length-grouped batches (`train.length_window`) against plain random batches, in pretraining.
+"""Three batch layouts in pretraining: plain random batches padded per row, length-grouped
+batches (`train.length_window`) padded per row, and plain batches packed (`train.packing`).
 
-The bootstrap's corpus is where grouping was measured, though the tiny profile trains that corpus
-on plain batches (grouping there gave a base that had not learnt its arithmetic; README).
+The bootstrap's corpus is where they were measured; the tiny profile trains it on plain batches,
+packed (grouping there gave a base that had not learnt its arithmetic; README). Packing keeps
+each batch's examples and each example's loss (tests/test_packing.py) and drops most padding.
 
 Builds the profile's pretraining corpus and base model as the bootstrap does (a fresh tokenizer
-from the tiny world, the profile's model), then times training steps of each batch order,
-alternating in blocks of `--block` steps for `--repeats` rounds in one process with the profile's
-torch threads, so load from elsewhere on the machine falls on both alike. Both orders hold the
-same examples in each stretch of `--window` batches. Prints, for each order, the padded tokens
-per real token over the whole run's order, and real tokens per second; then the speed-up
-(median over rounds of grouped over plain tokens/s).
+from the tiny world, the profile's model), then times training steps of each layout, alternating
+in blocks of `--block` steps for `--repeats` rounds in one process with the profile's torch
+threads, so load from elsewhere on the machine falls on all alike. Grouped batches hold the same
+examples as plain ones in each stretch of `--window` batches; packed ones hold exactly the plain
+batches' examples. Prints, for each layout, the tokens laid out per real token over the whole
+run's order, and real tokens per second; then each layout's speed-up over plain (median over
+rounds of the ratio of tokens/s).
 
     python -m benchmarks.batching --profile tiny --block 30 --repeats 3 --window 32
 """
@@ -20,6 +23,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -33,12 +37,19 @@ from problems.corpus import build_corpus  # noqa: E402
 from problems.generators import split_world  # noqa: E402
 from stages.bootstrap import corpus_examples, tokenizer_texts  # noqa: E402
 from training.examples import Example  # noqa: E402
-from training.loop import batch_order, collate  # noqa: E402
+from training.loop import batch_order, collate, pack  # noqa: E402
+
+Layout = Callable[[list[Example], int], dict[str, torch.Tensor]]
 
 
-def padded_per_real(order: list[list[int]], lengths: list[int]) -> float:
-    padded = sum(max(lengths[i] for i in batch) * len(batch) for batch in order)
-    return padded / sum(lengths[i] for batch in order for i in batch)
+def laid_out_per_real(
+    order: list[list[int]], examples: list[Example], lay_out: Layout, pad_id: int
+) -> float:
+    """Tokens in the laid-out batches of `order` (padding included) per real token."""
+    laid = sum(
+        lay_out([examples[i] for i in batch], pad_id)["input_ids"].numel() for batch in order
+    )
+    return laid / sum(len(examples[i].input_ids) for batch in order for i in batch)
 
 
 def timed_steps(
@@ -46,16 +57,17 @@ def timed_steps(
     optimizer: torch.optim.Optimizer,
     examples: list[Example],
     batches: list[list[int]],
+    lay_out: Layout,
     pad_id: int,
 ) -> float:
     """Real (unpadded) tokens per second over `batches`, one optimizer step each."""
     began, tokens = time.perf_counter(), 0
     for indices in batches:
-        batch = collate([examples[i] for i in indices], pad_id)
-        model(**batch).loss.backward()
+        rows = [examples[i] for i in indices]
+        model(**lay_out(rows, pad_id), use_cache=False).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        tokens += int(batch["attention_mask"].sum())
+        tokens += sum(len(e.input_ids) for e in rows)
     return tokens / (time.perf_counter() - began)
 
 
@@ -78,9 +90,14 @@ def main() -> None:
     lengths = [len(e.input_ids) for e in examples]
     plain_cfg = boot.train.model_copy(update={"length_window": 0})
     grouped_cfg = boot.train.model_copy(update={"length_window": args.window})
-    orders = {
-        "plain": batch_order(len(examples), plain_cfg),
-        f"grouped (window {args.window})": batch_order(len(examples), grouped_cfg, lengths),
+    plain = batch_order(len(examples), plain_cfg)
+    layouts: dict[str, tuple[list[list[int]], Layout]] = {
+        "plain": (plain, collate),
+        f"grouped (window {args.window})": (
+            batch_order(len(examples), grouped_cfg, lengths),
+            collate,
+        ),
+        "packed": (plain, pack),
     }
     model = build_model(
         boot.model, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed=0
@@ -88,24 +105,24 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=boot.train.learning_rate)
     pad_id = tokenizer.pad_token_id
     print(
-        f"{args.profile}: {len(examples)} documents, {len(orders['plain'])} steps of "
+        f"{args.profile}: {len(examples)} documents, {len(plain)} steps of "
         f"{boot.train.batch_size}, {config.torch_threads} threads"
     )
-    timed_steps(model, optimizer, examples, orders["plain"][:3], pad_id)  # warm-up
-    rates: dict[str, list[float]] = {name: [] for name in orders}
+    timed_steps(model, optimizer, examples, plain[:3], collate, pad_id)  # warm-up
+    rates: dict[str, list[float]] = {name: [] for name in layouts}
     for round_ in range(args.repeats):
         start = round_ * args.block
-        for name, order in orders.items():
+        for name, (order, lay_out) in layouts.items():
             block = order[start : start + args.block]
-            rates[name].append(timed_steps(model, optimizer, examples, block, pad_id))
-    for name, order in orders.items():
+            rates[name].append(timed_steps(model, optimizer, examples, block, lay_out, pad_id))
+    for name, (order, lay_out) in layouts.items():
         print(
-            f"{name:>22}: padded/real {padded_per_real(order, lengths):.3f}, "
+            f"{name:>22}: laid out/real {laid_out_per_real(order, examples, lay_out, pad_id):.3f}, "
             f"{statistics.median(rates[name]):,.0f} real tokens/s (median of {args.repeats})"
         )
-    plain, grouped = rates.values()
-    ratio = statistics.median(g / p for g, p in zip(grouped, plain, strict=True))
-    print(f"speed-up, grouped over plain: {ratio:.2f}x")
+    for name in list(layouts)[1:]:
+        ratio = statistics.median(a / b for a, b in zip(rates[name], rates["plain"], strict=True))
+        print(f"speed-up, {name} over plain: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

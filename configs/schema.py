@@ -145,6 +145,11 @@ class TrainConfig(Strict):
         description="batches per stretch sorted by length (0 or 1: plain random batches); for "
         "data of one kind: on a mixture, like lengths put like kinds together (README)",
     )
+    packing: bool = Field(
+        True,
+        description="lay each batch's examples end to end in as few rows as its longest allows, "
+        "attention kept within each example: the same loss with less padding",
+    )
     seed: int = 0
 
 

@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from configs.schema import SFTConfig
+from configs.schema import SFTConfig, TrainConfig
 from training import PROGRESS
 from training.distributed import WorkerSpec, rank_share, target_count, zero_config
 from training.engines import full_state_dict
 from training.examples import Example
 from training.finite import LossGuard, NonFiniteLossError
-from training.loop import batch_order, collate, lr_lambda
+from training.loop import batch_inputs, batch_order, lr_lambda
 
 log = logging.getLogger("training.deepspeed_worker")
 
@@ -86,12 +86,14 @@ def build_engine(model: torch.nn.Module, config: SFTConfig, world: int, total_st
     return engine, scheduler
 
 
-def share_loss(engine: Any, batch: list[Example], pad_id: int, rank: int, world: int):
+def share_loss(
+    engine: Any, batch: list[Example], cfg: TrainConfig, pad_id: int, rank: int, world: int
+):
     """This rank's loss on its share of `batch`, scaled so that DeepSpeed's average of the ranks'
     gradients is the gradient of the whole batch's token-mean loss."""
-    inputs = collate(rank_share(batch, rank, world), pad_id)
+    inputs = batch_inputs(cfg)(rank_share(batch, rank, world), pad_id)
     inputs = {key: value.to(engine.device) for key, value in inputs.items()}
-    return engine(**inputs, num_items_in_batch=target_count(batch)).loss * world
+    return engine(**inputs, num_items_in_batch=target_count(batch), use_cache=False).loss * world
 
 
 def global_loss(share: torch.Tensor, world: int) -> torch.Tensor:
@@ -138,7 +140,7 @@ def train_zero(
     for step, indices in enumerate(order):
         guard.step = done = step + 1
         batch = [examples[i] for i in indices]
-        loss = share_loss(engine, batch, pad_id, rank, world)
+        loss = share_loss(engine, batch, cfg, pad_id, rank, world)
         loss_value = guard.check("loss", global_loss(loss, world))  # every rank stops together
         engine.backward(loss)
         engine.step()  # a non-finite gradient norm makes DeepSpeed skip the update

@@ -76,6 +76,7 @@ def _length_grouped(
 
 
 def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """One example per row, right-padded to the longest, with an attention mask."""
     width = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # (B, T)
     labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)  # (B, T)
@@ -85,6 +86,45 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
         labels[row, : len(e.labels)] = torch.tensor(e.labels)
         mask[row, : len(e.input_ids)] = 1
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def pack(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """The same examples laid end to end in as few rows as the longest of them allows (first
+    fit, longest first), with position ids that restart at each example and no attention mask.
+
+    From the restarts the model builds a block-diagonal causal mask (transformers' packed
+    sequences), so no token sees another example and each example's loss is what it is in a
+    row of its own; its first label is ignored, as the causal-LM loss's shift drops it there.
+    The model must run with `use_cache=False`: with a cache it does not read the restarts.
+    """
+    width = max(len(e.input_ids) for e in examples)
+    rows: list[list[Example]] = []
+    room: list[int] = []
+    for e in sorted(examples, key=lambda e: len(e.input_ids), reverse=True):
+        row = next((r for r, free in enumerate(room) if free >= len(e.input_ids)), len(rows))
+        if row == len(rows):
+            rows.append([])
+            room.append(width)
+        rows[row].append(e)
+        room[row] -= len(e.input_ids)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (R, T)
+    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)  # (R, T)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)  # (R, T)
+    for r, row in enumerate(rows):
+        at = 0
+        for e in row:
+            n = len(e.input_ids)
+            ids[r, at : at + n] = torch.tensor(e.input_ids)
+            labels[r, at + 1 : at + n] = torch.tensor(e.labels[1:])
+            positions[r, at : at + n] = torch.arange(n)
+            at += n
+        positions[r, at:] = torch.arange(width - at)  # the padding: a block of its own
+    return {"input_ids": ids, "labels": labels, "position_ids": positions}
+
+
+def batch_inputs(cfg: TrainConfig) -> Callable[[list[Example], int], dict[str, torch.Tensor]]:
+    """How `cfg` lays a batch out: packed rows, or one padded row per example."""
+    return pack if cfg.packing else collate
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int):
@@ -135,10 +175,11 @@ def train(
     model.train()
     loss_value, tokens, began = float("nan"), 0, time.perf_counter()
     bar = tqdm(total=len(order), initial=start, desc=desc, unit="step", leave=False)
+    lay_out = batch_inputs(cfg)
     for step in range(start, len(order)):
         guard.step = step + 1
-        batch = collate([examples[i] for i in order[step]], pad_id)
-        loss = model(**batch).loss
+        rows = [examples[i] for i in order[step]]
+        loss = model(**lay_out(rows, pad_id), use_cache=False).loss
         loss_value = guard.check("loss", loss)
         loss.backward()
         guard.check(
@@ -147,7 +188,7 @@ def train(
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        tokens += int(batch["attention_mask"].sum())
+        tokens += sum(len(e.input_ids) for e in rows)
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}")
         done = step + 1
