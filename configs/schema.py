@@ -566,6 +566,11 @@ class StudentConfig(Strict):
     name: str
     model: ModelConfig | None = None
     pretrain: TrainConfig = TrainConfig()
+    base_layers: list[int] | None = Field(
+        None,
+        description="start from these layers of the bootstrap model, in order (its widths), "
+        "instead of random weights, then pretrain: a student cut from the base",
+    )
     path: Path | None = None
     hub_id: str | None = _hub_id()
 
@@ -573,6 +578,8 @@ class StudentConfig(Strict):
     def _one_source(self) -> StudentConfig:
         if (self.model is None) == (self.path is None):
             raise ValueError(f"student {self.name!r}: give either model (tiny world) or path")
+        if self.base_layers is not None and self.model is None:
+            raise ValueError(f"student {self.name!r}: base_layers needs model (the tiny world)")
         return self
 
 

@@ -57,6 +57,63 @@ def build_model(
     return AutoModelForCausalLM.from_config(config)
 
 
+def cut_layers(
+    base: PreTrainedModel,
+    spec: ModelConfig,
+    layers: list[int],
+    pad_token_id: int,
+    eos_token_id: int,
+) -> tuple[PreTrainedModel, list[str]]:
+    """A model of `spec` that starts from `layers` of `base` (in that order), its embeddings and
+    final norm: a smaller student that keeps part of what the base learnt (depth pruning).
+
+    `spec` must have the base's widths and one layer per entry of `layers`. Weights the student's
+    architecture has no place for (a Qwen2 base's attention biases in a Llama student) are left
+    out and returned by name; a weight the student needs and the base lacks is an error.
+    """
+    source = base.config
+    widths = {
+        "hidden_size": (spec.hidden_size, source.hidden_size),
+        "num_heads": (spec.num_heads, source.num_attention_heads),
+        "num_kv_heads": (spec.num_kv_heads, source.num_key_value_heads),
+        "intermediate_size": (spec.intermediate_size, source.intermediate_size),
+    }
+    wrong = [
+        f"{key} {mine} (base {theirs})" for key, (mine, theirs) in widths.items() if mine != theirs
+    ]
+    if wrong:
+        raise ValueError(f"a student cut from the base needs the base's widths: {', '.join(wrong)}")
+    if len(layers) != spec.num_layers:
+        raise ValueError(f"{len(layers)} layers named for a student of {spec.num_layers}")
+    bad = [i for i in layers if not 0 <= i < source.num_hidden_layers]
+    if bad or len(set(layers)) != len(layers):
+        raise ValueError(
+            f"layers {layers}: each once, of the base's 0..{source.num_hidden_layers - 1}"
+        )
+    student = build_model(spec, base.config.vocab_size, pad_token_id, eos_token_id)
+    wanted = set(student.state_dict())
+    state: dict[str, torch.Tensor] = {}
+    left_out: list[str] = []
+    for key, value in base.state_dict().items():
+        target = key
+        if key.startswith("model.layers."):
+            index = int(key.split(".")[2])
+            if index not in layers:
+                continue
+            target = key.replace(
+                f"model.layers.{index}.", f"model.layers.{layers.index(index)}.", 1
+            )
+        if target in wanted:
+            state[target] = value
+        else:
+            left_out.append(key)
+    missing = sorted(wanted - set(state) - {"lm_head.weight"})  # the head is tied to embeddings
+    if missing:
+        raise ValueError(f"the base has no weights for the student's {missing}")
+    student.load_state_dict(state, strict=False)
+    return student, left_out
+
+
 def _require_local(path: str | Path, what: str) -> Path:
     path = Path(path)
     if not (path / "config.json").exists() and what == "model":

@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from configs.schema import (
     BootstrapConfig,
@@ -26,7 +26,7 @@ from configs.schema import (
 from curation.teacher import write_traces
 from models.chat import render_completions, render_prompt
 from models.checkpoint import check_checkpoint
-from models.loading import build_model, load_tokenizer, parameter_count
+from models.loading import build_model, cut_layers, load_model, load_tokenizer, parameter_count
 from models.tokenizer import train_tokenizer
 from problems.corpus import Document, build_corpus
 from problems.loader import load_problems
@@ -113,6 +113,21 @@ def pretrain_student(
         raise ValueError(f"student {student.name!r} has a path; only the tiny world pretrains")
     tokenizer = load_tokenizer(base.path)
     docs = build_corpus(load_problems(problems.train_path), corpus, seed=seed)
+    init = None
+    if student.base_layers is not None:
+        init, left_out = cut_layers(
+            load_model(base.path),
+            student.model,
+            student.base_layers,
+            tokenizer.pad_token_id,
+            tokenizer.eos_token_id,
+        )
+        log.info(
+            "student %s: layers %s of the base; %d base weights have no place in it",
+            student.name,
+            student.base_layers,
+            len(left_out),
+        )
     return pretrain(
         student.model,
         student.pretrain,
@@ -123,6 +138,7 @@ def pretrain_student(
         fingerprint(student, corpus, base.path, problems.train_path, seed),
         seed,
         desc=f"pretrain {student.name}",
+        init=init,
     )
 
 
@@ -147,12 +163,15 @@ def pretrain(
     fp: str,
     seed: int,
     desc: str,
+    init: PreTrainedModel | None = None,
 ) -> ModelRef:
-    """A fresh decoder trained as a causal LM on the corpus documents."""
+    """A decoder trained as a causal LM on the corpus documents: fresh, or from `init`."""
     examples = corpus_examples(tokenizer, docs, train_config.max_length)
-    model = build_model(
-        model_config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed
-    )
+    model = init
+    if model is None:
+        model = build_model(
+            model_config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed
+        )
     n_params = parameter_count(model)
     log.info("%s: %d documents, vocab %d, %d parameters", desc, len(docs), len(tokenizer), n_params)
     tracker.log_metrics({"corpus/documents": float(len(docs)), "model/parameters": float(n_params)})
