@@ -90,7 +90,7 @@ def cut_layers(
         raise ValueError(
             f"layers {layers}: each once, of the base's 0..{source.num_hidden_layers - 1}"
         )
-    student = build_model(spec, base.config.vocab_size, pad_token_id, eos_token_id)
+    student = build_model(spec, source.vocab_size, pad_token_id, eos_token_id)
     wanted = set(student.state_dict())
     state: dict[str, torch.Tensor] = {}
     left_out: list[str] = []
