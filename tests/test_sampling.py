@@ -10,6 +10,7 @@ from transformers import DynamicCache
 from transformers.generation.logits_process import TopPLogitsWarper
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+import sampling.decode as decode_module
 from rl.rollouts import build_batch, completion_logprobs
 from sampling.attention import matmul_decode_attention
 from sampling.cache import growing_cache
@@ -98,6 +99,24 @@ def test_rows_that_stop_early_are_dropped_and_match_generate(model, tokenizer):
         assert d.finish_reason == ("stop" if stop in d.token_ids else "length")
         assert len(d.token_ids) == len(d.logprobs)
         assert stop not in d.token_ids[:-1]
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_when_done_rows_leave_the_batch_changes_no_row(model, tokenizer, monkeypatch, share):
+    """Done rows stay in the batch until they are more than COMPACT_SHARE of it (never at 1.0):
+    every row's tokens and logprobs are those of dropping each row at its stop (share 0)."""
+    rows = [0, 0, 1, 1, 2, 2, 3, 3]
+    free = run_decode(model, tokenizer, PROMPTS, rows, [tokenizer.eos_token_id], 1.0, seed=3)
+    stop = free[0].token_ids[1]  # rows end at different steps, some not at all
+    monkeypatch.setattr(decode_module, "COMPACT_SHARE", 0.0)
+    at_once = run_decode(model, tokenizer, PROMPTS, rows, [stop], 1.0, seed=3)
+    monkeypatch.setattr(decode_module, "COMPACT_SHARE", share)
+    ours = run_decode(model, tokenizer, PROMPTS, rows, [stop], 1.0, seed=3)
+    assert len({len(d.token_ids) for d in at_once}) > 1
+    assert [d.token_ids for d in ours] == [d.token_ids for d in at_once]
+    assert [d.finish_reason for d in ours] == [d.finish_reason for d in at_once]
+    for a, b in zip(ours, at_once, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
 def test_stop_on_the_last_allowed_token_is_a_stop(model, tokenizer):
