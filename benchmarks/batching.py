@@ -1,9 +1,10 @@
 """Three batch layouts in pretraining: plain random batches padded per row, length-grouped
-batches (`train.length_window`) padded per row, and plain batches packed (`train.packing`).
+batches (`train.length_window`) padded per row, and plain batches packed in one row
+(`train.packing`), attended one example at a time (training/varlen.py).
 
 The bootstrap's corpus is where they were measured; the tiny profile trains it on plain batches,
 packed (grouping there gave a base that had not learnt its arithmetic; README). Packing keeps
-each batch's examples and each example's loss (tests/test_packing.py) and drops most padding.
+each batch's examples and each example's loss (tests/test_packing.py) and drops all padding.
 
 Builds the profile's pretraining corpus and base model as the bootstrap does (a fresh tokenizer
 from the tiny world, the profile's model), then times training steps of each layout, alternating
@@ -38,6 +39,7 @@ from problems.generators import split_world  # noqa: E402
 from stages.bootstrap import corpus_examples, tokenizer_texts  # noqa: E402
 from training.examples import Example  # noqa: E402
 from training.loop import batch_order, collate, pack  # noqa: E402
+from training.varlen import packed_attention  # noqa: E402
 
 Layout = Callable[[list[Example], int], dict[str, torch.Tensor]]
 
@@ -64,7 +66,9 @@ def timed_steps(
     began, tokens = time.perf_counter(), 0
     for indices in batches:
         rows = [examples[i] for i in indices]
-        model(**lay_out(rows, pad_id), use_cache=False).loss.backward()
+        with packed_attention(model):  # as the training loop runs every layout
+            loss = model(**lay_out(rows, pad_id), use_cache=False).loss
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         tokens += sum(len(e.input_ids) for e in rows)

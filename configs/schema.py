@@ -413,6 +413,11 @@ class GRPOConfig(Strict):
     scale_std: bool = Field(True, description="False: Dr. GRPO's centred-only advantages")
     dynamic_sampling: bool = Field(True, description="drop groups whose rewards are all equal")
     mask_truncated: bool = Field(True, description="no loss on completions cut at max_new_tokens")
+    packing: bool = Field(
+        True,
+        description="the update's sequences laid end to end in as few rows as the longest allows, "
+        "attention kept within each: the same log-probabilities with less padding",
+    )
     rewards: list[RewardTerm] = Field(
         default_factory=lambda: [RewardTerm(name="accuracy"), RewardTerm(name="format", weight=0.5)]
     )

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from training.varlen import packed_attention
+
 
 @dataclass
 class PolicyBatch:
@@ -54,14 +56,82 @@ def build_batch(
     )
 
 
-def completion_logprobs(
-    model: PreTrainedModel, batch: PolicyBatch, temperature: float, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities (N, C) of the completion tokens under `model` at `temperature`.
+@dataclass(frozen=True)
+class PackedRow:
+    """A PolicyBatch's sequences (prompt and completion, no padding) laid end to end in one row.
 
-    Only the completion positions go through the output projection (`logits_to_keep`); position
-    ids follow the attention mask so left padding does not shift the prompt.
+    Position ids restart at each sequence: run the model under `training.varlen.packed_attention`
+    and without a cache. `source[i, t]` is the index in the row of the position whose output
+    predicts completion token t of sequence i, where `valid[i, t]`.
     """
+
+    input_ids: torch.Tensor  # (1, T)
+    position_ids: torch.Tensor  # (1, T)
+    source: torch.Tensor  # (N, C)
+    valid: torch.Tensor  # (N, C) bool: a completion token of sequence i
+
+
+def pack_policy_batch(batch: PolicyBatch) -> PackedRow:
+    """`batch`'s sequences, their padding dropped, in one row."""
+    attention = batch.attention_mask.cpu().bool()  # (N, P + C)
+    prompt_lengths = attention[:, : batch.prompt_width].sum(dim=1)  # (N,)
+    if int(prompt_lengths.min()) < 1:
+        raise ValueError("each sequence needs a prompt token to predict its first completion token")
+    lengths = attention.sum(dim=1)  # (N,)
+    starts = lengths.cumsum(dim=0) - lengths  # (N,) where each sequence begins in the row
+    valid = attention[:, batch.prompt_width :]  # (N, C): completions are right-padded
+    t = torch.arange(batch.completion_width)  # (C,)
+    source = (starts + prompt_lengths - 1)[:, None] + t[None, :]  # (N, C)
+    positions = torch.cat([torch.arange(n) for n in lengths.tolist()])  # (T,)
+    device = batch.input_ids.device
+    return PackedRow(
+        batch.input_ids[attention.to(device)][None],
+        positions[None].to(device),
+        (source * valid).to(device),
+        valid.to(device),
+    )
+
+
+def completion_logprobs(
+    model: PreTrainedModel,
+    batch: PolicyBatch,
+    temperature: float,
+    with_entropy: bool = False,
+    packed: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities (N, C) of the completion tokens under `model` at `temperature`, and
+    their entropies when asked; 0 past each completion's end.
+
+    Packed (the default), the sequences go through the model in one row without padding
+    (`PackedRow`), and only the positions that predict a completion token through the
+    log-softmax. Padded, the rows go as `batch` lays them out, with position ids that follow the
+    attention mask so left padding does not shift the prompt, and only the completion positions
+    through the output projection.
+    """
+    if not packed:
+        return _padded_completion_logprobs(model, batch, temperature, with_entropy)
+    rows = pack_policy_batch(batch)
+    with packed_attention(model):
+        logits = model(
+            input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False
+        ).logits[0]  # (T, V)
+    picked = logits[rows.source[rows.valid]]  # (K, V), K completion tokens
+    logp_all = torch.log_softmax(picked.float() / temperature, dim=-1)
+    targets = batch.input_ids[:, batch.prompt_width :][rows.valid]  # (K,)
+    token_logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (K,)
+    logp = torch.zeros(rows.valid.shape, dtype=token_logp.dtype, device=token_logp.device)
+    logp = logp.masked_scatter(rows.valid, token_logp)  # (N, C)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            token_entropy = -(logp_all.exp() * logp_all).sum(dim=-1)  # (K,)
+            entropy = torch.zeros_like(logp).masked_scatter(rows.valid, token_entropy)
+    return logp, entropy
+
+
+def _padded_completion_logprobs(
+    model: PreTrainedModel, batch: PolicyBatch, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     position_ids = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     width = batch.completion_width
     logits = model(

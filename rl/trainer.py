@@ -330,12 +330,18 @@ class GRPOTrainer:
         old_logp = ref_logp = None
         with torch.no_grad():
             if cfg.inner_iterations > 1:  # with mu = 1, pi_old is the policy itself: ratio 1
-                old_logp, _ = completion_logprobs(forward, batch, cfg.temperature)
+                old_logp, _ = completion_logprobs(
+                    forward, batch, cfg.temperature, packed=cfg.packing
+                )
             if self.reference is not None:
-                ref_logp, _ = completion_logprobs(self.reference, batch, cfg.temperature)
+                ref_logp, _ = completion_logprobs(
+                    self.reference, batch, cfg.temperature, packed=cfg.packing
+                )
         stats: dict[str, float] = {}
         for _ in range(cfg.inner_iterations):
-            logp, entropy = completion_logprobs(forward, batch, cfg.temperature, with_entropy=True)
+            logp, entropy = completion_logprobs(
+                forward, batch, cfg.temperature, with_entropy=True, packed=cfg.packing
+            )
             loss, stats = grpo_loss(
                 logp,
                 logp.detach() if old_logp is None else old_logp,

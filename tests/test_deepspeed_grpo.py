@@ -28,6 +28,10 @@ needs_deepspeed = pytest.mark.skipif(
 SIGNALS = ("reward/mean", "reward/std", "samples/trained", "loss", "entropy", "clip_high_fraction")
 RTOL = 1e-4
 WEIGHT_ATOL = 1e-5
+# 24 steps, each rank packing its own share in a row (rl.rollouts.pack_policy_batch), round off
+# differently from one process packing the whole batch: 1.0e-5 apart at most, measured. A step
+# skipped or repeated on resume moves weights by about the learning rate (1e-2).
+RESUMED_WEIGHT_ATOL = 5e-5
 
 
 class Recorder:
@@ -148,7 +152,7 @@ def test_a_stopped_zero_grpo_stage_resumes_from_its_checkpoint(world):
     assert max(recorder.steps) == steps
     trained = load_model(ref.path).state_dict()
     for name, weight in load_model(straight.path).state_dict().items():
-        assert torch.allclose(trained[name], weight, atol=WEIGHT_ATOL), name
+        assert torch.allclose(trained[name], weight, atol=RESUMED_WEIGHT_ATOL), name
 
 
 def test_prompts_per_step_must_split_over_the_processes():

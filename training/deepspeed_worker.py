@@ -32,6 +32,7 @@ from training.engines import full_state_dict
 from training.examples import Example
 from training.finite import LossGuard, NonFiniteLossError
 from training.loop import batch_inputs, batch_order, lr_lambda
+from training.varlen import packed_attention
 
 log = logging.getLogger("training.deepspeed_worker")
 
@@ -93,7 +94,9 @@ def share_loss(
     gradients is the gradient of the whole batch's token-mean loss."""
     inputs = batch_inputs(cfg)(rank_share(batch, rank, world), pad_id)
     inputs = {key: value.to(engine.device) for key, value in inputs.items()}
-    return engine(**inputs, num_items_in_batch=target_count(batch), use_cache=False).loss * world
+    with packed_attention(engine):
+        loss = engine(**inputs, num_items_in_batch=target_count(batch), use_cache=False).loss
+    return loss * world
 
 
 def global_loss(share: torch.Tensor, world: int) -> torch.Tensor:

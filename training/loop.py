@@ -23,6 +23,7 @@ from training import PROGRESS
 from training.checkpoints import load_checkpoint, save_checkpoint
 from training.examples import IGNORE, Example
 from training.finite import LossGuard
+from training.varlen import packed_attention
 
 log = logging.getLogger(__name__)
 
@@ -89,41 +90,25 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 def pack(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """The same examples laid end to end in as few rows as the longest of them allows (first
-    fit, longest first), with position ids that restart at each example and no attention mask.
+    """The same examples laid end to end in one row, with position ids that restart at each
+    example and no attention mask; `pad_id` is unused (nothing is padded).
 
-    From the restarts the model builds a block-diagonal causal mask (transformers' packed
-    sequences), so no token sees another example and each example's loss is what it is in a
-    row of its own; its first label is ignored, as the causal-LM loss's shift drops it there.
-    The model must run with `use_cache=False`: with a cache it does not read the restarts.
+    Each example's loss is what it is in a row of its own: its first label is ignored, as the
+    causal-LM loss's shift drops it there, and no token attends across a restart. Run the model
+    under `training.varlen.packed_attention`, which attends within each example; without it,
+    transformers builds the row's whole block-diagonal causal mask (the same result, a mask the
+    row's length squared). The model must run with `use_cache=False`: with a cache it does not
+    read the restarts.
     """
-    width = max(len(e.input_ids) for e in examples)
-    rows: list[list[Example]] = []
-    room: list[int] = []
-    for e in sorted(examples, key=lambda e: len(e.input_ids), reverse=True):
-        row = next((r for r, free in enumerate(room) if free >= len(e.input_ids)), len(rows))
-        if row == len(rows):
-            rows.append([])
-            room.append(width)
-        rows[row].append(e)
-        room[row] -= len(e.input_ids)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (R, T)
-    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)  # (R, T)
-    positions = torch.zeros((len(rows), width), dtype=torch.long)  # (R, T)
-    for r, row in enumerate(rows):
-        at = 0
-        for e in row:
-            n = len(e.input_ids)
-            ids[r, at : at + n] = torch.tensor(e.input_ids)
-            labels[r, at + 1 : at + n] = torch.tensor(e.labels[1:])
-            positions[r, at : at + n] = torch.arange(n)
-            at += n
-        positions[r, at:] = torch.arange(width - at)  # the padding: a block of its own
+    del pad_id
+    ids = torch.tensor([t for e in examples for t in e.input_ids])[None]  # (1, T)
+    labels = torch.tensor([t for e in examples for t in [IGNORE, *e.labels[1:]]])[None]  # (1, T)
+    positions = torch.cat([torch.arange(len(e.input_ids)) for e in examples])[None]  # (1, T)
     return {"input_ids": ids, "labels": labels, "position_ids": positions}
 
 
 def batch_inputs(cfg: TrainConfig) -> Callable[[list[Example], int], dict[str, torch.Tensor]]:
-    """How `cfg` lays a batch out: packed rows, or one padded row per example."""
+    """How `cfg` lays a batch out: packed in one row, or one padded row per example."""
     return pack if cfg.packing else collate
 
 
@@ -179,7 +164,8 @@ def train(
     for step in range(start, len(order)):
         guard.step = step + 1
         rows = [examples[i] for i in order[step]]
-        loss = model(**lay_out(rows, pad_id), use_cache=False).loss
+        with packed_attention(model):
+            loss = model(**lay_out(rows, pad_id), use_cache=False).loss
         loss_value = guard.check("loss", loss)
         loss.backward()
         guard.check(
