@@ -564,17 +564,22 @@ class RejectionConfig(Strict):
 class StudentConfig(Strict):
     """A distillation student: a smaller Qwen2- or Llama-architecture model.
 
-    In the tiny world its base is pretrained on the bootstrap corpus (`model`, `pretrain`); with
-    real checkpoints `path` names a local folder and no pretraining runs.
+    In the tiny world its base is cut from the bootstrap model (`base_layers`) or pretrained on
+    the bootstrap corpus (`model`, `pretrain`), or both; with real checkpoints `path` names a
+    local folder and no pretraining runs.
     """
 
     name: str
     model: ModelConfig | None = None
-    pretrain: TrainConfig = TrainConfig()
+    pretrain: TrainConfig | None = Field(
+        TrainConfig(),
+        description="pretraining on the bootstrap corpus; none: a student cut from the base "
+        "(base_layers) starts as cut",
+    )
     base_layers: list[int] | None = Field(
         None,
         description="start from these layers of the bootstrap model, in order (its widths), "
-        "instead of random weights, then pretrain: a student cut from the base",
+        "instead of random weights: a student cut from the base",
     )
     path: Path | None = None
     hub_id: str | None = _hub_id()
@@ -585,6 +590,10 @@ class StudentConfig(Strict):
             raise ValueError(f"student {self.name!r}: give either model (tiny world) or path")
         if self.base_layers is not None and self.model is None:
             raise ValueError(f"student {self.name!r}: base_layers needs model (the tiny world)")
+        if self.model is not None and self.base_layers is None and self.pretrain is None:
+            raise ValueError(
+                f"student {self.name!r}: a student of fresh weights needs pretrain (or base_layers)"
+            )
         return self
 
 

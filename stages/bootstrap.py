@@ -107,12 +107,11 @@ def pretrain_student(
     """A distillation student's base: a smaller model, the same tokenizer and corpus as the base.
 
     Real students (Qwen2.5, Llama 3) come pretrained; the tiny world makes its own, as it makes
-    the teacher's base.
+    the teacher's base: cut from the base's layers, pretrained, or cut and then pretrained.
     """
     if student.model is None:
         raise ValueError(f"student {student.name!r} has a path; only the tiny world pretrains")
     tokenizer = load_tokenizer(base.path)
-    docs = build_corpus(load_problems(problems.train_path), corpus, seed=seed)
     init = None
     if student.base_layers is not None:
         init, left_out = cut_layers(
@@ -128,6 +127,11 @@ def pretrain_student(
             student.base_layers,
             len(left_out),
         )
+    if student.pretrain is None:
+        assert init is not None  # StudentConfig: unpretrained only when cut from the base
+        tracker.log_metrics({"model/parameters": float(parameter_count(init))})
+        return save_model(init, tokenizer, out_dir)
+    docs = build_corpus(load_problems(problems.train_path), corpus, seed=seed)
     return pretrain(
         student.model,
         student.pretrain,

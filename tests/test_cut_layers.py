@@ -1,10 +1,14 @@
 """Students cut from the base (`models.loading.cut_layers`, `student.base_layers`)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from configs.schema import ModelConfig, StudentConfig
-from models.loading import build_model, cut_layers
+from configs.schema import CorpusConfig, ModelConfig, StudentConfig
+from models.loading import build_model, cut_layers, load_model
+from stages.bootstrap import pretrain_student
+from stages.refs import ProblemSet, save_model
 from tests.tiny_models import make_tokenizer
 
 
@@ -81,3 +85,24 @@ def test_a_cut_that_does_not_fit_the_base_is_refused(tokenizer, spec, layers, me
 def test_base_layers_need_a_tiny_world_student(tmp_path):
     with pytest.raises(ValueError, match="base_layers needs model"):
         StudentConfig(name="s", path=tmp_path, base_layers=[0])
+
+
+def test_a_fresh_student_needs_pretraining():
+    with pytest.raises(ValueError, match="fresh weights needs pretrain"):
+        StudentConfig(name="s", model=_spec(num_layers=2), pretrain=None)
+
+
+def test_an_unpretrained_cut_student_is_the_cut_itself(tokenizer, tmp_path):
+    """`pretrain: null` with base_layers: the student's base is the cut model, saved as is."""
+    base = _base(tokenizer)
+    base_dir = save_model(base, tokenizer, tmp_path / "base")
+    student = StudentConfig(name="s", model=_spec(num_layers=2), base_layers=[0, 2], pretrain=None)
+    problems = ProblemSet(tmp_path / "missing.jsonl", tmp_path / "missing.jsonl", 0, 0)
+    metrics: dict[str, float] = {}
+    tracker = SimpleNamespace(log_metrics=lambda m, step=None: metrics.update(m))
+    ref = pretrain_student(student, CorpusConfig(), base_dir, problems, tmp_path / "s", tracker)
+    cut, _ = cut_layers(base, student.model, [0, 2], tokenizer.pad_token_id, tokenizer.eos_token_id)
+    saved = load_model(ref.path).state_dict()
+    assert saved.keys() == cut.state_dict().keys()
+    assert all(torch.equal(saved[k], v) for k, v in cut.state_dict().items())
+    assert metrics["model/parameters"] == ref.parameters

@@ -165,3 +165,10 @@ def test_training_on_packed_batches_reaches_the_weights_of_padded_ones(tokenizer
         weights.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*weights, strict=True):
         assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_models_with_sliding_window_layers_keep_their_attention(tokenizer):
+    model = _model(tokenizer, "qwen2")
+    model.config.layer_types = ["full_attention", "sliding_attention"]
+    with packed_attention(model):
+        assert model.config._attn_implementation == "sdpa"

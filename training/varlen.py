@@ -11,7 +11,8 @@ and no token is padding.
 
 `packed_attention(model)` switches an SDPA or eager model to this for the forward passes in its
 block and back after (the backward pass needs nothing of it). Models on other implementations
-(flash-attention reads the restarts itself) are left alone.
+(flash-attention reads the restarts itself) and models with sliding-window layers are left
+alone.
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ def packed_attention(model: torch.nn.Module) -> Iterator[None]:
     or a wrapper of one in `.module` (a DeepSpeed engine)."""
     model = getattr(model, "module", model)
     impl = model.config._attn_implementation
-    if impl not in ("sdpa", "eager"):
-        yield
+    layer_types = getattr(model.config, "layer_types", None) or ["full_attention"]
+    if impl not in ("sdpa", "eager") or set(layer_types) != {"full_attention"}:
+        yield  # sliding-window layers need their masks: left to transformers
         return
     model.set_attn_implementation(NAME)
     try:
