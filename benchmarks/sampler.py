@@ -6,7 +6,7 @@ falls on both alike. Prints wall (and CPU) seconds and completion tokens per sec
 run, the best and median of each, and the speed-up: the median over repeats of the ratio of
 the two runs side by side, and best against best.
 
-    python -m benchmarks.sampler --model state/runs/RUN/cold_start_sft/model --prompts 256 --n 4
+    python -m benchmarks.sampler --model state/runs/cold_start_sft/KEY/model --prompts 256 --n 4
 
 The model defaults to the newest `cold_start_sft/model` under `--state`, and the prompts to the
 held-out questions of that run (rendered with the chat template). The defaults for temperature,
@@ -38,14 +38,24 @@ Generate = Callable[[list[str], int, SamplingParams], list[list[Completion]]]
 
 
 def find_model(state: Path) -> Path:
-    found = sorted(state.glob("runs/*/cold_start_sft/model/config.json"), key=os.path.getmtime)
+    found = sorted(state.glob("runs/cold_start_sft/*/model/config.json"), key=os.path.getmtime)
     if not found:
         raise SystemExit(f"no cold_start_sft model under {state}/runs: pass --model")
     return found[-1].parent
 
 
+def find_heldout(model_path: Path) -> Path:
+    """The newest held-out problem file of the state folder `model_path` lies in
+    (`runs/<stage>/<key>/model`)."""
+    runs = model_path.resolve().parents[2]
+    found = sorted(runs.glob("problems/*/heldout.jsonl"), key=os.path.getmtime)
+    if not found:
+        raise SystemExit(f"no held-out problems under {runs}/problems: pass --problems")
+    return found[-1]
+
+
 def load_prompts(args: argparse.Namespace, model_path: Path, tokenizer) -> list[str]:
-    path = args.problems or model_path.parent.parent / "problems" / "heldout.jsonl"
+    path = args.problems or find_heldout(model_path)
     problems = load_problems(path, limit=args.prompts)
     return [render_prompt(tokenizer, p.question) for p in problems]
 

@@ -414,3 +414,16 @@ def test_decoding_restores_the_attention_implementation(model, tokenizer):
     before = model.config._attn_implementation
     run_decode(model, tokenizer, PROMPTS[:1], [0], [tokenizer.eos_token_id], m=2)
     assert model.config._attn_implementation == before
+
+
+def test_sampler_benchmark_finds_the_state_folders_model_and_problems(tmp_path):
+    from benchmarks.sampler import find_heldout, find_model
+
+    model = tmp_path / "runs" / "cold_start_sft" / "0123" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    heldout = tmp_path / "runs" / "problems" / "4567" / "heldout.jsonl"
+    heldout.parent.mkdir(parents=True)
+    heldout.write_text("")
+    assert find_model(tmp_path) == model
+    assert find_heldout(model) == heldout
