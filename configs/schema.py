@@ -147,8 +147,8 @@ class TrainConfig(Strict):
     )
     packing: bool = Field(
         True,
-        description="lay each batch's examples end to end in as few rows as its longest allows, "
-        "attention kept within each example: the same loss with less padding",
+        description="lay each batch's examples end to end in one row, attention kept within "
+        "each example (training/varlen.py): the same loss with no padding",
     )
     seed: int = 0
 
@@ -415,8 +415,8 @@ class GRPOConfig(Strict):
     mask_truncated: bool = Field(True, description="no loss on completions cut at max_new_tokens")
     packing: bool = Field(
         True,
-        description="the update's sequences laid end to end in as few rows as the longest allows, "
-        "attention kept within each: the same log-probabilities with less padding",
+        description="the update's sequences laid end to end in one row, attention kept within "
+        "each (training/varlen.py): the same log-probabilities with no padding",
     )
     rewards: list[RewardTerm] = Field(
         default_factory=lambda: [RewardTerm(name="accuracy"), RewardTerm(name="format", weight=0.5)]
