@@ -115,18 +115,15 @@ def completion_logprobs(
         logits = model(
             input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False
         ).logits[0]  # (T, V)
-    picked = logits[rows.source[rows.valid]]  # (K, V), K completion tokens
-    logp_all = torch.log_softmax(picked.float() / temperature, dim=-1)
-    targets = batch.input_ids[:, batch.prompt_width :][rows.valid]  # (K,)
-    token_logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (K,)
+    targets = batch.input_ids[:, batch.prompt_width :][rows.valid]  # (K,), K completion tokens
+    token_logp, token_entropy = _token_logprobs(
+        logits[rows.source[rows.valid]], targets, temperature, with_entropy
+    )  # (K,)
     logp = torch.zeros(rows.valid.shape, dtype=token_logp.dtype, device=token_logp.device)
     logp = logp.masked_scatter(rows.valid, token_logp)  # (N, C)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            token_entropy = -(logp_all.exp() * logp_all).sum(dim=-1)  # (K,)
-            entropy = torch.zeros_like(logp).masked_scatter(rows.valid, token_entropy)
-    return logp, entropy
+    if token_entropy is None:
+        return logp, None
+    return logp, torch.zeros_like(logp).masked_scatter(rows.valid, token_entropy)
 
 
 def _padded_completion_logprobs(
@@ -140,14 +137,21 @@ def _padded_completion_logprobs(
         position_ids=position_ids,
         logits_to_keep=width + 1,
     ).logits[:, :-1, :]  # (N, C, V): position t predicts completion token t
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     targets = batch.input_ids[:, batch.prompt_width :]  # (N, C)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, C)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(dim=-1)  # (N, C)
-    return logp, entropy
+    return _token_logprobs(logits, targets, temperature, with_entropy)
+
+
+def _token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of `targets` (...) under `logits` (..., V) at `temperature`, and the
+    distributions' entropies (no gradient) when asked."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return logp, None
+    with torch.no_grad():
+        return logp, -(logp_all.exp() * logp_all).sum(dim=-1)
 
 
 def token_ends(
