@@ -2,7 +2,8 @@
 
 pass@1 is the mean correctness over all n samples (DeepSeek-R1's pass@1); pass@k is the unbiased
 estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k); cons@k is the accuracy of the majority
-vote over the first k extracted answers.
+vote over the first k extracted answers. All three grade strictly (the answer read only from the
+answer block); pass@1 lenient also reads a completion without one (rewards/accuracy.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class ProblemSamples:
     correct: Sequence[bool]
     well_formed: Sequence[bool]
     language_consistent: Sequence[bool]
+    correct_lenient: Sequence[bool] | None = None  # graded without the answer-block rule
 
 
 def cons_at_k(samples: ProblemSamples, k: int) -> float:
@@ -53,7 +55,8 @@ def cons_at_k(samples: ProblemSamples, k: int) -> float:
 
 
 def summarize(problems: Sequence[ProblemSamples], k: int) -> dict[str, float]:
-    """Averages over problems: pass@1, pass@k, cons@k, format and language-consistency rates."""
+    """Averages over problems: pass@1, pass@k, cons@k, format and language-consistency rates, and
+    pass@1 lenient when the samples carry lenient grades."""
     if not problems:
         raise ValueError("no problems to summarize")
     n = len(problems[0].correct)
@@ -63,7 +66,12 @@ def summarize(problems: Sequence[ProblemSamples], k: int) -> dict[str, float]:
     def mean(values: list[float]) -> float:
         return sum(values) / len(values)
 
-    return {
+    lenient = {}
+    if all(p.correct_lenient is not None for p in problems):
+        lenient["pass_at_1_lenient"] = mean(
+            [sum(p.correct_lenient) / len(p.correct_lenient) for p in problems]  # type: ignore[arg-type]
+        )
+    return lenient | {
         "pass_at_1": mean([sum(p.correct) / len(p.correct) for p in problems]),
         f"pass_at_{k}": mean([pass_at_k(len(p.correct), sum(p.correct), k) for p in problems]),
         f"cons_at_{k}": mean([cons_at_k(p, k) for p in problems]),

@@ -2,7 +2,9 @@
 
 The columns are the ones the DeepSeek-R1 paper reads its stages by: pass@1 and cons@k on the
 held-out reasoning problems, the format and language-consistency rates, and the reward model's
-score on held-out general prompts.
+score on held-out general prompts. pass@1 is strict (the answer read only from the answer
+block); "lenient" beside it also reads completions without one, which is what a base that never
+learned the format is fairly judged by.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def columns(k: int) -> list[tuple[str, str]]:
     """(title, metric key) of each figure column."""
     return [
         ("pass@1", "pass_at_1"),
+        ("lenient", "pass_at_1_lenient"),
         (f"pass@{k}", f"pass_at_{k}"),
         (f"cons@{k}", f"cons_at_{k}"),
         ("format", "format_rate"),
@@ -47,6 +50,12 @@ def cell(metrics: dict[str, float], key: str) -> str:
     return f"{metrics[key]:.3f}" if sem is None else f"{metrics[key]:.3f} ± {sem:.3f}"
 
 
+LEGEND = (
+    "pass@1, pass@k and cons@k read the answer only from the answer block (strict); lenient "
+    "pass@1 also reads the last answer of a completion without one."
+)
+
+
 def markdown_table(rows: Sequence[StageRow], k: int) -> str:
     cols = columns(k)
     lines = [
@@ -56,7 +65,7 @@ def markdown_table(rows: Sequence[StageRow], k: int) -> str:
     for row in rows:
         cells = " | ".join(cell(row.metrics, key) for _, key in cols)
         lines.append(f"| {row.stage} | {row.seconds:.0f}s | {cells} | {row.note} |")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + LEGEND
 
 
 def table_dict(rows: Sequence[StageRow], k: int) -> dict[str, list]:

@@ -1,18 +1,23 @@
-"""python: the file's `grade(sample, item) -> float` run in the sandbox, one process per batch.
+"""python: the file's `grade(sample, item) -> float`, run in the sandbox once per sample.
 
-The grader's source is followed by a small harness and run once for a whole batch with
-`sandbox.run_python`: the samples and items go in on stdin as JSON, and the harness calls
-`grade` on each under its own time limit (SIGALRM), writing one result line per sample as it
-goes. `print` inside `grade` goes to stderr, so it cannot be mistaken for a result. A sample
-whose `grade` raises, runs past its time, or returns something that is not a finite number
-scores None; when the whole run is cut off (top-level code that hangs, a memory or CPU limit),
-every sample without a result line scores None. The program runs with the standard library only.
+The grader's source, followed by a small harness, is one sandbox program job whose inputs are
+the samples: each sample is graded by a fresh run of the source in a confined process (a fresh
+`__main__`; a process that ended abnormally is replaced before the next sample), so no sample can
+touch another's grading. `print` inside `grade` goes to stderr. The harness writes its result as
+one line marked with a random nonce that came with the sample, so no text the grader echoes (a
+sample's own words included) can pass for a result.
+
+Fail closed: a sample whose grading raises, runs past its time, ends its process, or returns
+something that is not a finite number scores 0.0, with the reason. Only a grader that cannot run
+at all scores None: one that fails on a first run with no sample (its source fails at import, or
+the sandbox fails). The program runs with the standard library only.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,53 +26,32 @@ from graders.base import Item, Outcome, Sample
 from graders.spec import PythonSpec
 
 MARK = "@@r1-grade@@"
-STARTUP_SECONDS = 5.0
+STARTUP_SECONDS = 1.0  # time on top of each sample's for running the source itself
 DEFAULT_SECONDS_PER_SAMPLE = 2.0
-CHUNK = 256  # samples per sandbox run, so the result lines stay well inside its output cap
 
 _HARNESS = f"""
 
-def _r1_grade_all():
+def _r1_grade_one():
     import contextlib as _contextlib
     import json as _json
     import math as _math
-    import signal as _signal
     import sys as _sys
 
-    class _R1GradeTimeout(BaseException):
-        pass
-
-    def _r1_alarm(signum, frame):
-        raise _R1GradeTimeout()
-
-    payload = _json.loads(_sys.stdin.read())
-    seconds = payload["seconds"]
-    _signal.signal(_signal.SIGALRM, _r1_alarm)
-    out = _sys.stdout
-    for index, (sample, item) in enumerate(payload["cases"]):
-        score, error = None, None
-        try:
-            _signal.setitimer(_signal.ITIMER_REAL, seconds)
-            try:
-                with _contextlib.redirect_stdout(_sys.stderr):
-                    value = grade(sample, item)
-            finally:
-                _signal.setitimer(_signal.ITIMER_REAL, 0)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                error = "grade() returned " + type(value).__name__ + ", not a number"
-            elif not _math.isfinite(value):
-                error = "grade() returned " + repr(value)
-            else:
-                score = float(value)
-        except _R1GradeTimeout:
-            error = "grade() ran past " + repr(seconds) + "s"
-        except BaseException as exc:
-            error = type(exc).__name__ + ": " + str(exc)[:300]
-        out.write("\\n{MARK}" + _json.dumps([index, score, error]) + "\\n")
-        out.flush()
+    request = _json.loads(_sys.stdin.read())
+    score, error = None, None
+    if "sample" in request:
+        with _contextlib.redirect_stdout(_sys.stderr):
+            value = grade(request["sample"], request["item"])
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            error = "grade() returned " + type(value).__name__ + ", not a number"
+        elif not _math.isfinite(value):
+            error = "grade() returned " + repr(value)
+        else:
+            score = float(value)
+    _sys.stdout.write("\\n{MARK} " + request["nonce"] + " " + _json.dumps([score, error]) + "\\n")
 
 
-_r1_grade_all()
+_r1_grade_one()
 """
 
 
@@ -76,20 +60,21 @@ def program(source: str) -> str:
     return source.rstrip() + "\n" + _HARNESS
 
 
-def parse_results(stdout: str, n: int) -> dict[int, tuple[float | None, str | None]]:
-    """The result lines the harness wrote, by sample index (missing ones were never reached)."""
-    results: dict[int, tuple[float | None, str | None]] = {}
-    for line in stdout.splitlines():
-        if not line.startswith(MARK):
+def parse_result(stdout: str, nonce: str) -> tuple[float | None, str | None] | None:
+    """The harness's result line for `nonce`, or None when there is none."""
+    prefix = f"{MARK} {nonce} "
+    for line in reversed(stdout.splitlines()):
+        if not line.startswith(prefix):
             continue
         try:
-            index, score, error = json.loads(line[len(MARK) :])
+            score, error = json.loads(line[len(prefix) :])
         except (ValueError, TypeError):
-            continue
-        if isinstance(index, int) and 0 <= index < n:
-            finite = isinstance(score, int | float) and math.isfinite(score)
-            results[index] = (float(score) if finite else None, error)
-    return results
+            return None
+        finite = (
+            isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score)
+        )
+        return (float(score) if finite else None), (str(error) if error else None)
+    return None
 
 
 def _jsonable(value: Any) -> Any:
@@ -110,23 +95,32 @@ class PythonGrader:
         return self.spec.pass_threshold
 
     def evaluate(self, samples: Sequence[Sample], items: Sequence[Item]) -> list[Outcome]:
-        outcomes: list[Outcome] = []
-        for start in range(0, len(samples), CHUNK):
-            chunk = slice(start, start + CHUNK)
-            outcomes += self._run(samples[chunk], items[chunk])
-        return outcomes
+        from sandbox import Job, Limits, run_jobs  # the sandbox starts processes: load it when used
 
-    def _run(self, samples: Sequence[Sample], items: Sequence[Item]) -> list[Outcome]:
-        from sandbox import Limits, run_python  # the sandbox starts processes; load it when used
-
-        cases = [[_jsonable(s), _jsonable(dict(i))] for s, i in zip(samples, items, strict=True)]
-        budget = self.seconds_per_sample * len(cases)
-        limits = Limits(cpu_seconds=budget + 1.0, wall_seconds=budget + STARTUP_SECONDS)
-        payload = json.dumps({"seconds": self.seconds_per_sample, "cases": cases})
-        run = run_python(program(self.spec.source), stdin=payload, limits=limits)
-        results = parse_results(run.stdout, len(cases))
-        cut_off = f"the grader's run ended ({run.status}: {run.detail or run.stderr[-300:]})"
-        return [
-            Outcome(*results[i]) if i in results else Outcome(None, cut_off)
-            for i in range(len(cases))
+        nonces = [secrets.token_hex(16) for _ in range(len(samples) + 1)]
+        inputs = [json.dumps({"nonce": nonces[0]})] + [
+            json.dumps({"nonce": n, "sample": _jsonable(s), "item": _jsonable(dict(i))})
+            for n, s, i in zip(nonces[1:], samples, items, strict=True)
         ]
+        limits = Limits(
+            cpu_seconds=self.seconds_per_sample,
+            wall_seconds=self.seconds_per_sample + STARTUP_SECONDS,
+        )
+        probe, *runs = run_jobs([Job(program(self.spec.source), tuple(inputs), limits=limits)])[0]
+        if probe.status != "ok" or parse_result(probe.stdout, nonces[0]) is None:
+            why = f"the grader cannot run ({probe.status}: {probe.detail or probe.stderr[-300:]})"
+            return [Outcome(None, why) for _ in samples]
+        return [_outcome(run, nonce) for run, nonce in zip(runs, nonces[1:], strict=True)]
+
+
+def _outcome(run: Any, nonce: str) -> Outcome:
+    """A sample's score; every way its grading can fail scores 0.0 with the reason."""
+    result = parse_result(run.stdout, nonce) if run.status == "ok" else None
+    if run.status == "sandbox_failed":
+        return Outcome(None, f"the sandbox failed: {run.detail}")
+    if result is None:
+        return Outcome(0.0, f"grading this sample failed ({run.status}: {run.detail})")
+    score, error = result
+    if score is None:
+        return Outcome(0.0, error or "grade() gave no score")
+    return Outcome(score)

@@ -15,7 +15,23 @@ from collections import Counter
 _LATIN = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _GREEK = "αβψδεφγηιξκλμνοπϙρστθϝωχυζΑΒΨΔΕΦΓΗΙΞΚΛΜΝΟΠϘΡΣΤΘϜΩΧΥΖ"
 _TO_GREEK = str.maketrans(_LATIN, _GREEK)
-_MARKUP = re.compile(r"</?[a-z_]+>|\\[a-zA-Z]+")
+# The format's own tags and LaTeX's math commands are ASCII whatever the language; any other
+# tag or command name counts as letters, so that words cannot hide in markup.
+_TAGS = re.compile(r"</?(?:think|answer)>")
+_COMMAND = re.compile(r"\\([a-zA-Z]+)")
+MATH_COMMANDS = frozenset(
+    """frac dfrac tfrac sqrt cdot times div pm mp le leq ge geq ne neq approx equiv sim propto
+    left right big Big bigg Bigg sum prod int oint lim infty partial nabla cdots ldots dots
+    boxed text mathrm mathbf mathit mathbb mathcal operatorname quad qquad sin cos tan cot
+    sec csc arcsin arccos arctan sinh cosh tanh log ln exp min max gcd lcm mod bmod pmod
+    binom choose alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota
+    kappa lambda mu nu xi pi varpi rho sigma tau upsilon phi varphi chi psi omega Gamma
+    Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega in notin subset subseteq supset cup
+    cap emptyset forall exists neg land lor to rightarrow leftarrow Rightarrow
+    Leftrightarrow implies iff mid circ angle triangle perp parallel overline underline hat
+    bar vec dot ddot tilde begin end displaystyle
+    """.split()  # noqa: SIM905 - a word list reads best as words
+)
 
 SCRIPTS = ("latin", "greek")
 
@@ -38,8 +54,10 @@ def char_script(ch: str) -> str | None:
 
 
 def strip_markup(text: str) -> str:
-    """Drop format tags and LaTeX commands, which are ASCII whatever the language."""
-    return _MARKUP.sub(" ", text)
+    """Drop the format's tags and LaTeX math commands (MATH_COMMANDS), which are ASCII whatever
+    the language; other markup stays, and its letters count."""
+    text = _TAGS.sub(" ", text)
+    return _COMMAND.sub(lambda m: " " if m.group(1) in MATH_COMMANDS else m.group(0), text)
 
 
 def script_counts(text: str) -> Counter[str]:

@@ -1,16 +1,26 @@
 """Answer checking with math-verify, shared by evaluation, curation and the RL rewards.
 
-The answer is read from the `<answer>` block when there is one, else from the whole completion;
-GSM8K `#### 42` and MATH `\\boxed{42}` endings are honoured on both sides.
+Strict (the default, what training rewards use): the answer is read only from the completion's
+one `<answer>` block, where the format says it stands; a completion without exactly one such
+block has no answer, whatever numbers it holds. Lenient (`strict=False`, reported beside the
+strict figure by evaluation, for bases that never learned the format): the answer block when
+there is one, else the whole completion's last answer-like expression. GSM8K `#### 42` and MATH
+`\\boxed{42}` endings are honoured on both sides.
+
+An answer whose value would take math-verify unbounded time or memory to compare (a power tower,
+the factorial of a huge number) is wrong, not a hang: outside the main thread math-verify has no
+timeout.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
+import sympy
 from math_verify import parse, verify
 
 from problems.answers import final_answer_text
@@ -21,6 +31,9 @@ from rewards.format import answer_block
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _TIMEOUT_S = 5
+MAX_ANSWER_CHARS = 4000  # the tail of a longer answer text is parsed
+MAX_DIGITS = 10_000  # a number (or a power's value) with more digits is too costly to compare
+MAX_FACTORIAL = 10_000
 
 
 def _timeout() -> int | None:
@@ -29,7 +42,7 @@ def _timeout() -> int | None:
 
 @lru_cache(maxsize=65536)
 def _parse(text: str) -> tuple:
-    return tuple(parse(text, parsing_timeout=_timeout()))
+    return tuple(parse(text[-MAX_ANSWER_CHARS:], parsing_timeout=_timeout()))
 
 
 @dataclass(frozen=True)
@@ -47,26 +60,72 @@ def gold_is_verifiable(gold: str) -> bool:
     return bool(_parse(final_answer_text(gold)))
 
 
-def grade(completion: str, gold: str) -> Grade:
-    gold_parsed = _parse(final_answer_text(gold))
+def answer_text(completion: str, strict: bool = True) -> str | None:
+    """The text the answer is read from: the answer block, or (lenient) the whole completion."""
     block = answer_block(completion)
-    pred_parsed = _parse(final_answer_text(block if block is not None else completion))
+    if block is not None or strict:
+        return block
+    return completion
+
+
+def grade(completion: str, gold: str, strict: bool = True) -> Grade:
+    gold_parsed = _parse(final_answer_text(gold))
+    text = answer_text(completion, strict)
+    pred_parsed = _parse(final_answer_text(text)) if text is not None else ()
     answer = str(pred_parsed[-1]) if pred_parsed else None
     if not gold_parsed:
         return Grade(answer, None)
-    if not pred_parsed:
-        return Grade(None, False)
+    if not pred_parsed or any(too_costly(p) for p in pred_parsed):
+        return Grade(answer, False)
     return Grade(
         answer, bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=_timeout()))
     )
 
 
+def too_costly(parsed: object) -> bool:
+    """Whether comparing this parsed answer could run away: a power, factorial or binomial whose
+    value has more than MAX_DIGITS digits."""
+    if not isinstance(parsed, sympy.Basic):
+        return False
+    for node in sympy.preorder_traversal(parsed):
+        if node.is_Pow and node.base.is_number and node.exp.is_number:
+            if _digits(node.base, node.exp) > MAX_DIGITS:
+                return True
+        elif isinstance(
+            node, sympy.factorial | sympy.binomial | sympy.gamma | sympy.RisingFactorial
+        ):
+            if any(a.is_number and not _small(a) for a in node.args):
+                return True
+        elif node.is_Integer and len(str(abs(int(node)))) > MAX_DIGITS:
+            return True
+    return False
+
+
+def _digits(base: sympy.Expr, exp: sympy.Expr) -> float:
+    try:
+        size = abs(complex(base))
+        power = abs(complex(exp))
+    except (TypeError, ValueError, OverflowError):
+        return math.inf
+    if size <= 1 or power == 0:
+        return 0.0
+    return power * math.log10(size)
+
+
+def _small(value: sympy.Expr) -> bool:
+    try:
+        return abs(complex(value)) <= MAX_FACTORIAL
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
 def accuracy_reward(
-    prompts: list[str], completions: list[str], answer: list[str], **_: object
+    prompts: list[str], completions: list[str], answer: list[str], strict: bool = True, **_: object
 ) -> list[float | None]:
-    """1 for a correct final answer, 0 for a wrong or missing one, None if gold is unparseable."""
+    """1 for a correct answer where the format puts it (strict), 0 for a wrong or missing one,
+    None if the gold answer is unparseable."""
     rewards: list[float | None] = []
     for completion, gold in zip(completions, answer, strict=True):
-        correct = grade(completion, gold).correct
+        correct = grade(completion, gold, strict).correct
         rewards.append(None if correct is None else float(correct))
     return rewards

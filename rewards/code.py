@@ -1,39 +1,51 @@
-"""Code-execution reward: the completion's Python runs against test cases in the sandbox.
+"""Code-execution reward: the completion's Python against hidden test cases, in the sandbox.
 
-The code is the last ```python fenced block (else the last fenced block) of the `<answer>` block,
-or of the whole completion when the answer block has none. Each sample's `tests` is a list of
-test cases, or that list as JSON text; a test case is either
+The program is the last ```python fenced block (else the last fenced block) of the completion's
+one `<answer>` block (`strict`, the default) or, with `strict=False`, of the whole completion
+when it has no answer block. Each sample's `tests` is a list of test cases, or that list as JSON
+text; a test case is either
 
-- `{"input": "...", "output": "..."}`: the program reads `input` on stdin and passes when it exits
-  0 and its stdout equals `output` (trailing whitespace on each line and trailing blank lines
-  ignored), or
-- `{"code": "assert f(2) == 4"}`: the test code is appended to the program, which passes when it
-  exits 0.
+- `{"input": "...", "output": "..."}`: the program reads `input` on stdin and passes when it
+  exits 0 and its stdout equals `output` (trailing whitespace on each line and trailing blank
+  lines ignored), or
+- `{"code": "assert f(2) == 4"}`: an assert-style test. It runs in the sandbox's judge, never in
+  the program's process: the program is loaded as a module, and each call the test makes crosses
+  to its process and comes back as plain data; `==` compares type and value (sandbox/README.md).
 
-A str that is not JSON is taken as one `{"code": ...}` test. Every test case runs in its own
-sandbox run (sandbox.run_python). The reward is the fraction of test cases passed; 0.0 when no code
-could be extracted; None when a sample has no test cases or the sandbox itself failed (the sample
-cannot be verified).
+A str that is not JSON is one `{"code": ...}` test. All of a sample's stdin cases run in one
+confined process (a fresh `__main__` each), and all its assert tests in another.
+
+The reward is the fraction of test cases passed. Every abnormal end (a signal, a limit, an early
+exit, an exception) fails its case, with its reason counted (`pop_metrics`). 0.0 when there is
+no code; None only when the sample cannot be judged: it has no test cases, or the sandbox could
+not run one of them (counted, and logged).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import logging
 import re
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from rewards.format import answer_block
-from sandbox import Limits, SandboxResult, run_python
+from sandbox import Job, Limits, SandboxResult, Verdict, run_jobs
+
+log = logging.getLogger(__name__)
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+UNJUDGEABLE = ("sandbox_failed", "unsupported", "bad_test")
 
 
-def extract_code(completion: str) -> str | None:
-    """The Python program in a completion, or None when it has no fenced code block."""
+def extract_code(completion: str, strict: bool = True) -> str | None:
+    """The Python program in a completion, or None when it has none where it must stand."""
     block = answer_block(completion)
-    for text in (block, completion):
+    texts = [block] if block is not None or strict else [completion]
+    if not strict and block is not None:
+        texts.append(completion)
+    for text in texts:
         if not text:
             continue
         fences = _FENCE.findall(text)
@@ -66,71 +78,139 @@ def parse_tests(tests: Any) -> list[dict[str, str]]:
     return cases
 
 
-def _normalise(text: str) -> str:
+def normalise_output(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).rstrip()
 
 
-def run_case(code: str, case: dict[str, str], limits: Limits) -> bool | None:
-    """Whether the program passes one test case; None when the sandbox failed."""
-    if "code" in case:
-        result = run_python(code + "\n\n" + case["code"] + "\n", limits=limits)
-    else:
-        result = run_python(code, stdin=case.get("input", ""), limits=limits)
-    return _passed(result, case)
-
-
-def _passed(result: SandboxResult, case: dict[str, str]) -> bool | None:
+def stdio_verdict(result: SandboxResult, expected: str) -> Verdict:
+    """A stdin/stdout case's verdict from its run."""
     if result.status == "sandbox_failed":
-        return None
+        return Verdict(None, "sandbox_failed", result.detail)
     if result.status != "ok":
-        return False
-    return "code" in case or _normalise(result.stdout) == _normalise(case.get("output", ""))
+        return Verdict(False, result.reason or result.status, result.detail)
+    if normalise_output(result.stdout) != normalise_output(expected):
+        return Verdict(False, "wrong_output")
+    return Verdict(True, "passed")
 
 
-def _cases_or_none(tests: Any) -> list[dict[str, str]] | None:
-    try:
-        return parse_tests(tests) or None
-    except ValueError:
-        return None
+@dataclass(frozen=True)
+class _Sample:
+    code: str | None
+    stdio: list[dict[str, str]]
+    asserts: list[str]
+
+    @property
+    def cases(self) -> int:
+        return len(self.stdio) + len(self.asserts)
+
+
+class CodeReward:
+    """The code reward (`(prompts, completions, tests) -> list[float | None]`), counting the
+    verdicts' reasons until `pop_metrics()` hands them over."""
+
+    __name__ = "code"
+
+    def __init__(
+        self,
+        cpu_seconds: float = 2.0,
+        wall_seconds: float = 5.0,
+        memory_mb: int = 256,
+        workers: int | None = None,
+        strict: bool = True,
+    ):
+        self.limits = Limits(
+            cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb
+        )
+        self.workers = workers
+        self.strict = strict
+        self.counts: Counter[str] = Counter()
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], tests: list[Any], **_: object
+    ) -> list[float | None]:
+        samples = [
+            self._sample(completion, sample_tests)
+            for completion, sample_tests in zip(completions, tests, strict=True)
+        ]
+        verdicts = self._judge(samples)
+        rewards = [self._reward(s, v) for s, v in zip(samples, verdicts, strict=True)]
+        self._log(verdicts, rewards)
+        return rewards
+
+    def _sample(self, completion: str, tests: Any) -> _Sample:
+        try:
+            cases = parse_tests(tests)
+        except ValueError:
+            cases = []
+        stdio = [c for c in cases if "code" not in c]
+        asserts = [c["code"] for c in cases if "code" in c]
+        return _Sample(extract_code(completion, self.strict), stdio, asserts)
+
+    def _judge(self, samples: list[_Sample]) -> list[list[Verdict]]:
+        """Every judgeable sample's verdicts, from one sandbox session."""
+        jobs: list[Job] = []
+        for s in samples:
+            if s.code is None or not s.cases:
+                continue
+            if s.stdio:
+                jobs.append(
+                    Job(s.code, tuple(c.get("input", "") for c in s.stdio), limits=self.limits)
+                )
+            if s.asserts:
+                jobs.append(Job(s.code, tests=tuple(s.asserts), limits=self.limits))
+        outcomes = iter(run_jobs(jobs, self.workers))
+        verdicts: list[list[Verdict]] = []
+        for s in samples:
+            mine: list[Verdict] = []
+            if s.code is not None and s.stdio:
+                results = next(outcomes)
+                mine += [
+                    stdio_verdict(r, c.get("output", ""))
+                    for r, c in zip(results, s.stdio, strict=True)
+                ]
+            if s.code is not None and s.asserts:
+                mine += next(outcomes)
+            verdicts.append(mine)
+        return verdicts
+
+    def _reward(self, sample: _Sample, verdicts: list[Verdict]) -> float | None:
+        if not sample.cases:
+            self.counts["no_tests"] += 1
+            return None
+        if sample.code is None:
+            self.counts["no_code"] += 1
+            return 0.0
+        self.counts.update(v.reason for v in verdicts)
+        if any(v.passed is None for v in verdicts):
+            self.counts["unscorable"] += 1
+            return None
+        return sum(v.passed is True for v in verdicts) / sample.cases
+
+    def _log(self, verdicts: list[list[Verdict]], rewards: list[float | None]) -> None:
+        failed = [v for vs in verdicts for v in vs if v.passed is None]
+        if failed:
+            log.warning(
+                "code reward: %d of %d samples could not be judged (%d test cases), e.g. %s: %s",
+                sum(r is None for r in rewards),
+                len(rewards),
+                len(failed),
+                failed[0].reason,
+                failed[0].detail[:300],
+            )
+        reasons = Counter(v.reason for vs in verdicts for v in vs)
+        log.debug("code reward: %s", dict(reasons))
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Counts by reason since the last call (e.g. `passed`, `wrong_output`, `cpu_time`,
+        `memory`, `unscorable`), then reset."""
+        counts, self.counts = self.counts, Counter()
+        return {reason: float(n) for reason, n in sorted(counts.items())}
 
 
 def code_reward(
-    prompts: list[str],
-    completions: list[str],
-    tests: list[list[dict]] | list[str],
-    *,
-    cpu_seconds: float = 2.0,
-    wall_seconds: float = 5.0,
-    memory_mb: int = 256,
-    workers: int | None = None,
-    **_: object,
+    prompts: list[str], completions: list[str], tests: list[Any], **params: Any
 ) -> list[float | None]:
-    """Fraction of each sample's test cases its code passes; None when it cannot be verified."""
-    limits = Limits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
-    samples = [
-        (extract_code(completion), _cases_or_none(sample_tests))
-        for completion, sample_tests in zip(completions, tests, strict=True)
-    ]
-    jobs = [
-        (i, code, case)
-        for i, (code, cases) in enumerate(samples)
-        if code is not None and cases is not None
-        for case in cases
-    ]
-    outcomes: dict[int, list[bool | None]] = {i: [] for i, _, _ in jobs}
-    # Every (sample, test case) run side by side, `workers` at a time (default: one per core).
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        results = pool.map(lambda job: run_case(job[1], job[2], limits), jobs)
-        for (i, _, _), passed in zip(jobs, results, strict=True):
-            outcomes[i].append(passed)
-    rewards: list[float | None] = []
-    for i, (code, cases) in enumerate(samples):
-        if cases is None:
-            rewards.append(None)
-        elif code is None:
-            rewards.append(0.0)
-        elif any(o is None for o in outcomes[i]):
-            rewards.append(None)
-        else:
-            rewards.append(sum(bool(o) for o in outcomes[i]) / len(cases))
-    return rewards
+    """The code reward as a plain function (params as CodeReward's), for one-off use."""
+    names = ("cpu_seconds", "wall_seconds", "memory_mb", "workers", "strict")
+    limits = {k: params[k] for k in names if k in params}
+    return CodeReward(**limits)(prompts, completions, tests)

@@ -6,7 +6,7 @@ measure filters cold-start traces and gives the evaluation's language-consistenc
 
 from __future__ import annotations
 
-from problems.scripts import script_share
+from problems.scripts import script_counts, script_share
 from rewards.format import think_block
 
 CONSISTENT_AT = 0.95
@@ -22,6 +22,14 @@ def is_language_consistent(
     return language_consistency(completion, language) >= threshold
 
 
+def reasoning_language_share(text: str, language: str) -> float:
+    """Share of the letters of `text` in `language`'s script; 0.0 with no letters at all (a
+    reasoning with no words is not rewarded as consistent)."""
+    counts = script_counts(text)
+    total = sum(counts.values())
+    return counts[language] / total if total else 0.0
+
+
 def language_reward(
     prompts: list[str], completions: list[str], language: list[str], **_: object
 ) -> list[float | None]:
@@ -30,5 +38,5 @@ def language_reward(
     rewards: list[float | None] = []
     for completion, lang in zip(completions, language, strict=True):
         reasoning = think_block(completion)
-        rewards.append(language_consistency(reasoning if reasoning else completion, lang))
+        rewards.append(reasoning_language_share(reasoning if reasoning else completion, lang))
     return rewards

@@ -8,7 +8,7 @@ from functools import partial
 from typing import Any
 
 from rewards.accuracy import accuracy_reward
-from rewards.code import code_reward
+from rewards.code import CodeReward
 from rewards.format import format_reward
 from rewards.language import language_reward
 from rewards.length import overlong_reward
@@ -24,7 +24,6 @@ REWARDS: dict[str, RewardFn] = {
     "language": language_reward,
     "overlong": overlong_reward,
     "repetition": repetition_reward,
-    "code": code_reward,
 }
 
 # Rewards that need a trained model, which only exists at run time: the stage that has it
@@ -39,8 +38,8 @@ def _grader(**params: Any) -> RewardFn:
 
 
 # Rewards built from their params when the config's rewards are built (a grader file, checked
-# then); see docs/graders.md.
-FACTORIES: dict[str, Callable[..., RewardFn]] = {"grader": _grader}
+# then, see docs/graders.md; the code reward, which counts its verdicts for `pop_metrics`).
+FACTORIES: dict[str, Callable[..., RewardFn]] = {"grader": _grader, "code": CodeReward}
 
 
 def known_rewards() -> list[str]:
@@ -101,6 +100,17 @@ def safe_scores(
     if len(scores) != len(completions):
         raise ValueError(f"reward returned {len(scores)} scores for {len(completions)} completions")
     return scores
+
+
+def verifier_metrics(fns: dict[str, RewardFn]) -> dict[str, float]:
+    """What the rewards that count their verdicts (e.g. the code reward's failure reasons) saw
+    since they were last asked, as `reward/<name>/<what>` counts."""
+    metrics = {}
+    for name, fn in fns.items():
+        pop = getattr(fn, "pop_metrics", None)
+        if callable(pop):
+            metrics |= {f"reward/{name}/{key}": value for key, value in pop().items()}
+    return metrics
 
 
 def combine(

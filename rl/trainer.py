@@ -25,7 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from configs.schema import GRPOConfig
 from models.chat import render_prompt
 from problems.types import Problem
-from rewards.registry import RewardFn, RewardSet
+from rewards.registry import RewardFn, RewardSet, verifier_metrics
 from rewards.steps import check_steps
 from rl.advantages import process_advantages
 from rl.losses import AGGREGATIONS, grpo_loss
@@ -222,8 +222,9 @@ class GRPOTrainer:
             advantages, mine.zero = masked_advantages(scored.rewards, cfg.scale_std)
         rows = self._trained_rows(mine)
         whole = RankRollouts.merge(self.collective.gather(mine))
-        metrics = self._rollout_metrics(whole.scored, whole.zero, whole.flat, t_sample)
+        metrics = self._rollout_metrics(whole, t_sample)
         metrics |= whole.step_metrics() | kind_metrics(whole.batch, whole.scored.rewards)
+        metrics |= verifier_metrics(self.reward_fns)  # this rank's
         trained = int(self.collective.sum([len(rows)])[0])
         metrics["samples/trained"] = float(trained)
         if trained:
@@ -368,9 +369,8 @@ class GRPOTrainer:
             self.engine.after_update()
         return stats
 
-    def _rollout_metrics(
-        self, scored: ScoredGroups, zero: torch.Tensor, flat: list[Completion], t_sample: float
-    ) -> dict[str, float]:
+    def _rollout_metrics(self, whole: RankRollouts, t_sample: float) -> dict[str, float]:
+        scored, zero, flat = whole.scored, whole.zero, whole.flat
         valid = scored.rewards[~torch.isnan(scored.rewards)]
         lengths = torch.tensor([len(c.token_ids) for c in flat], dtype=torch.float32)
         metrics = {
@@ -384,7 +384,15 @@ class GRPOTrainer:
             / len(flat),
             "time/sample_seconds": t_sample,
         }
+        g = self.cfg.group_size
         for name, scores in scored.per_reward.items():
+            allowed = (self.kinds or {}).get(name)
+            applies = [
+                i
+                for i in range(len(scores))
+                if allowed is None or whole.batch[i // g].kind in allowed
+            ]
+            metrics[f"reward/{name}/unscorable"] = float(sum(scores[i] is None for i in applies))
             known = torch.tensor([s for s in scores if s is not None], dtype=torch.float32)
             if known.numel():
                 metrics[f"reward/{name}/mean"] = float(known.mean())

@@ -1,19 +1,20 @@
-"""Run model-written Python under limits, in namespaces where the kernel allows it.
+"""Run model-written Python in a sandbox session: many runs, one confined process each.
 
-`run_python` writes the code to `main.py` in a fresh temporary directory (with any extra files),
-starts the launcher (sandbox/_launcher.py) in a new session with a clean environment, feeds stdin,
-keeps at most `output_bytes` of stdout and stderr, and kills the whole sandbox at the wall-clock
-limit. `capabilities()` says which isolation is active on this machine; see sandbox/README.md.
+`run_jobs(jobs)` starts one session (sandbox/inner/launcher.py: namespaces, a private root, a
+zygote that forks each run's process, a judge that runs the tests) for a whole batch, sends the
+jobs, and turns what comes back into a `SandboxResult` per program job and a list of `Verdict`s
+per calls job. `run_python` is one program job. `capabilities()` says which guards are in force
+here (found once per process by a trial session) and logs a warning naming what is not contained.
 
-Thread-safe: no `preexec_fn` (Prefect runs tasks in threads); the launcher sets everything up
-in its own process.
+Thread-safe: no `preexec_fn` (Prefect runs tasks in threads); the launcher sets everything up in
+its own process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import marshal
-import math
 import os
 import secrets
 import selectors
@@ -24,73 +25,154 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from sandbox.limits import Limits, SandboxResult
+from sandbox.inner import cgroups, seccomp, wire
+from sandbox.limits import Limits, SandboxResult, Verdict
+from sandbox.outcome import classify, verdict_of
 
-LAUNCHER = Path(__file__).with_name("_launcher.py")
-# The interpreter that runs the program (standard library only: it runs with -S); R1_SANDBOX_PYTHON
-# names another, e.g. one the program's uid may execute when ours lives in a private home.
+log = logging.getLogger(__name__)
+
+LAUNCHER = Path(__file__).with_name("inner") / "launcher.py"
+# The interpreter the session runs on (standard library only: it runs with -I -S); it must be one
+# the programs' uids may read when the sandbox has no private root (R1_SANDBOX_PYTHON names one).
 PYTHON = os.path.realpath(os.environ.get("R1_SANDBOX_PYTHON") or sys.executable)
-# When root, each run gets its own uid from this range, so RLIMIT_NPROC counts only its processes
-# and nothing it starts can signal or read another run's processes or files.
-UID_BASE = 2_000_000_000
+UID_BASE = 2_000_000_000  # when root, each session takes a block of uids from here
 UID_SPAN = 1 << 24
+ENV = {"PATH": "/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+STARTUP_SECONDS = 15.0
+RESULT_LIMIT = 512 << 20
 
-_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
-_DRAIN_AFTER_KILL_S = 1.0
-_LAUNCHER_GRACE_S = 2.0
+
+@dataclass(frozen=True)
+class Job:
+    """One program: run once per stdin in `inputs` (a program job), or loaded as a module and
+    checked by assert-style `tests` run in the judge (a calls job). Each run or test has the
+    whole of `limits`; they share one confined process while it keeps running normally."""
+
+    code: str
+    inputs: tuple[str, ...] = ("",)
+    files: dict[str, str] | None = None
+    tests: tuple[str, ...] | None = None
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """The isolation `run_python` applies on this machine."""
+    """The guards a session applies on this machine."""
 
     namespaces: bool  # private root, network, PID, IPC and UTS namespaces
-    uid_drop: bool  # the program runs under its own unprivileged uid
-    network_isolated: bool  # no interface but a down loopback: no connection can be made
-    filesystem_isolated: bool  # only /usr, the interpreter, /work and /tmp are visible
-    reason: str  # why namespaces are off, or "" when on
+    uid_drop: bool  # each run has its own unprivileged uid
+    network_isolated: bool  # no interface but a down loopback
+    filesystem_isolated: bool  # only /usr, the interpreter (no site-packages), /work and /tmp
+    reason: str  # why namespaces are off, or ""
     runs_programs: bool = True  # False: even a trivial program fails (see `reason`)
+    cgroup: str = ""  # "v2", "v1" or "": the memory cgroup each run gets
+    seccomp: bool = False  # the system call filter (sandbox/inner/seccomp.py)
+    uncontained: tuple[str, ...] = ()  # what is not contained here, in words
 
 
 _capabilities: Capabilities | None = None
 _capabilities_lock = threading.Lock()
+_session_lock = threading.Lock()
+_cgroup: cgroups.MemoryCgroup | None = None
+_cgroup_reason = ""
 
 
 def capabilities() -> Capabilities:
-    """Which isolation is active here, found once by a trial setup of the namespaces."""
+    """The guards in force here, found once by a trial session."""
     global _capabilities
     with _capabilities_lock:
         if _capabilities is None:
             _capabilities = _probe()
+            for gap in _capabilities.uncontained:
+                log.warning("sandbox: %s", gap)
         return _capabilities
 
 
 def _probe() -> Capabilities:
+    global _cgroup, _cgroup_reason
+    _cgroup, _cgroup_reason = cgroups.find_memory_cgroup()
     root = os.geteuid() == 0
+    reason = ""
+    guards: dict[str, Any] = {}
     if os.environ.get("R1_SANDBOX_NO_NAMESPACES"):
         reason = "disabled by R1_SANDBOX_NO_NAMESPACES"
     else:
-        outcome = _launch("pass", "", Limits(), None, namespaces=True, probe=True)
-        reason = "" if outcome.status == "ok" else outcome.detail or "namespace setup failed"
+        result, guards = _Session([Job("pass")], namespaces=True, workers=1).run_with_guards()
+        if result[0][0].status != "ok":
+            reason = result[0][0].detail or "namespace setup failed"
     on = not reason
     runs = True
     if not on:
-        plain = _launch("pass", "", Limits(), None, namespaces=False, probe=False)
-        runs = plain.status == "ok"
-        if not runs:  # e.g. the interpreter lives where the run's uid cannot go
-            reason += f"; and runs without namespaces fail too: {plain.detail}"
-    return Capabilities(
+        result, guards = _Session([Job("pass")], namespaces=False, workers=1).run_with_guards()
+        runs = result[0][0].status == "ok"
+        if not runs:
+            reason += f"; and runs without namespaces fail too: {result[0][0].detail}"
+    caps = Capabilities(
         namespaces=on,
         uid_drop=root,
         network_isolated=on,
         filesystem_isolated=on,
         reason=reason,
         runs_programs=runs,
+        cgroup=f"v{guards['cgroup']}" if guards.get("cgroup") else "",
+        seccomp=bool(guards.get("seccomp")),
     )
+    return Capabilities(**{**caps.__dict__, "uncontained": _uncontained(caps)})
+
+
+def _uncontained(caps: Capabilities) -> tuple[str, ...]:
+    gaps = []
+    if not caps.namespaces:
+        gaps.append(
+            f"no namespaces ({caps.reason}): programs can reach the network, read world-readable "
+            "files and write the world-writable /tmp"
+        )
+    if not caps.cgroup:
+        held = "memfd_create is refused by seccomp" if caps.seccomp else "memfd files"
+        gaps.append(
+            f"no memory cgroup ({_cgroup_reason}): memory outside a process's address space is not "
+            f"bounded in total ({held}; tmpfs files up to the tmpfs size; pipe and socket buffers)"
+        )
+    if not caps.seccomp:
+        why = "not x86_64" if not seccomp.supported() else "the kernel refused the filter"
+        gaps.append(
+            f"no seccomp filter ({why}): memfd_create, io_uring, non-AF_UNIX sockets, ptrace and "
+            "signals to other processes are not refused by a filter"
+        )
+    if not caps.uid_drop:
+        gaps.append("not root: every run and the judge share one uid")
+    return tuple(gaps)
+
+
+Outcome = list[SandboxResult] | list[Verdict]
+
+
+def run_jobs(jobs: Sequence[Job], workers: int | None = None) -> list[Outcome]:
+    """Run every job in one session: a SandboxResult per input of a program job, a Verdict per
+    test of a calls job. Refused (every result sandbox_failed) where there is no isolation at
+    all, unless R1_SANDBOX_UNISOLATED=1 allows it."""
+    if not jobs:
+        return []
+    caps = capabilities()
+    refused = ""
+    if not caps.runs_programs:
+        refused = f"the sandbox cannot run programs here: {caps.reason}"
+    elif not (caps.namespaces or caps.uid_drop or os.environ.get("R1_SANDBOX_UNISOLATED")):
+        refused = f"no isolation: {caps.reason}"
+    if refused:
+        return [_failed(job, refused) for job in jobs]
+    session = _Session(jobs, namespaces=caps.namespaces, workers=workers or default_workers())
+    return session.run_with_guards()[0]
+
+
+def default_workers() -> int:
+    """Runs in flight: one per core, plus one to fill the gaps while others wait on the zygote."""
+    return (os.cpu_count() or 1) + 1
 
 
 def run_python(
@@ -99,315 +181,266 @@ def run_python(
     limits: Limits = Limits(),  # noqa: B008 - frozen, so sharing the default is safe
     files: dict[str, str] | None = None,
 ) -> SandboxResult:
-    """Run `code` as /work/main.py with `stdin`; `files` (relative path -> text) go beside it.
-
-    Refused (sandbox_failed) when neither namespaces nor a uid drop is available, where the
-    program could signal or read our own processes, unless R1_SANDBOX_UNISOLATED=1 allows it.
-    """
-    caps = capabilities()
-    if not (caps.namespaces or caps.uid_drop or os.environ.get("R1_SANDBOX_UNISOLATED")):
-        return SandboxResult("sandbox_failed", None, "", "", 0.0, f"no isolation: {caps.reason}")
-    return _launch(code, stdin, limits, files, namespaces=caps.namespaces, probe=False)
+    """Run `code` as /work/main.py with `stdin`; `files` (relative path -> text) go beside it."""
+    (result,) = run_jobs([Job(code, (stdin,), files, None, limits)], workers=1)[0]
+    assert isinstance(result, SandboxResult)
+    return result
 
 
-def _launch(
-    code: str,
-    stdin: str,
-    limits: Limits,
-    files: dict[str, str] | None,
-    *,
-    namespaces: bool,
-    probe: bool,
-) -> SandboxResult:
-    start = time.monotonic()
-    root = os.geteuid() == 0
-    uid, gid = _run_ids()
-    base: Path | None = None
-    try:
-        base = Path(tempfile.mkdtemp(prefix="r1-sandbox-", dir=_scratch_dir(namespaces)))
-        work = _prepare(base, code, files, uid, gid, namespaces=namespaces)
-        config = {
-            "namespaces": namespaces,
-            "probe": probe,
-            "root": str(base / "root"),
-            "work": str(work),
-            "binds": _interpreter_dirs(),
-            "python": PYTHON,
-            "env": _ENV if namespaces else {**_ENV, "HOME": str(work), "TMPDIR": str(work)},
-            "uid": uid,
-            "gid": gid,
-            "tmpfs_mb": max(16, 4 * limits.file_size_mb),
-            "limits": _rlimits(limits),
-        }
-        return _execute(config, stdin, limits, start, sweep_uid=uid if root else None)
-    except Exception as exc:  # the sandbox, not the code, failed
-        return SandboxResult(
-            "sandbox_failed", None, "", "", time.monotonic() - start, f"{type(exc).__name__}: {exc}"
-        )
-    finally:
-        if base is not None:
+def _failed(job: Job, detail: str) -> Outcome:
+    if job.tests is not None:
+        return [Verdict(None, "sandbox_failed", detail) for _ in job.tests]
+    return [_sandbox_failed(detail) for _ in job.inputs]
+
+
+def _sandbox_failed(detail: str) -> SandboxResult:
+    return SandboxResult("sandbox_failed", None, "", "", 0.0, detail, "sandbox_failed")
+
+
+class _Session:
+    """One launch of the sandbox for a batch of jobs."""
+
+    def __init__(self, jobs: Sequence[Job], namespaces: bool, workers: int):
+        self.jobs = list(jobs)
+        self.namespaces = namespaces
+        self.workers = max(1, min(workers, len(self.jobs)))
+        self.results: dict[int, dict[str, Any]] = {}
+        self.guards: dict[str, Any] = {}
+        self.status: list[dict[str, Any]] = []
+
+    def run_with_guards(self) -> tuple[list[Outcome], dict[str, Any]]:
+        with _session_lock if os.environ.get("R1_SANDBOX_SERIAL") else contextlib.nullcontext():
+            why = self._run()
+        return [self._outcome(i, job, why) for i, job in enumerate(self.jobs)], self.guards
+
+    def _run(self) -> str:
+        """Run the session; "" or why results are missing."""
+        base = Path(tempfile.mkdtemp(prefix="r1-sandbox-", dir=_scratch_dir(self.namespaces)))
+        cgroup_dir = ""
+        try:
+            if _cgroup is not None:
+                with contextlib.suppress(OSError):
+                    cgroup_dir = cgroups.make_session_dir(_cgroup, base.name)
+            return self._launch(base, cgroup_dir)
+        except Exception as exc:  # the sandbox, not the code, failed
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            if cgroup_dir:
+                cgroups.remove_tree(cgroup_dir)
             shutil.rmtree(base, ignore_errors=True)
+
+    def _launch(self, base: Path, cgroup_dir: str) -> str:
+        (base / "root").mkdir()
+        (base / "work").mkdir(mode=0o711)
+        job_r, job_w = os.pipe()
+        result_r, result_w = os.pipe()
+        status_r, status_w = os.pipe()
+        config = self._config(base, cgroup_dir, job_r, result_w, status_w)
+        try:
+            proc = subprocess.Popen(
+                [PYTHON, "-I", "-S", "-B", str(LAUNCHER), marshal.dumps(config).hex()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env={"PATH": ENV["PATH"], "LANG": ENV["LANG"]},
+                cwd="/",
+                start_new_session=True,
+                pass_fds=(job_r, result_w, status_w),
+            )
+        except BaseException:
+            for fd in (job_w, result_r, status_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (job_r, result_w, status_w):
+                os.close(fd)
+        writer = threading.Thread(target=self._send_jobs, args=(job_w,), daemon=True)
+        writer.start()
+        try:
+            timed_out = self._collect(proc, result_r, status_r)
+        finally:
+            _end(proc)
+            writer.join(5)
+            for fd in (result_r, status_r):
+                os.close(fd)
+        if timed_out:
+            return "the sandbox session ran past its deadline"
+        return self._why_missing(proc)
+
+    def _config(
+        self, base: Path, cgroup_dir: str, job_r: int, result_w: int, status_w: int
+    ) -> dict:
+        root = os.geteuid() == 0
+        if root and not self.namespaces:
+            base.chmod(0o711)
+            os.chown(base / "work", 0, 0)
+        return {
+            "namespaces": self.namespaces,
+            "root": str(base / "root"),
+            "binds": _interpreter_dirs(),
+            "masks": _site_packages_dirs(),
+            "cgroup": cgroup_dir,
+            "cgroup_version": _cgroup.version if (cgroup_dir and _cgroup) else 0,
+            "seccomp": seccomp.supported(),
+            "workers": self.workers,
+            "uid_base": UID_BASE + secrets.randbelow(UID_SPAN // 4096) * 4096,
+            "plain_work": str(base / "work"),
+            "setup": {"env": ENV, "work": "/work"},
+            "job_fd": job_r,
+            "result_fd": result_w,
+            "status_fd": status_w,
+        }
+
+    def _send_jobs(self, fd: int) -> None:
+        try:
+            for i, job in enumerate(self.jobs):
+                wire.write_message(fd, _job_message(i, job))
+            wire.write_message(fd, {"end": True})
+        except OSError:
+            pass  # the session ended early; the missing results say so
+        finally:
+            os.close(fd)
+
+    def _collect(self, proc: subprocess.Popen, result_r: int, status_r: int) -> bool:
+        """Read results, status lines and the launcher's stderr until all are closed or the
+        deadline passes; True when it passed."""
+        deadline = time.monotonic() + self._budget()
+        selector = selectors.DefaultSelector()
+        assert proc.stderr is not None
+        buffers = {result_r: bytearray(), status_r: bytearray(), proc.stderr.fileno(): bytearray()}
+        for fd in buffers:
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ)
+        try:
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return True
+                for key, _ in selector.select(left):
+                    try:
+                        chunk = os.read(key.fd, 1 << 20)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        selector.unregister(key.fd)
+                    elif len(buffers[key.fd]) < RESULT_LIMIT:
+                        buffers[key.fd] += chunk
+                    if key.fd == result_r:
+                        self._take_results(buffers[result_r])
+        finally:
+            selector.close()
+            self._take_status(bytes(buffers[status_r]))
+            self.stderr = bytes(buffers[proc.stderr.fileno()])[-2000:].decode("utf-8", "replace")
+        return False
+
+    def _budget(self) -> float:
+        """Seconds the whole session may take: every run at its wall limit, spread over the
+        workers, plus start-up."""
+        runs = [
+            len(job.tests if job.tests is not None else job.inputs) * (job.limits.wall_seconds + 1)
+            for job in self.jobs
+        ]
+        return STARTUP_SECONDS + sum(runs) / self.workers + max(runs)
+
+    def _take_results(self, buffer: bytearray) -> None:
+        while len(buffer) >= wire.HEADER.size:
+            (size,) = wire.HEADER.unpack(buffer[: wire.HEADER.size])
+            end = wire.HEADER.size + size
+            if len(buffer) < end:
+                return
+            message = wire.json.loads(bytes(buffer[wire.HEADER.size : end]))
+            del buffer[:end]
+            self.results[int(message.pop("job"))] = message
+
+    def _take_status(self, data: bytes) -> None:
+        for line in data.splitlines():
+            with contextlib.suppress(ValueError, EOFError, TypeError):
+                message = marshal.loads(bytes.fromhex(line.decode()))
+                self.status.append(message)
+                if message.get("kind") == "guards":
+                    self.guards = message
+
+    def _why_missing(self, proc: subprocess.Popen) -> str:
+        for message in self.status:
+            if message.get("kind") == "setup_failed":
+                return f"setup_failed: {message.get('error')}"
+        if len(self.results) < len(self.jobs):
+            tail = self.stderr.strip().splitlines()[-1:] or [f"launcher exit {proc.returncode}"]
+            return f"the sandbox ended without every result ({tail[0][:300]})"
+        return ""
+
+    def _outcome(self, i: int, job: Job, why: str) -> Outcome:
+        raw = self.results.get(i)
+        if raw is None:
+            return _failed(job, why or "no result")
+        error = raw.get("setup_error") or raw.get("judge_error") or why or "no result"
+        if job.tests is None:
+            runs = [classify(facts, job.limits) for facts in raw.get("runs", [])]
+            return runs + [_sandbox_failed(error) for _ in job.inputs[len(runs) :]]
+        verdicts = [verdict_of(v, job.limits) for v in raw.get("verdicts", [])]
+        return verdicts + [
+            Verdict(None, "sandbox_failed", error) for _ in job.tests[len(verdicts) :]
+        ]
+
+
+def _job_message(index: int, job: Job) -> dict[str, Any]:
+    limits = job.limits
+    message: dict[str, Any] = {
+        "job": index,
+        "kind": "calls" if job.tests is not None else "program",
+        "code": job.code,
+        "limits": {
+            "wall_seconds": limits.wall_seconds,
+            "output_bytes": limits.output_bytes,
+            "spawn": limits.spawn,
+            "tmpfs_mb": limits.tmpfs_mb,
+            "rlimits": limits.rlimits(),
+        },
+    }
+    if job.tests is not None:
+        message["tests"] = list(job.tests)
+    else:
+        message["inputs"] = list(job.inputs)
+        message["files"] = job.files or {}
+    return message
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End the session: the launcher kills the init (and with it the PID namespace)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(2.0)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
 
 
 def _scratch_dir(namespaces: bool) -> str | None:
-    """Where the run's directory goes: /dev/shm when the program only reads it (namespaces: it
-    writes to its own tmpfs), as creating and removing directories there is cheap; else the
-    default temporary directory."""
+    """/dev/shm when the programs only read the session directory (namespaces), as creating and
+    removing directories there is cheap; else the default temporary directory."""
     if namespaces and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
         return "/dev/shm"
     return None
 
 
-def _run_ids() -> tuple[int, int]:
-    """The uid and gid the program runs under: a fresh one per run when root, else our own."""
-    if os.geteuid() == 0:
-        uid = UID_BASE + secrets.randbelow(UID_SPAN)
-        return uid, uid
-    return os.getuid(), os.getgid()
-
-
-def _prepare(
-    base: Path, code: str, files: dict[str, str] | None, uid: int, gid: int, *, namespaces: bool
-) -> Path:
-    """The run's directory: main.py and its files; owned by the program's uid outside namespaces."""
-    work = base / "work"
-    work.mkdir()
-    (base / "root").mkdir()
-    for name, text in (files or {}).items():
-        path = work / name
-        if Path(name).is_absolute() or not path.resolve().is_relative_to(work.resolve()):
-            raise ValueError(f"sandbox file name must be relative and inside /work: {name!r}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(_encode(text))
-    (work / "main.py").write_bytes(_encode(code))
-    if not namespaces and os.geteuid() == 0:
-        base.chmod(0o711)  # the program may pass through, not list
-        for path in [work, *work.rglob("*")]:
-            os.chown(path, uid, gid)
-    return work
-
-
-def _encode(text: str) -> bytes:
-    """UTF-8, lone surrogates kept as they are (the program then fails, not the sandbox)."""
-    return text.encode("utf-8", "surrogatepass")
-
-
 def _interpreter_dirs() -> list[str]:
-    """Host directories the program's interpreter needs (bound read-only into the root)."""
+    """Host directories the session's interpreter needs (bound read-only into the root)."""
     dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
     dirs.add(os.path.dirname(os.path.dirname(PYTHON)))
     return sorted(d for d in dirs if d not in ("/", "") and not d.startswith("/usr/"))
 
 
-def _rlimits(limits: Limits) -> dict[str, int]:
-    mb = 1024 * 1024
-    return {
-        "cpu": max(1, math.ceil(limits.cpu_seconds)),
-        "memory": limits.memory_mb * mb,
-        "file_size": limits.file_size_mb * mb,
-        "processes": limits.processes,
-    }
+def _site_packages_dirs() -> list[str]:
+    """Directories of third-party packages the programs must not import from: each is covered by
+    an empty read-only directory in the private root."""
+    import glob
+    import site
 
-
-def _execute(
-    config: dict, stdin: str, limits: Limits, start: float, sweep_uid: int | None
-) -> SandboxResult:
-    status_read, status_write = os.pipe()
-    try:
-        config["status_fd"] = status_write
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", str(LAUNCHER), marshal.dumps(config).hex()],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={"PATH": _ENV["PATH"], "LANG": _ENV["LANG"]},
-            cwd="/",
-            start_new_session=True,
-            pass_fds=(status_write,),
-        )
-    except BaseException:
-        os.close(status_read)
-        raise
-    finally:
-        os.close(status_write)
-
-    def end_all() -> None:
-        if proc.poll() is None:  # the launcher kills the init and returns once it is reaped
-            proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(_LAUNCHER_GRACE_S)
-        _kill_group(proc.pid)
-        if sweep_uid is not None and not config["namespaces"]:
-            _kill_uid(sweep_uid)
-
-    with os.fdopen(status_read, "rb") as status_pipe:
-        deadline = start + limits.wall_seconds
-        stdout, stderr, timed_out = _communicate(
-            proc, _encode(stdin), limits.output_bytes, deadline, end_all
-        )
-        end_all()
-        messages = [
-            marshal.loads(bytes.fromhex(line.decode()))
-            for line in status_pipe.read().splitlines()
-            if line.strip()
-        ]
-    return _result(messages, stdout, stderr, timed_out, limits, time.monotonic() - start)
-
-
-def _communicate(
-    proc: subprocess.Popen, stdin: bytes, cap: int, deadline: float, end_all: Callable[[], None]
-) -> tuple[bytes, bytes, bool]:
-    """Feed stdin and read both outputs (each kept up to `cap` bytes) until exit or deadline.
-
-    True in the last place when the launcher was still running at the deadline. Once the launcher
-    has ended (or been ended), whatever still holds the outputs open is killed and they are
-    drained briefly.
-    """
-    assert proc.stdin and proc.stdout and proc.stderr
-    out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
-    kept = {out_fd: bytearray(), err_fd: bytearray()}
-    selector = selectors.DefaultSelector()
-    for fd in (out_fd, err_fd):
-        os.set_blocking(fd, False)
-        selector.register(fd, selectors.EVENT_READ)
-    pending = memoryview(stdin)
-    if pending:
-        os.set_blocking(in_fd, False)
-        selector.register(in_fd, selectors.EVENT_WRITE)
-    else:
-        proc.stdin.close()
-    timed_out = ended = False
-    try:
-        while any(key.fd != in_fd for key in selector.get_map().values()):
-            now = time.monotonic()
-            if not ended and (now >= deadline or proc.poll() is not None):
-                timed_out = proc.poll() is None
-                end_all()
-                ended = True
-                deadline = time.monotonic() + _DRAIN_AFTER_KILL_S
-            elif ended and now >= deadline:
-                break
-            for key, _ in selector.select(min(0.05, max(0.0, deadline - now))):
-                if key.fd == in_fd:
-                    pending = _write_some(selector, proc, pending)
-                else:
-                    _read_some(selector, key.fd, kept[key.fd], cap)
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            end_all()
-            proc.wait()
-    finally:
-        selector.close()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            with contextlib.suppress(OSError):
-                stream.close()
-    return bytes(kept[out_fd]), bytes(kept[err_fd]), timed_out
-
-
-def _write_some(
-    selector: selectors.BaseSelector, proc: subprocess.Popen, pending: memoryview
-) -> memoryview:
-    assert proc.stdin
-    try:
-        pending = pending[os.write(proc.stdin.fileno(), pending[:65536]) :]
-    except BlockingIOError:
-        return pending
-    except OSError:  # the program closed its stdin
-        pending = pending[:0]
-    if not pending:
-        selector.unregister(proc.stdin.fileno())
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-    return pending
-
-
-def _read_some(selector: selectors.BaseSelector, fd: int, kept: bytearray, cap: int) -> None:
-    try:
-        chunk = os.read(fd, 65536)
-    except BlockingIOError:
-        return
-    if not chunk:
-        selector.unregister(fd)
-    elif len(kept) < cap:
-        kept += chunk[: cap - len(kept)]
-
-
-def _kill_group(pgid: int) -> None:
-    """SIGKILL the launcher's process group; the init's death then ends its PID namespace."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every live process of the run's own uid (without namespaces, when root)."""
-    import psutil  # only this fallback needs it
-
-    for _ in range(50):
-        alive = [
-            proc
-            for proc in psutil.process_iter(["uids", "status"])
-            if proc.info["uids"] is not None
-            and uid in (proc.info["uids"].real, proc.info["uids"].effective)
-            and proc.info["status"] != psutil.STATUS_ZOMBIE
-        ]
-        if not alive:
-            return
-        for proc in alive:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-    raise RuntimeError(f"processes of sandbox uid {uid} survive repeated kills")
-
-
-_SIGNAL_DETAIL = {
-    signal.SIGXCPU: "cpu time limit",
-    signal.SIGXFSZ: "file size limit",
-    signal.SIGSEGV: "segmentation fault (possibly the memory limit)",
-}
-
-
-def _result(
-    messages: list[dict],
-    stdout: bytes,
-    stderr: bytes,
-    timed_out: bool,
-    limits: Limits,
-    seconds: float,
-) -> SandboxResult:
-    """Classify the run from the launcher's status messages."""
-    out = stdout.decode("utf-8", errors="replace")
-    err = stderr.decode("utf-8", errors="replace")
-
-    def result(status: str, code: int | None, detail: str) -> SandboxResult:
-        return SandboxResult(status, code, out, err, seconds, detail)
-
-    failed = [m for m in messages if m["kind"] in ("setup_failed", "exec_failed")]
-    if failed:
-        return result("sandbox_failed", None, f"{failed[0]['kind']}: {failed[0]['error']}")
-    if any(m["kind"] == "probe_ok" for m in messages):
-        return result("ok", 0, "probe")
-    exits = [m for m in messages if m["kind"] == "exit"]
-    if timed_out:
-        return result("timeout", None, f"wall clock limit ({limits.wall_seconds:g}s)")
-    if not exits:
-        return result("sandbox_failed", None, "the launcher ended without a status")
-    code, cpu = exits[0]["code"], exits[0]["cpu"]
-    if code == 0:
-        return result("ok", 0, "")
-    if code > 0:
-        return result("error", code, _error_detail(code, err))
-    sig = signal.Signals(-code)
-    detail = _SIGNAL_DETAIL.get(sig, f"signal {sig.name}")
-    if sig == signal.SIGKILL and cpu >= math.ceil(limits.cpu_seconds):
-        detail = "cpu time limit"
-    return result("killed", code, f"{detail} ({sig.name}, cpu {cpu:.2f}s)")
-
-
-def _error_detail(code: int, stderr: str) -> str:
-    tail = stderr.strip().splitlines()[-1:] or [""]
-    if "MemoryError" in tail[0]:
-        return "memory limit (MemoryError)"
-    if "File too large" in stderr:
-        return "file size limit (File too large)"
-    return f"exit code {code}" + (f": {tail[0][:200]}" if tail[0] else "")
+    found = set(site.getsitepackages([sys.base_prefix, sys.base_exec_prefix]))
+    for pattern in ("/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages",
+                    "/usr/lib/python3/dist-packages"):  # fmt: skip
+        found.update(glob.glob(pattern))
+    return sorted(os.path.realpath(p) for p in found if os.path.isdir(p))

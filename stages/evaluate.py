@@ -85,11 +85,16 @@ def run(
     graded, rows = [], []
     for problem, samples in zip(heldout, completions, strict=True):
         grades = [grade(c.text, problem.answer) for c in samples]
+        lenient = [grade(c.text, problem.answer, strict=False).correct is True for c in samples]
         formed = [is_well_formed(c.text) for c in samples]
         consistent = [is_language_consistent(c.text, problem.language) for c in samples]
         graded.append(
             ProblemSamples(
-                [g.answer for g in grades], [g.correct is True for g in grades], formed, consistent
+                [g.answer for g in grades],
+                [g.correct is True for g in grades],
+                formed,
+                consistent,
+                lenient,
             )
         )
         for i, (c, g, f, lc) in enumerate(zip(samples, grades, formed, consistent, strict=True)):
@@ -102,6 +107,7 @@ def run(
                     "completion": c.text,
                     "extracted": g.answer,
                     "correct": g.correct is True,
+                    "correct_lenient": lenient[i],
                     "well_formed": f,
                     "language_consistent": lc,
                     "finish_reason": c.finish_reason,

@@ -59,6 +59,19 @@ def test_summarize_worked_example():
     assert m["cons_at_2"] == pytest.approx(0.5)
     assert m["format_rate"] == pytest.approx(3 / 8)
     assert m["language_consistency_rate"] == pytest.approx(6 / 8)
+    assert "pass_at_1_lenient" not in m  # only when the samples were graded leniently too
+
+
+def test_summarize_reports_lenient_pass_at_1_beside_the_strict_one():
+    strict_only = ProblemSamples(
+        ["4", None], [True, False], [True, False], [True, True], [True, True]
+    )
+    none_right = ProblemSamples(
+        [None, None], [False, False], [False] * 2, [True] * 2, [True, False]
+    )
+    m = summarize([strict_only, none_right], k=1)
+    assert m["pass_at_1"] == pytest.approx(0.25)
+    assert m["pass_at_1_lenient"] == pytest.approx(0.75)
 
 
 def test_summarize_refuses_k_above_n():

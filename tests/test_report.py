@@ -7,7 +7,11 @@ from stages.distill import check_smaller
 from stages.refs import ModelRef
 
 ROWS = [
-    StageRow("bootstrap", 10.0, {"pass_at_1": 0.1, "pass_at_4": 0.3, "format_rate": 0.0}),
+    StageRow(
+        "bootstrap",
+        10.0,
+        {"pass_at_1": 0.1, "pass_at_1_lenient": 0.8, "pass_at_4": 0.3, "format_rate": 0.0},
+    ),
     StageRow("cold_start_curation", 2.0, {}, "kept 5/9"),
     StageRow("mixed_sft", 5.0, {"pass_at_1": 0.6, "general_score": 1.25}),
     StageRow("all_scenarios_rl", 6.0, {"general_score": 1.5, "general_score_sem": 0.04}),
@@ -16,11 +20,12 @@ ROWS = [
 
 def test_markdown_table_has_a_row_per_stage_and_dashes_for_missing_figures():
     lines = markdown_table(ROWS, k=4).splitlines()
-    assert lines[0].startswith("| stage | time | pass@1 | pass@4 | cons@4 |")
-    assert lines[2] == "| bootstrap | 10s | 0.100 | 0.300 | - | 0.000 | - | - |  |"
-    assert lines[3].endswith("| - | - | - | - | - | - | kept 5/9 |")
+    assert lines[0].startswith("| stage | time | pass@1 | lenient | pass@4 | cons@4 |")
+    assert lines[2] == "| bootstrap | 10s | 0.100 | 0.800 | 0.300 | - | 0.000 | - | - |  |"
+    assert lines[3].endswith("| - | - | - | - | - | - | - | kept 5/9 |")
     assert "| 0.600 |" in lines[4] and "| 1.250 |" in lines[4]
     assert "| 1.500 ± 0.040 |" in lines[5]
+    assert "strict" in lines[-1] and "lenient" in lines[-1]  # the legend says which is which
 
 
 def test_table_dict_is_column_major_with_none_for_missing():

@@ -7,7 +7,7 @@ from rewards.format import answer_block, format_reward, is_well_formed
 from rewards.language import language_consistency, language_reward
 from rewards.length import overlong_penalty
 from rewards.registry import combine, safe_scores
-from rewards.repetition import repeated_ngram_share, repetition_reward
+from rewards.repetition import repeated_ngram_share, repetition_reward, repetition_share
 from rewards.steps import check_steps
 from rewards.tags import tag_count
 
@@ -37,6 +37,8 @@ def test_last_boxed_balances_braces_and_handles_unclosed():
         ("<think> 3 + 4 = 7 </think> <answer> 7 </answer>", True),
         ("<think>a</think>\n<answer>b</answer>\n", True),
         ("<think> </think> <answer> 7 </answer>", False),
+        ("<think> \u200b\u2060 </think> <answer> 7 </answer>", False),
+        ("<think> a </think> <answer> \u0301 </answer>", False),
         ("<answer> 7 </answer> <think> x </think>", False),
         ("<think> a </think> <answer> 7 </answer> trailing", False),
         ("<think> a <think> b </think> <answer> 7 </answer>", False),
@@ -50,18 +52,41 @@ def test_format(completion, well_formed):
 
 def test_grade_reads_answer_block_gsm8k_and_boxed_gold():
     assert grade("<think> 2 + 2 = 4 </think> <answer> The answer is 4. </answer>", "#### 4").correct
-    assert grade(r"The answer is \boxed{4}.", "#### 4").correct
-    assert grade("The answer is 4.", r"so it is \boxed{4}").correct
-    assert grade("<think> 4 </think> <answer> 5 </answer>", "4") == grade(
-        "<think> 4 </think> <answer> 5 </answer>", "4"
-    )
+    assert grade(r"<answer> The answer is \boxed{4}. </answer>", "#### 4").correct
+    assert grade("<answer> The answer is 4. </answer>", r"so it is \boxed{4}").correct
     assert grade("<think> 4 </think> <answer> 5 </answer>", "4").correct is False
     assert grade("no number at all", "4").correct is False
-    assert answer_block("<answer> 1 </answer> <answer> 2 </answer>") == "2"
+
+
+def test_strict_grading_reads_only_the_one_answer_block():
+    # no answer block: the trailing number is not an answer, however right it is
+    assert grade(r"The answer is \boxed{4}.", "#### 4").correct is False
+    assert grade("garbage 7 garbage 4", "4").correct is False
+    # more than one answer block is a hedge, not an answer
+    assert answer_block("<answer> 1 </answer> <answer> 2 </answer>") is None
+    assert grade("<answer> 3 </answer> <answer> 4 </answer>", "4").correct is False
+    # the think block never holds the answer
+    assert grade("<think> 4 </think> <answer> 5 </answer>", "4").correct is False
+
+
+def test_lenient_grading_reads_the_whole_completion_only_without_an_answer_block():
+    assert grade(r"The answer is \boxed{4}.", "#### 4", strict=False).correct
+    assert grade("The answer is 4.", r"so it is \boxed{4}", strict=False).correct
+    assert grade("<answer> 5 </answer> 4", "4", strict=False).correct is False
+
+
+def test_answers_too_costly_to_compare_are_wrong_not_a_hang():
+    for costly in (r"$9^{9^{9}}$", r"$(10^{100})!$", r"$\binom{10^9}{10^5}$", r"$1000000!$"):
+        assert grade(f"<answer> {costly} </answer>", "42").correct is False
+    assert grade(r"<answer> $2^{10}$ </answer>", "1024").correct
+    assert grade(r"<answer> $\frac{84}{2}$ </answer>", "42").correct
 
 
 def test_accuracy_reward_is_none_when_gold_cannot_be_verified():
-    assert accuracy_reward(["q", "q"], ["4", "4"], answer=["4", "not a number"]) == [1.0, None]
+    completions = ["<answer> 4 </answer>", "<answer> 4 </answer>"]
+    assert accuracy_reward(["q", "q"], completions, answer=["4", "not a number"]) == [1.0, None]
+    assert accuracy_reward(["q"], ["4"], answer=["4"]) == [0.0]
+    assert accuracy_reward(["q"], ["4"], answer=["4"], strict=False) == [1.0]
 
 
 def test_language_consistency_by_script_ignores_tags():
@@ -84,8 +109,16 @@ def test_registry_by_name_binds_params():
 def test_tag_count_gives_partial_credit():
     assert tag_count("<think> a </think> <answer> 1 </answer>") == 1.0
     assert tag_count("<think> a </think> 1") == 0.5
-    assert tag_count("<think><think> a </think>") == 0.25
+    assert tag_count("42 <answer> 1 </answer>") == 0.5
+    assert tag_count("<think><think> a </think>") == 0.0
     assert tag_count("") == 0.0
+
+
+def test_tag_count_pays_nothing_for_tags_without_their_blocks():
+    assert tag_count("<think></think><answer></answer>") == 0.0
+    assert tag_count("</answer></think><answer><think>") == 0.0
+    assert tag_count("<think> \u200b\u200d </think> <answer> \u2060 </answer>") == 0.0
+    assert tag_count("<answer> 1 </answer> <think> a </think>") == 0.5
 
 
 def test_overlong_penalty_is_linear_in_the_buffer():
@@ -100,10 +133,37 @@ def test_repetition_share():
     assert repetition_reward([""], ["x y"]) == [-0.0]
 
 
+def test_repetition_sees_through_case_punctuation_invisible_characters_and_glue():
+    loop = "the answer is five. " * 8
+    plain = -repetition_reward([""], [loop])[0]
+    assert plain > 0.5
+    disguised = [
+        "".join(w.upper() if i % 2 else w for i, w in enumerate(loop.split(" "))),
+        loop.replace(" ", " \u200b"),
+        loop.replace(".", "!").replace("answer", "answer,"),
+        loop.replace(" ", ""),
+    ]
+    for text in disguised:
+        assert -repetition_reward([""], [text])[0] >= plain - 0.05, text
+    assert repetition_share("First, 7 - 5 = 2. Next, 2 * 3 = 6. The answer is 6.") == 0.0
+
+
 def test_language_reward_reads_the_reasoning():
     mixed = "<think> Τηε στεπσ </think> <answer> the answer is 4 </answer>"
     assert language_reward([""], [mixed], language=["greek"]) == [1.0]
     assert language_reward([""], ["plain text"], language=["greek"]) == [0.0]
+
+
+def test_language_reward_counts_words_hidden_in_markup_and_pays_nothing_without_words():
+    honest = "<think> Τηε στεπσ γιωε 4 and then 5 </think> <answer> 5 </answer>"
+    hidden = r"<think> Τηε στεπσ γιωε 4 \and \then 5 </think> <answer> 5 </answer>"
+    tagged = "<think> Τηε στεπσ γιωε 4 <and> <then> 5 </think> <answer> 5 </answer>"
+    score = language_reward([""] * 3, [honest, hidden, tagged], language=["greek"] * 3)
+    assert score[1] <= score[0] and score[2] <= score[0] < 1.0
+    math_only = r"<think> Τηε στεπ: $\frac{1}{2} \cdot 4 = 2$ </think> <answer> 2 </answer>"
+    assert language_reward([""], [math_only], language=["greek"]) == [1.0]
+    assert language_reward([""], ["<think> 3 + 4 = 7 </think> <answer> 7 </answer>"],
+                           language=["greek"]) == [0.0]  # fmt: skip
 
 
 def test_combine_skips_what_cannot_be_verified():

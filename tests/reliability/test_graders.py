@@ -309,7 +309,7 @@ def test_python_grader_runs_grade_in_the_sandbox():
     assert scores == [1.0, pytest.approx(0.5 - 2 / 84), 0.0]
 
 
-def test_python_grader_failures_score_none_and_spare_the_others(tmp_path):
+def test_python_grader_failures_score_zero_with_the_reason_and_spare_the_others(tmp_path):
     source = (
         "def grade(sample, item):\n"
         "    print('chatter on stdout')\n"
@@ -330,10 +330,12 @@ def test_python_grader_failures_score_none_and_spare_the_others(tmp_path):
     start = time.monotonic()
     outcomes = grader.evaluate([make_sample("x")] * len(modes), [{"mode": m} for m in modes])
     assert time.monotonic() - start < 5.0
-    assert [o.score for o in outcomes] == [0.25, None, None, None, None, 0.25]
+    # a sample that breaks its grading gets no benefit of the doubt: 0, with the reason
+    assert [o.score for o in outcomes] == [0.25, 0.0, 0.0, 0.0, 0.0, 0.25]
     assert "RuntimeError: bad sample" in outcomes[1].error
-    assert "ran past 0.5s" in outcomes[2].error
+    assert "limit" in outcomes[2].error  # the CPU or the wall clock, whichever comes first
     assert "not a number" in outcomes[3].error
+    assert "nan" in outcomes[4].error and outcomes[0].error is None
 
 
 def test_python_grader_that_cannot_start_scores_none(tmp_path):
@@ -399,7 +401,7 @@ def test_score_model_with_a_stand_in_judge_parses_and_clips():
         ["<answer> 42 </answer>"] * 3,
         [{"answer": "42", "prompt": f"q{i}"} for i in range(3)],
     )
-    assert scores == [7.0, 10.0, None]  # 14 clipped to range [0, 10]; no number -> None
+    assert scores == [7.0, 10.0, 0.0]  # 14 clipped to range [0, 10]; no number -> the bottom
     assert seen[0][0]["role"] == "system"
     assert "Question: q0\nReference answer: 42\nCandidate answer: 42" in seen[0][1]["content"]
 

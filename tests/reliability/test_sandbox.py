@@ -1,13 +1,14 @@
 """The code-execution sandbox: ordinary programs, hostile programs kept inside their limits, and
-the code reward built on it.
+programs that try to get past the test harness.
 
-Each hostile test checks from the outside (this process, the host's files, the process table) that
-nothing reached past the sandbox; tests of isolation the machine cannot give are skipped with the
-reason `sandbox.capabilities()` reports.
+Each hostile test checks from the outside (this process, the host's files, the process table,
+the cgroup tree) that nothing reached past the sandbox; tests of guards the machine cannot give
+are skipped with the reason `sandbox.capabilities()` reports.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 import signal
@@ -20,9 +21,7 @@ import psutil
 import pytest
 
 import sandbox.runner as runner
-from rewards.code import code_reward, extract_code, parse_tests
-from rewards.registry import get_reward
-from sandbox import Limits, SandboxResult, capabilities, run_python
+from sandbox import Job, Limits, SandboxResult, capabilities, run_jobs, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 TIGHT = Limits(cpu_seconds=1, wall_seconds=1.5)
@@ -32,32 +31,29 @@ needs_isolation = pytest.mark.skipif(
     not (CAPS.runs_programs and (CAPS.namespaces or CAPS.uid_drop)),
     reason=f"the sandbox refuses or cannot run programs here: {CAPS.reason}",
 )
+needs_seccomp = pytest.mark.skipif(not CAPS.seccomp, reason="no seccomp filter here")
+needs_cgroup = pytest.mark.skipif(not CAPS.cgroup, reason="no memory cgroup here")
 
 
 @pytest.fixture(autouse=True)
 def nothing_left_behind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """After each test: no process of any run's uid alive, no run's temporary directory left."""
-    uids: list[int] = []
+    """After each test: no process under a sandbox uid, no session directory, no cgroup left."""
     dirs: list[str] = []
-    run_ids, mkdtemp = runner._run_ids, tempfile.mkdtemp
-
-    def recording_ids() -> tuple[int, int]:
-        ids = run_ids()
-        uids.append(ids[0])
-        return ids
+    mkdtemp = tempfile.mkdtemp
 
     def recording_mkdtemp(*args: object, **kwargs: object) -> str:
         path = mkdtemp(*args, **kwargs)
         dirs.append(path)
         return path
 
-    monkeypatch.setattr(runner, "_run_ids", recording_ids)
     monkeypatch.setattr(runner.tempfile, "mkdtemp", recording_mkdtemp)
     yield
     assert [d for d in dirs if os.path.exists(d)] == []
     assert _live_descendants() == []
     if IS_ROOT:
-        assert _live_processes_of(set(uids)) == []
+        assert _live_sandbox_processes() == []
+    if runner._cgroup is not None:
+        assert glob.glob(os.path.join(runner._cgroup.path, "r1-sandbox-*")) == []
 
 
 def _live_descendants() -> list[psutil.Process]:
@@ -68,12 +64,13 @@ def _live_descendants() -> list[psutil.Process]:
     ]
 
 
-def _live_processes_of(uids: set[int]) -> list[psutil.Process]:
+def _live_sandbox_processes() -> list[psutil.Process]:
+    low, high = runner.UID_BASE, runner.UID_BASE + runner.UID_SPAN
     found = []
     for p in psutil.process_iter(["uids", "status"]):
         if p.info["uids"] is None or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if {p.info["uids"].real, p.info["uids"].effective} & uids:
+        if any(low <= uid < high for uid in (p.info["uids"].real, p.info["uids"].effective)):
             found.append(p)
     return found
 
@@ -110,16 +107,19 @@ def test_stdin_echo() -> None:
 @needs_isolation
 def test_large_stdin_round_trip() -> None:
     data = "x" * 300_000 + "\n"
-    result = ran(
-        run_python("import sys\nprint(len(sys.stdin.read()))", stdin=data, limits=Limits())
-    )
+    result = ran(run_python("import sys\nprint(len(sys.stdin.read()))", stdin=data))
     assert result.stdout.strip() == str(len(data))
 
 
 @needs_isolation
 def test_non_zero_exit() -> None:
     result = ran(run_python("import sys\nprint('partial')\nsys.exit(3)"))
-    assert (result.status, result.exit_code, result.stdout) == ("error", 3, "partial\n")
+    assert (result.status, result.exit_code, result.stdout, result.reason) == (
+        "error",
+        3,
+        "partial\n",
+        "exit",
+    )
 
 
 @needs_isolation
@@ -127,6 +127,14 @@ def test_syntax_error() -> None:
     result = ran(run_python("def broken(:\n    pass"))
     assert (result.status, result.exit_code) == ("error", 1)
     assert "SyntaxError" in result.stderr and "SyntaxError" in result.detail
+
+
+@needs_isolation
+def test_an_exception_shows_the_programs_traceback_only() -> None:
+    result = ran(run_python("def f():\n    raise ValueError('bad')\nf()"))
+    assert (result.status, result.reason) == ("error", "exception")
+    assert 'File "/work/main.py", line 2, in f' in result.stderr
+    assert "sandbox" not in result.stderr
 
 
 @needs_isolation
@@ -138,13 +146,14 @@ def test_files_sit_beside_the_program_and_import() -> None:
 
 def test_file_names_must_stay_inside_the_run_directory() -> None:
     result = run_python("print(1)", files={"../escape.py": "x"})
-    assert result.status == "sandbox_failed" and "inside" in result.detail
+    assert result.status == "error" and "outside the work directory" in result.stderr
 
 
 @needs_isolation
-def test_output_is_capped() -> None:
+def test_an_output_over_the_cap_ends_the_run() -> None:
     result = ran(run_python("print('x' * 1_000_000)", limits=Limits(output_bytes=1000)))
-    assert result.status == "ok" and len(result.stdout) == 1000
+    assert (result.status, result.reason) == ("killed", "output_limit")
+    assert len(result.stdout) == 1000
 
 
 @needs_isolation
@@ -163,12 +172,52 @@ def test_concurrent_runs_from_threads() -> None:
     assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(8)]
 
 
+@needs_isolation
+def test_threads_are_allowed() -> None:
+    code = (
+        "import threading\nout = []\n"
+        "ts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]\n"
+        "[t.start() for t in ts]\n[t.join() for t in ts]\nprint(sorted(out))"
+    )
+    assert ran(run_python(code)).stdout == f"{list(range(8))}\n"
+
+
+@needs_isolation
+def test_each_input_of_a_job_gets_a_fresh_main_and_fresh_streams() -> None:
+    code = (
+        "import sys, builtins, os\n"
+        "print(globals().get('seen'), getattr(builtins, 'leak', None), os.getcwd())\n"
+        "seen = sys.stdin.read().strip()\n"
+        "builtins.leak = seen\n"
+        "os.chdir('/tmp')\n"
+        "print(seen, file=sys.stderr)\n"
+    )
+    (results,) = run_jobs([Job(code, ("a", "b", "c"))])
+    assert [r.stdout for r in results] == ["None None /work\n"] * 3
+    assert [r.stderr for r in results] == ["a\n", "b\n", "c\n"]
+
+
+@needs_isolation
+def test_a_run_that_ends_its_process_leaves_the_next_input_a_fresh_one() -> None:
+    code = "import os, sys\nn = int(sys.stdin.read())\nif n == 1:\n    os._exit(7)\nprint(n)"
+    (results,) = run_jobs([Job(code, ("0", "1", "2"))])
+    assert [(r.status, r.exit_code, r.stdout) for r in results] == [
+        ("ok", 0, "0\n"),
+        ("error", 7, ""),
+        ("ok", 0, "2\n"),
+    ]
+
+
 def test_capabilities_are_consistent() -> None:
     if CAPS.namespaces:
         assert CAPS.network_isolated and CAPS.filesystem_isolated and CAPS.reason == ""
     else:
         assert not CAPS.network_isolated and CAPS.reason
     assert CAPS.uid_drop == IS_ROOT
+    # every guard that is off is named, in words, for the start-up warning
+    assert bool(CAPS.uncontained) == (
+        not CAPS.namespaces or not CAPS.cgroup or not CAPS.seccomp or not CAPS.uid_drop
+    )
 
 
 # Hostile programs
@@ -178,9 +227,8 @@ def test_capabilities_are_consistent() -> None:
 def test_infinite_loop_stops_at_the_cpu_limit() -> None:
     result = ran(run_python("while True:\n    pass", limits=TIGHT))
     assert result.status in ("killed", "timeout")
+    assert result.reason in ("cpu_time", "wall_time")
     assert result.seconds < TIGHT.wall_seconds + 1.5
-    if result.status == "killed":
-        assert "cpu time limit" in result.detail
 
 
 @needs_isolation
@@ -188,7 +236,7 @@ def test_sleeping_program_stops_at_the_wall_clock() -> None:
     result = ran(
         run_python("import time\nprint('started', flush=True)\ntime.sleep(60)", limits=TIGHT)
     )
-    assert result.status == "timeout" and result.stdout == "started\n"
+    assert (result.status, result.reason, result.stdout) == ("timeout", "wall_time", "started\n")
     assert TIGHT.wall_seconds <= result.seconds < TIGHT.wall_seconds + 1.5
 
 
@@ -196,6 +244,22 @@ def test_sleeping_program_stops_at_the_wall_clock() -> None:
 def test_closed_outputs_do_not_hide_a_running_program() -> None:
     code = "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)"
     assert ran(run_python(code, limits=TIGHT)).status == "timeout"
+
+
+@needs_isolation
+@needs_seccomp
+def test_a_program_may_not_start_processes_unless_allowed() -> None:
+    code = (
+        "import os, subprocess\n"
+        "for start in (os.fork, lambda: subprocess.run(['/bin/true']),"
+        " lambda: os.execv('/bin/true', ['true'])):\n"
+        "    try:\n"
+        "        start()\n"
+        "        print('started')\n"
+        "    except OSError as exc:\n"
+        "        print('refused', exc.errno)\n"
+    )
+    assert ran(run_python(code)).stdout == "refused 1\n" * 3
 
 
 @needs_isolation
@@ -215,7 +279,7 @@ def test_fork_bomb_is_held_at_the_process_limit() -> None:
         "print(forks, flush=True)\n"
         "time.sleep(60)\n"
     )
-    limits = Limits(cpu_seconds=1, wall_seconds=1.5, processes=8)
+    limits = Limits(cpu_seconds=1, wall_seconds=1.5, processes=8, spawn=True)
     result = ran(run_python(code, limits=limits))
     assert result.status == "timeout"
     assert int(result.stdout) < limits.processes
@@ -226,7 +290,7 @@ def test_endless_fork_bomb_is_contained() -> None:
     code = (
         "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     )
-    result = ran(run_python(code, limits=TIGHT))
+    result = ran(run_python(code, limits=Limits(cpu_seconds=1, wall_seconds=1.5, spawn=True)))
     assert result.status in ("timeout", "killed")
     assert psutil.Process().is_running()
 
@@ -234,9 +298,10 @@ def test_endless_fork_bomb_is_contained() -> None:
 @needs_isolation
 def test_background_process_does_not_outlive_the_program() -> None:
     code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('done')"
-    result = ran(run_python(code, limits=TIGHT))
+    limits = Limits(cpu_seconds=1, wall_seconds=1.5, spawn=True)
+    result = ran(run_python(code, limits=limits))
     assert result.status == "ok" and result.stdout == "done\n"
-    assert result.seconds < TIGHT.wall_seconds + 1.5
+    assert result.seconds < limits.wall_seconds + 1.5
 
 
 @needs_isolation
@@ -249,8 +314,59 @@ def test_memory_hog_hits_the_memory_limit(code: str) -> None:
     before = psutil.Process().memory_info().rss
     result = ran(run_python(code, limits=Limits(memory_mb=128, wall_seconds=5)))
     assert result.status in ("error", "killed")
-    assert "memory" in result.detail
+    assert result.reason == "memory"
     assert psutil.Process().memory_info().rss < before + 64 * 1024 * 1024
+
+
+@needs_isolation
+@needs_cgroup
+def test_memory_outside_the_address_space_is_counted_too() -> None:
+    """60 MB of tmpfs files, which RLIMIT_AS does not see, under a 64 MB limit."""
+    code = (
+        "data = b'x' * (1 << 20)\n"
+        "for n in range(5):\n"
+        "    with open(f'/tmp/big{n}', 'wb') as f:\n"
+        "        for _ in range(15):\n"
+        "            f.write(data)\n"
+        "print('wrote it all')\n"
+    )
+    result = ran(run_python(code, limits=Limits(memory_mb=64, file_size_mb=20)))
+    assert (result.status, result.reason) == ("killed", "memory")
+    assert "wrote it all" not in result.stdout
+
+
+@needs_isolation
+@needs_seccomp
+def test_memory_files_io_uring_and_network_sockets_are_refused() -> None:
+    code = (
+        "import ctypes, os, socket\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for name, call in [\n"
+        "    ('memfd', lambda: os.memfd_create('x')),\n"
+        "    ('inet', lambda: socket.socket(socket.AF_INET)),\n"
+        "    ('inet6', lambda: socket.socket(socket.AF_INET6)),\n"
+        "    ('netlink', lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW)),\n"
+        "]:\n"
+        "    try:\n"
+        "        call()\n"
+        "        print(name, 'made')\n"
+        "    except OSError as exc:\n"
+        "        print(name, 'refused', exc.errno)\n"
+        "print('io_uring', libc.syscall(425, 8, ctypes.create_string_buffer(120)),"
+        " ctypes.get_errno())\n"
+        "a, b = socket.socketpair()\n"
+        "a.send(b'unix ok')\n"
+        "print(b.recv(7).decode())\n"
+    )
+    lines = ran(run_python(code)).stdout.splitlines()
+    assert lines == [
+        "memfd refused 1",
+        "inet refused 1",
+        "inet6 refused 1",
+        "netlink refused 1",
+        "io_uring -1 1",
+        "unix ok",
+    ]
 
 
 @needs_isolation
@@ -258,7 +374,27 @@ def test_file_size_limit() -> None:
     code = "with open('big.bin', 'wb') as f:\n    f.write(b'x' * (100 * 1024 * 1024))"
     result = ran(run_python(code, limits=Limits(file_size_mb=8)))
     assert result.status in ("error", "killed")
-    assert "file size limit" in result.detail
+    assert result.reason == "file_size"
+
+
+@needs_isolation
+def test_third_party_packages_are_not_importable() -> None:
+    if not CAPS.filesystem_isolated:
+        pytest.skip(f"no private root here: {CAPS.reason}")
+    code = (
+        "import sys\n"
+        f"sys.path += {runner._site_packages_dirs()!r}\n"
+        "for name in ('yaml', 'psutil', 'torch', 'numpy'):\n"
+        "    try:\n"
+        "        __import__(name)\n"
+        "        print(name, 'imported')\n"
+        "    except ImportError:\n"
+        "        print(name, 'missing')\n"
+        "import json, collections, re\n"
+        "print('stdlib ok')\n"
+    )
+    out = ran(run_python(code)).stdout
+    assert "imported" not in out and out.endswith("stdlib ok\n")
 
 
 @needs_isolation
@@ -330,7 +466,21 @@ def test_writing_outside_its_directory_fails() -> None:
         assert not path.exists()
     for path in refused:
         assert f"{path} DENIED" in result.stdout
-    # A private /tmp is the run's own: written there, gone with the run.
+
+
+@needs_isolation
+def test_runs_of_one_session_do_not_see_each_others_files() -> None:
+    if not CAPS.filesystem_isolated:
+        pytest.skip(f"no private root here: {CAPS.reason}")
+    token = secrets.token_hex(6)
+    writer = f"open('/tmp/{token}', 'w').write('x')\nopen('/work/{token}', 'w').write('x')\n"
+    reader = (
+        "import os, time\ntime.sleep(0.3)\n"
+        f"print(os.path.exists('/tmp/{token}'), os.path.exists('/work/{token}'))"
+    )
+    jobs = [Job(writer), Job(reader), Job(writer), Job(reader)]
+    results = run_jobs(jobs, workers=4)
+    assert [r[0].stdout for r in results[1::2]] == ["False False\n"] * 2
 
 
 @needs_isolation
@@ -359,40 +509,51 @@ def test_network_connections_fail() -> None:
 
 
 @needs_isolation
-def test_killing_its_parent_fails() -> None:
+@pytest.mark.parametrize("spawn", [False, True], ids=["no-spawn", "spawn"])
+def test_killing_its_parent_or_the_judge_fails(spawn: bool) -> None:
     if not (CAPS.namespaces or CAPS.uid_drop):
         pytest.skip(f"kill(-1) would reach our own processes here: {CAPS.reason}")
     code = (
         "import os, signal\n"
-        f"for pid in (os.getppid(), {os.getpid()}, {os.getppid()}, 1, -1):\n"
+        f"for pid in (os.getppid(), {os.getpid()}, 1, 2, 3, 4, -1):\n"
         "    try:\n"
         "        os.kill(pid, signal.SIGKILL)\n"
         "    except OSError as exc:\n"
         "        print(pid, type(exc).__name__)\n"
         "print('still here')\n"
     )
-    result = ran(run_python(code))
-    assert result.status == "ok" and result.stdout.endswith("still here\n")
+    results = run_jobs([Job(code, limits=Limits(spawn=spawn)), Job("print('next')")])
+    assert results[0][0].stdout.endswith("still here\n") and results[0][0].status == "ok"
+    assert results[1][0].stdout == "next\n"  # the session's judge and zygote lived on
     assert psutil.Process().is_running() and psutil.Process(os.getppid()).is_running()
-    # And the sandbox keeps working for the next program.
-    assert run_python("print(1)").stdout == "1\n"
 
 
 @needs_isolation
 def test_signals_to_the_whole_group_stay_inside() -> None:
     code = "import os, signal\nos.killpg(0, signal.SIGKILL)"
     result = ran(run_python(code))
-    assert (result.status, result.exit_code) == ("killed", -signal.SIGKILL)
+    assert (result.status, result.exit_code, result.reason) == ("killed", -signal.SIGKILL, "signal")
     assert psutil.Process().is_running()
+
+
+@needs_isolation
+@pytest.mark.parametrize("number", [1, 9, 15, 31, 34, 35, 40, 64])
+def test_every_signal_ends_a_run_as_a_failure_with_its_name(number: int) -> None:
+    result = ran(
+        run_python(f"import os\nos.kill(os.getpid(), {number})\nimport time\ntime.sleep(1)")
+    )
+    assert (result.status, result.exit_code, result.reason) == ("killed", -number, "signal")
+    assert "killed by SIG" in result.detail
 
 
 # The sandbox itself failing
 
 
-def test_missing_interpreter_is_a_sandbox_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_interpreter_is_a_sandbox_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "PYTHON", "/nonexistent/bin/python3")
     result = run_python("print(1)")
     assert result.status == "sandbox_failed" and result.exit_code is None
+    assert result.reason == "sandbox_failed"
 
 
 def test_unisolated_runs_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -401,69 +562,3 @@ def test_unisolated_runs_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("R1_SANDBOX_UNISOLATED", raising=False)
     result = run_python("import os\nos.kill(-1, 9)")
     assert result.status == "sandbox_failed" and "no isolation" in result.detail
-
-
-# The code reward
-
-CODE_COMPLETION = (
-    "<think>double small numbers</think>\n<answer>\n```python\nn = int(input())\n"
-    "print(n * 2 if n < 3 else n)\n```\n</answer>"
-)
-STDIO_TESTS = [
-    {"input": "1", "output": "2"},
-    {"input": "2\n", "output": "4\n"},
-    {"input": "5", "output": "10"},
-]
-
-
-@needs_isolation
-def test_code_reward_is_the_fraction_of_tests_passed() -> None:
-    assert code_reward(["p"], [CODE_COMPLETION], [STDIO_TESTS]) == [pytest.approx(2 / 3)]
-
-
-@needs_isolation
-def test_code_reward_assert_style_and_json_tests() -> None:
-    completion = "```python\ndef double(x):\n    return 2 * x\n```"
-    tests = '[{"code": "assert double(2) == 4"}, {"code": "assert double(3) == 5"}]'
-    assert code_reward(["p"], [completion], [tests]) == [0.5]
-
-
-@needs_isolation
-def test_code_reward_edge_cases() -> None:
-    completions = [
-        "no code at all",
-        "```python\nwhile True:\n    pass\n```",
-        CODE_COMPLETION,
-        CODE_COMPLETION,
-        "```python\nunterminated",
-    ]
-    tests = [STDIO_TESTS, [{"input": "", "output": ""}], [], "{not json", STDIO_TESTS]
-    scores = code_reward(["p"] * 5, completions, tests, wall_seconds=1.5, cpu_seconds=1)
-    assert scores == [0.0, 0.0, None, 0.0, 0.0]
-
-
-def test_code_reward_is_none_when_the_sandbox_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "PYTHON", "/nonexistent/bin/python3")
-    assert code_reward(["p"], [CODE_COMPLETION], [STDIO_TESTS]) == [None]
-
-
-@needs_isolation
-def test_code_reward_is_registered() -> None:
-    fn = get_reward("code", wall_seconds=2.0)
-    assert fn(["p"], [CODE_COMPLETION], tests=[STDIO_TESTS]) == [pytest.approx(2 / 3)]
-
-
-def test_extract_code_prefers_python_in_the_answer() -> None:
-    completion = (
-        "```python\nprint('draft')\n```\n<answer>```text\nnotes\n```\n"
-        "```python\nprint('final')\n```</answer>"
-    )
-    assert extract_code(completion) == "print('final')\n"
-    assert extract_code("<answer>42</answer>") is None
-    assert parse_tests("assert f(1) == 1") == [{"code": "assert f(1) == 1"}]
-
-
-@needs_isolation
-def test_sigkill_exit_code_is_reported() -> None:
-    result = ran(run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"))
-    assert (result.status, result.exit_code) == ("killed", -signal.SIGKILL)
