@@ -201,7 +201,7 @@ def row_cells(name: str, row: Measurement | None, peak: float | None, why: str) 
     return [
         name,
         str(row.tokens),
-        f"{row.seconds:.2f}",
+        f"{row.seconds:.4f}",
         f"{row.tokens_per_second:.1f}",
         f"{row.tflops:.4g}",
         "-" if mfu is None else f"{mfu:.1%}",

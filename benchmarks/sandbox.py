@@ -1,94 +1,152 @@
-"""Executions per second of the code-execution sandbox against a plain subprocess peer.
+"""Candidate programs verified per second: the sandbox against plain `subprocess.run`.
 
-Runs the same trivial program (read a number on stdin, print its square) `--runs` times through
-`sandbox.run_python` and through a bare `subprocess.run([sys.executable, "-I", "-S", "-c", ...])`
-with no limits or isolation, sequentially and with `--workers` threads, in the same process on the
-same machine. Prints executions per second for both, the ratio, and the isolation that was active.
-It also times the code reward over a batch of completions with three stdin/stdout tests each.
+The workload is one GRPO step on code prompts: `--prompts` x `--samples` candidate programs,
+each with `--tests` hidden tests, in two kinds:
+- stdio: the program reads a number on stdin and prints a result (stdin/stdout tests);
+- calls: the program defines a function, checked by assert-style tests.
+A fifth of the candidates are wrong and a few crash, as a policy's samples are.
 
-    python -m benchmarks.sandbox --runs 200 --workers 2
+Ours verifies a step through the code reward (rewards/code.py): one sandbox session, a confined
+process per candidate, assert tests run in the judge. The peer runs the same programs with a bare
+`subprocess.run([python, "-I", "-S", "-c", program], input=...)` per test (for assert tests, the
+test appended to the program: the old, gameable way), with no isolation and no limits, on the same
+number of threads. The two alternate over `--repeats` rounds; the median and the range of each
+side and of the ratio are printed, with the guards that were in force.
+
+    python -m benchmarks.sandbox --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from rewards.code import code_reward
-from sandbox import capabilities, run_python
+from rewards.code import CodeReward, normalise_output
+from sandbox import capabilities
+from sandbox.runner import default_workers
 
-PROGRAM = "n = int(input())\nprint(n * n)\n"
-
-
-def sandboxed(i: int) -> str:
-    result = run_python(PROGRAM, stdin=f"{i}\n")
-    if result.status != "ok":
-        raise RuntimeError(f"sandbox run failed: {result}")
-    return result.stdout
+STDIO = "import sys\nn = int(sys.stdin.readline())\nprint(sum(int(d) for d in str(n * {k})))\n"
+CALLS = "def digit_sum(n):\n    return sum(int(d) for d in str(n * {k}))\n"
+WRONG = {"stdio": "n = int(input())\nprint(n)\n", "calls": "def digit_sum(n):\n    return n\n"}
+CRASH = {"stdio": "raise ValueError('no')\n", "calls": "def digit_sum(n):\n    return 1 / 0\n"}
 
 
-def plain(i: int) -> str:
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", PROGRAM],
-        input=f"{i}\n",
-        capture_output=True,
-        text=True,
-        timeout=5,
-        check=True,
-    )
-    return done.stdout
+def expected(n: int, k: int) -> int:
+    return sum(int(d) for d in str(n * k))
 
 
-def per_second(fn: Callable[[int], str], runs: int, workers: int) -> float:
-    """Executions per second of `fn` over `runs` calls, `workers` at a time; checks each output."""
+def step(kind: str, candidates: int, tests: int) -> tuple[list[str], list[list[dict]]]:
+    """Completions and their tests for one step (candidate i multiplies by k = i % 7 + 2)."""
+    completions, cases = [], []
+    for i in range(candidates):
+        k = i % 7 + 2
+        program = (STDIO if kind == "stdio" else CALLS).format(k=k)
+        if i % 5 == 4:
+            program = WRONG[kind]
+        elif i % 17 == 16:
+            program = CRASH[kind]
+        fenced = f"<answer>\n```python\n{program}```\n</answer>"
+        completions.append(f"<think>multiply, then add the digits</think>\n{fenced}")
+        numbers = [1000 + 37 * i + j for j in range(tests)]
+        if kind == "stdio":
+            cases.append([{"input": f"{n}\n", "output": f"{expected(n, k)}\n"} for n in numbers])
+        else:
+            cases.append([{"code": f"assert digit_sum({n}) == {expected(n, k)}"} for n in numbers])
+    return completions, cases
+
+
+def ours(completions: list[str], cases: list[list[dict]], workers: int) -> list[float | None]:
+    reward = CodeReward(workers=workers)
+    return reward(["p"] * len(completions), completions, cases)
+
+
+def peer(completions: list[str], cases: list[list[dict]], workers: int) -> list[float | None]:
+    """The same verdicts from one bare subprocess per test."""
+    from rewards.code import extract_code
+
+    jobs = [
+        (i, extract_code(c) or "", case)
+        for i, (c, sample) in enumerate(zip(completions, cases, strict=True))
+        for case in sample
+    ]
+
+    def run(job: tuple[int, str, dict]) -> tuple[int, bool]:
+        i, code, case = job
+        program = code + "\n" + case["code"] if "code" in case else code
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", program],
+            input=case.get("input", ""),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if "code" in case:
+            return i, done.returncode == 0
+        return i, done.returncode == 0 and normalise_output(done.stdout) == normalise_output(
+            case["output"]
+        )
+
+    passed = [0] * len(completions)
+    with ThreadPoolExecutor(workers) as pool:
+        for i, ok in pool.map(run, jobs):
+            passed[i] += ok
+    return [p / len(sample) for p, sample in zip(passed, cases, strict=True)]
+
+
+def timed(fn: Callable[..., list[float | None]], *args: object) -> tuple[float, list[float | None]]:
     start = time.perf_counter()
-    if workers == 1:
-        outputs = [fn(i) for i in range(runs)]
-    else:
-        with ThreadPoolExecutor(workers) as pool:
-            outputs = list(pool.map(fn, range(runs)))
-    seconds = time.perf_counter() - start
-    assert outputs == [f"{i * i}\n" for i in range(runs)]
-    return runs / seconds
+    rewards = fn(*args)
+    return time.perf_counter() - start, rewards
 
 
-def reward_batch(samples: int) -> float:
-    """Seconds to score `samples` completions, three test cases each, with the code reward."""
-    completion = "<think>square it</think>\n<answer>\n```python\n" + PROGRAM + "```\n</answer>"
-    tests = [{"input": f"{i}", "output": f"{i * i}"} for i in (2, 3, 4)]
-    start = time.perf_counter()
-    scores = code_reward(["p"] * samples, [completion] * samples, [tests] * samples)
-    seconds = time.perf_counter() - start
-    assert scores == [1.0] * samples
-    return seconds
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):7.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--reward-samples", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--tests", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=default_workers())
     args = parser.parse_args()
 
-    print(f"isolation: {capabilities()}")
-    sandboxed(0)  # warm up: the first call probes the namespaces
-    for workers in sorted({1, args.workers}):
-        ours = per_second(sandboxed, args.runs, workers)
-        peer = per_second(plain, args.runs, workers)
-        print(
-            f"workers={workers}: sandbox {ours:6.1f} exec/s | plain subprocess {peer:6.1f} exec/s"
-            f" | sandbox/plain {ours / peer:.2f}"
-        )
-    seconds = reward_batch(args.reward_samples)
-    runs = 3 * args.reward_samples
+    caps = capabilities()
     print(
-        f"code reward: {args.reward_samples} completions x 3 tests in {seconds:.2f}s"
-        f" ({runs / seconds:.1f} exec/s)"
+        f"guards: namespaces={caps.namespaces} uid_drop={caps.uid_drop} "
+        f"cgroup={caps.cgroup or 'none'} seccomp={caps.seccomp}"
     )
+    for gap in caps.uncontained:
+        print(f"  not contained: {gap}")
+    n = args.prompts * args.samples
+    print(
+        f"one step: {args.prompts} prompts x {args.samples} samples = {n} candidates, "
+        f"{args.tests} tests each, {args.workers} workers"
+    )
+    for kind in ("stdio", "calls"):
+        completions, cases = step(kind, n, args.tests)
+        ours(completions[:4], cases[:4], args.workers)  # warm up: the first call probes the guards
+        rates: dict[str, list[float]] = {"ours": [], "peer": []}
+        for _ in range(args.repeats):  # alternate, so that drift in the machine hits both
+            seconds, mine = timed(ours, completions, cases, args.workers)
+            rates["ours"].append(n / seconds)
+            seconds, theirs = timed(peer, completions, cases, args.workers)
+            rates["peer"].append(n / seconds)
+            wrong = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
+            if wrong:
+                raise SystemExit(f"{kind}: the verdicts differ for candidates {wrong[:5]}")
+        ratios = [a / b for a, b in zip(rates["ours"], rates["peer"], strict=True)]
+        print(
+            f"{kind:5s}: sandbox {spread(rates['ours'])} candidates/s | plain subprocess.run "
+            f"{spread(rates['peer'])} candidates/s | ratio {statistics.median(ratios):.2f}x "
+            f"({min(ratios):.2f}-{max(ratios):.2f}), median (range) of {args.repeats}"
+        )
 
 
 if __name__ == "__main__":

@@ -124,7 +124,9 @@ def test_bf16_mixed_precision_follows_the_fp32_stage(world, single):
     assert recorder.steps[1]["reward/mean"] == reference.steps[1]["reward/mean"]
     for step, theirs in reference.steps.items():
         if "loss" in theirs:
-            assert recorder.steps[step]["loss"] == pytest.approx(theirs["loss"], rel=0.1, abs=0.01)
+            # After the first update the weights differ by bf16's rounding of it; the loss, a
+            # mean of advantage-weighted ratios near zero, then moves by up to about 0.013 here.
+            assert recorder.steps[step]["loss"] == pytest.approx(theirs["loss"], rel=0.1, abs=0.02)
     with safe_open(str(ref.path / "model.safetensors"), "pt") as saved:  # as written on disk
         assert {saved.get_tensor(k).dtype for k in saved.keys()} == {torch.float32}  # noqa: SIM118
 
