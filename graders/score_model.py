@@ -158,10 +158,12 @@ class LocalJudge:
 
 
 def special_token_texts(tokenizer: Any) -> list[str]:
-    """The texts a tokenizer reads as special tokens, longest first."""
+    """The texts that steer a conversation, longest first: the tokenizer's special tokens and
+    the added tokens its chat template writes (turn markers such as `<|im_start|>`)."""
     texts = set(getattr(tokenizer, "all_special_tokens", []))
+    template = getattr(tokenizer, "chat_template", None) or ""
     added = getattr(tokenizer, "get_added_vocab", lambda: {})()
-    texts |= {t for t in added if t.strip()}
+    texts |= {t for t in added if t.strip() and isinstance(template, str) and t in template}
     return sorted((t for t in texts if t), key=len, reverse=True)
 
 

@@ -71,11 +71,22 @@ def parse_tests(tests: Any) -> list[dict[str, str]]:
         raise ValueError(f"test cases must be a list, got {type(tests).__name__}")
     cases = []
     for case in tests:
-        if isinstance(case, dict) and ("code" in case or "input" in case or "output" in case):
+        if isinstance(case, str):  # a list of assert strings, as MBPP's test_list
+            cases.append({"code": case})
+        elif isinstance(case, dict) and ("code" in case or "input" in case or "output" in case):
             cases.append({k: str(v) for k, v in case.items()})
         else:
             raise ValueError(f"not a test case: {case!r}")
     return cases
+
+
+def is_python(source: str) -> bool:
+    """Whether an assert-style test compiles (a test that does not is unjudgeable, not failed)."""
+    try:
+        compile(source, "<test>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def normalise_output(text: str) -> str:
@@ -98,10 +109,15 @@ class _Sample:
     code: str | None
     stdio: list[dict[str, str]]
     asserts: list[str]
+    bad_tests: bool = False  # a test that is not Python: the sample cannot be judged
 
     @property
     def cases(self) -> int:
         return len(self.stdio) + len(self.asserts)
+
+    @property
+    def judgeable(self) -> bool:
+        return self.code is not None and not self.bad_tests
 
 
 class CodeReward:
@@ -144,31 +160,26 @@ class CodeReward:
             cases = []
         stdio = [c for c in cases if "code" not in c]
         asserts = [c["code"] for c in cases if "code" in c]
-        return _Sample(extract_code(completion, self.strict), stdio, asserts)
+        bad = not all(is_python(test) for test in asserts)
+        return _Sample(extract_code(completion, self.strict), stdio, asserts, bad)
 
     def _judge(self, samples: list[_Sample]) -> list[list[Verdict]]:
         """Every judgeable sample's verdicts, from one sandbox session."""
         jobs: list[Job] = []
         for s in samples:
-            if s.code is None or not s.cases:
-                continue
-            if s.stdio:
-                jobs.append(
-                    Job(s.code, tuple(c.get("input", "") for c in s.stdio), limits=self.limits)
-                )
-            if s.asserts:
-                jobs.append(Job(s.code, tests=tuple(s.asserts), limits=self.limits))
+            if s.judgeable and s.stdio:
+                inputs = tuple(c.get("input", "") for c in s.stdio)
+                jobs.append(Job(s.code or "", inputs, limits=self.limits))
+            if s.judgeable and s.asserts:
+                jobs.append(Job(s.code or "", tests=tuple(s.asserts), limits=self.limits))
         outcomes = iter(run_jobs(jobs, self.workers))
         verdicts: list[list[Verdict]] = []
         for s in samples:
             mine: list[Verdict] = []
-            if s.code is not None and s.stdio:
-                results = next(outcomes)
-                mine += [
-                    stdio_verdict(r, c.get("output", ""))
-                    for r, c in zip(results, s.stdio, strict=True)
-                ]
-            if s.code is not None and s.asserts:
+            if s.judgeable and s.stdio:
+                runs = zip(next(outcomes), s.stdio, strict=True)
+                mine += [stdio_verdict(run, case.get("output", "")) for run, case in runs]
+            if s.judgeable and s.asserts:
                 mine += next(outcomes)
             verdicts.append(mine)
         return verdicts
@@ -176,6 +187,9 @@ class CodeReward:
     def _reward(self, sample: _Sample, verdicts: list[Verdict]) -> float | None:
         if not sample.cases:
             self.counts["no_tests"] += 1
+            return None
+        if sample.bad_tests:
+            self.counts["bad_test"] += 1
             return None
         if sample.code is None:
             self.counts["no_code"] += 1
