@@ -34,14 +34,15 @@ def make_sample(completion: str) -> Sample:
     """The `sample` namespace for one completion.
 
     `output_text` is the whole completion; `output_json` the completion parsed as JSON (None when
-    it is not JSON); `answer_text` the text of its last `<answer>` block, or the whole completion
-    stripped when it has none.
+    it is not JSON); `answer_text` the text of its one `<answer>` block, stripped, or "" when it
+    has none or more than one: an answer counts only where the format puts it (a grader that
+    wants the whole text reads `output_text`).
     """
     block = answer_block(completion)
     return {
         "output_text": completion,
         "output_json": _as_json(completion),
-        "answer_text": block if block is not None else completion.strip(),
+        "answer_text": block if block is not None else "",
     }
 
 

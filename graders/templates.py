@@ -3,8 +3,8 @@
 A reference is a namespace (`item` or `sample`) followed by a path of `.name`, `.0` or `[0]`
 steps, so `{{ item.meta.tags[0] }}` reads `item["meta"]["tags"][0]`. The `sample` namespace
 holds `output_text` (the whole completion), `output_json` (the completion parsed as JSON, when it
-is JSON) and `answer_text` (this project's addition: the `<answer>` block's text, or the whole
-completion when there is none). The fields of `item` depend on the dataset, so a missing one can
+is JSON) and `answer_text` (this project's addition: the text of the one `<answer>` block, or ""
+when there is none). The fields of `item` depend on the dataset, so a missing one can
 only be found when grading.
 """
 

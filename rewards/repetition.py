@@ -1,10 +1,10 @@
-"""Repetition penalty: minus the share of repeated text, scaled.
+"""Repetition penalty: minus the share of the completion's text that repeats, scaled.
 
-A chain of thought stuck in a loop repeats itself; this pushes against it (as open-r1 does).
-Repetition is measured twice on a normalised text (NFKC, case folded, zero-width and other
-format characters and punctuation dropped), and the larger share counts: repeated word n-grams,
-and repeated runs of `chars` characters with the spaces taken out, so that a loop cannot hide by
-varying case or punctuation, by invisible characters, or by gluing its words together.
+A chain of thought stuck in a loop repeats itself; this pushes against it (as open-r1 does with
+word n-grams). The text is normalised first (NFKC, case folded; punctuation, spaces and zero-width
+and other format characters dropped), and the share is that of its runs of `chars` characters
+seen before. So a loop cannot hide by varying case or punctuation, by invisible characters, or by
+gluing its words together: every such disguise normalises to the same text, and the same share.
 """
 
 from __future__ import annotations
@@ -15,32 +15,31 @@ CHARS = 24
 
 
 def normalise(text: str) -> str:
+    """Case folded words, punctuation and format characters gone, one space between words."""
     text = unicodedata.normalize("NFKC", text).casefold()
-    return "".join(
-        ch if not unicodedata.category(ch).startswith(("P", "C")) else " "
+    kept = (
+        " " if unicodedata.category(ch).startswith(("P", "C", "Z")) else ch
         for ch in text
         if unicodedata.category(ch) != "Cf"
     )
+    return " ".join("".join(kept).split())
 
 
 def repeated_ngram_share(text: str, n: int = 3) -> float:
+    """Share of the normalised text's word n-grams seen before."""
     words = normalise(text).split()
     grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
-def repeated_run_share(text: str, chars: int = CHARS) -> float:
-    """Share of the `chars`-long runs of the text (spaces removed) seen before."""
-    joined = "".join(normalise(text).split())
+def repetition_share(text: str, chars: int = CHARS) -> float:
+    """Share of the `chars`-long runs of the normalised text, spaces removed, seen before."""
+    joined = normalise(text).replace(" ", "")
     runs = [joined[i : i + chars] for i in range(len(joined) - chars + 1)]
     return 1.0 - len(set(runs)) / len(runs) if runs else 0.0
 
 
-def repetition_share(text: str, n: int = 3) -> float:
-    return max(repeated_ngram_share(text, n), repeated_run_share(text))
-
-
 def repetition_reward(
-    prompts: list[str], completions: list[str], n: int = 3, scale: float = 1.0, **_: object
+    prompts: list[str], completions: list[str], chars: int = CHARS, scale: float = 1.0, **_: object
 ) -> list[float | None]:
-    return [-scale * repetition_share(c, n) for c in completions]
+    return [-scale * repetition_share(c, chars) for c in completions]

@@ -131,6 +131,7 @@ def test_repetition_share():
     assert repeated_ngram_share("a b c d e") == 0.0
     assert repeated_ngram_share("a b c a b c a b c") == pytest.approx(1 - 3 / 7)
     assert repetition_reward([""], ["x y"]) == [-0.0]
+    assert repetition_share("abcabcabc", chars=3) == pytest.approx(1 - 3 / 7)
 
 
 def test_repetition_sees_through_case_punctuation_invisible_characters_and_glue():
@@ -144,8 +145,10 @@ def test_repetition_sees_through_case_punctuation_invisible_characters_and_glue(
         loop.replace(" ", ""),
     ]
     for text in disguised:
-        assert -repetition_reward([""], [text])[0] >= plain - 0.05, text
+        assert -repetition_reward([""], [text])[0] >= plain, text
     assert repetition_share("First, 7 - 5 = 2. Next, 2 * 3 = 6. The answer is 6.") == 0.0
+    # every disguise normalises to the same text, so to the same share
+    assert {repetition_share(t) for t in disguised} == {plain}
 
 
 def test_language_reward_reads_the_reasoning():

@@ -36,7 +36,7 @@ def grpo_config(**overrides) -> GRPOConfig:
         group_size=4,
         max_new_tokens=12,
         learning_rate=1e-2,
-        rewards=[RewardTerm(name="repetition", params={"n": 1}), RewardTerm(name="tag_count")],
+        rewards=[RewardTerm(name="repetition", params={"chars": 2}), RewardTerm(name="tag_count")],
         checkpoint_every=2,
         mask_truncated=False,
     )

@@ -62,10 +62,16 @@ def test_string_check_grader_reads_answer_block_and_gold():
     grader = load_grader(EXAMPLES / "exact_answer.yaml")
     scores = grade(
         grader,
-        ["<think> 6*7 </think> <answer> 42 </answer>", "<answer>41</answer>", "42"],
+        [
+            "<think> 6*7 </think> <answer> 42 </answer>",
+            "<answer>41</answer>",
+            "<answer>42</answer>",
+        ],
         [{"answer": "42"}, {"answer": "42"}, {"answer": 42}],  # a number renders as its JSON
     )
     assert scores == [1.0, 0.0, 1.0]
+    # a bare "42" is no answer: answer_text is only the answer block
+    assert grade(grader, ["42"], [{"answer": "42"}]) == [0.0]
 
 
 # --- text similarity metrics, against hand-computed values -----------------------------------
@@ -157,7 +163,8 @@ def test_sample_namespace():
     assert sample["output_text"] == "<think> t </think> <answer> 12 </answer>"
     assert sample["answer_text"] == "12"
     assert sample["output_json"] is None
-    assert make_sample("  plain ")["answer_text"] == "plain"
+    assert make_sample("  plain ")["answer_text"] == ""  # no answer block, no answer
+    assert make_sample("<answer> 1 </answer> <answer> 2 </answer>")["answer_text"] == ""
 
 
 @pytest.mark.parametrize(
@@ -464,7 +471,7 @@ def test_registry_builds_a_grader_reward_from_a_yaml_path(monkeypatch, tmp_path)
         kind=["reasoning"] * 3,
         completion_tokens=[5, 5, 5],
     )
-    assert scores == [1.0, 0.0, 1.0]
+    assert scores == [1.0, 0.0, 0.0]
 
 
 def test_prompt_and_columns_become_the_item(tmp_path):
