@@ -15,7 +15,7 @@ from typing import NamedTuple
 import pytest
 
 from sandbox.inner import cgroups, seccomp, wire
-from sandbox.inner.judge import SAME, _StrictEquality, same
+from sandbox.inner.calls import SAME, _StrictEquality, same
 from sandbox.limits import Limits
 from sandbox.outcome import classify, signal_name, verdict_of
 

@@ -1,0 +1,225 @@
+"""Calls jobs: the code loaded as a module in a confined process, each assert-style test run here,
+in the judge, with the program's top-level names bound to proxies (`Remote`). A call or attribute
+read crosses to the program's process and only plain data comes back (sandbox/inner/wire.py);
+`a == b` and `a != b` in a test compare as `same` does, never through a method of the program's
+objects, which never leave its process. A test passes when it runs to its end. When the
+program's process ends (a crash, a limit), the next test gets a fresh one."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import importlib
+import socket
+import sys
+from typing import Any
+
+from sandbox.inner import wire
+from sandbox.inner.process import REPLY_LIMIT, Ended, Process
+
+SAME = "__r1_same__"
+
+
+class Remote:
+    """A callable, object or class of the program under test, in its own process."""
+
+    __slots__ = ("_program", "_id", "_type")
+
+    def __init__(self, program: Program, id_: int, type_name: str):
+        self._program, self._id, self._type = program, id_, type_name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._program.request({"op": "call", "target": {"handle": self._id}},
+                                     args=list(args), kwargs=kwargs)  # fmt: skip
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return self._program.request(
+            {"op": "getattr", "target": {"handle": self._id}, "attr": attr}
+        )
+
+    def __repr__(self) -> str:
+        return f"<{self._type} of the program under test>"
+
+
+class Unsupported(Exception):
+    """A test the judge cannot run (e.g. one passing a function to the program)."""
+
+
+class Program:
+    """A process with the program loaded as a module, answering the judge's calls."""
+
+    def __init__(self, control: socket.socket, job: dict):
+        self.process = Process(control, job)
+        self.names: dict[str, dict[str, Any]] = {}
+        self.load_error: str | None = None
+        if self.process.setup_error:
+            return
+        self.process.start_clock()
+        try:
+            self.process.send({"code": job["code"]})
+            reply = self.process.read(self.process.deadline, REPLY_LIMIT)
+        except (Ended, wire.WireError) as exc:
+            self.load_error = f"ended while loading: {exc}"
+            return
+        if isinstance(reply.get("loaded"), dict):
+            self.names = reply["loaded"]
+        else:
+            self.load_error = f"{reply.get('raised', 'error')}: {reply.get('message', '')}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process.exit is None and not self.process.setup_error and not self.load_error
+
+    def remote(self, id_: int, type_name: str) -> Remote:
+        return Remote(self, id_, type_name)
+
+    def request(self, message: dict[str, Any], **values: Any) -> Any:
+        for key, value in values.items():
+            try:
+                message[key] = wire.encode(value, _handle_of)
+            except wire.WireError as exc:
+                raise Unsupported(
+                    f"the test passes the program a value it cannot send: {exc}"
+                ) from None
+        self.process.send(message)
+        try:
+            reply = self.process.read(self.process.deadline, REPLY_LIMIT)
+            if "value" in reply:
+                return wire.decode(reply["value"], self.remote)
+        except wire.WireError as exc:
+            self.process.finish(kill=True)
+            raise Ended(f"malformed reply: {exc}") from None
+        raise _program_exception(
+            str(reply.get("raised", "Exception")), str(reply.get("message", ""))
+        )
+
+    def close(self) -> dict[str, Any]:
+        if self.alive:
+            with contextlib.suppress(Ended):
+                self.process.send({"op": "bye"})
+        self.process.finish(kill=not self.alive)
+        return self.process.facts()
+
+
+def _handle_of(value: Any) -> int:
+    if isinstance(value, Remote):
+        return value._id
+    raise wire.WireError(f"a {type(value).__name__} is not plain data")
+
+
+class ProgramError(Exception):
+    """An exception raised inside the program under test, of a type the judge does not have."""
+
+
+def _program_exception(name: str, message: str) -> BaseException:
+    cls = getattr(builtins, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        cls, message = ProgramError, f"{name}: {message}"
+    try:
+        exc = cls(message)
+    except Exception:  # noqa: BLE001 - an exception type that wants other arguments
+        exc = ProgramError(f"{name}: {message}")
+    exc.r1_from_program = True  # type: ignore[attr-defined]
+    return exc
+
+
+def run_calls(control: socket.socket, job: dict) -> dict[str, Any]:
+    verdicts: list[dict[str, Any]] = []
+    program: Program | None = None
+    for source in job["tests"]:
+        if program is None or not program.alive:
+            if program is not None:
+                program.close()
+            if program is not None and program.load_error:  # loading fails the same way again
+                verdicts.append({"passed": False, "why": "load", "detail": program.load_error})
+                continue
+            program = Program(control, job)
+            if program.process.setup_error:
+                program.close()
+                return {"setup_error": program.process.setup_error, "verdicts": verdicts}
+            if program.load_error:
+                verdicts.append({"passed": False, "why": "load", "detail": program.load_error,
+                                 "facts": program.close()})  # fmt: skip
+                continue
+        program.process.start_clock()
+        verdicts.append(run_test(program, source))
+    if program is not None:
+        program.close()
+    return {"verdicts": verdicts}
+
+
+def run_test(program: Program, source: str) -> dict[str, Any]:
+    try:
+        tree = _StrictEquality().visit(ast.parse(source))
+        code = compile(ast.fix_missing_locations(tree), "<test>", "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return {"passed": None, "why": "bad_test", "detail": f"SyntaxError: {exc}"}
+    namespace = _namespace(program, tree)
+    try:
+        exec(code, namespace)
+        return {"passed": True, "why": "passed"}
+    except Ended as exc:
+        facts = program.close()
+        return {"passed": False, "why": "ended", "detail": str(exc), "facts": facts}
+    except Unsupported as exc:
+        return {"passed": None, "why": "unsupported", "detail": str(exc)}
+    except AssertionError as exc:
+        why = "raised" if getattr(exc, "r1_from_program", False) else "assertion"
+        return {"passed": False, "why": why, "detail": str(exc)[:300]}
+    except BaseException as exc:  # noqa: BLE001 - anything else ends the test as failed
+        why = "raised" if getattr(exc, "r1_from_program", False) else "test_error"
+        return {"passed": False, "why": why, "detail": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+class _StrictEquality(ast.NodeTransformer):
+    """`a == b` -> `same(a, b)` and `a != b` -> `not same(a, b)` (single comparisons)."""
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:  # noqa: N802 - the ast API's name
+        self.generic_visit(node)
+        if len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq | ast.NotEq):
+            return node
+        call = ast.Call(ast.Name(SAME, ast.Load()), [node.left, node.comparators[0]], [])
+        return ast.UnaryOp(ast.Not(), call) if isinstance(node.ops[0], ast.NotEq) else call
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as plain data: the same type and the same value all the way down. Numbers are the
+    exception tests are written for: an int and a float compare by value (`2.0 == 2`), as the
+    test's author ran them; a bool is not a number here. NaN equals NaN."""
+    if type(a) in _NUMBERS and type(b) in _NUMBERS:
+        return a == b or (a != a and b != b)
+    if type(a) is not type(b):
+        return False
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if type(a) is complex:
+        return same(a.real, b.real) and same(a.imag, b.imag)
+    return a is b if type(a) is Remote else bool(a == b)
+
+
+_NUMBERS = (int, float)
+
+
+def _namespace(program: Program, tree: ast.AST) -> dict[str, Any]:
+    """Builtins, the standard library modules the test names, and the program's other names."""
+    namespace: dict[str, Any] = {"__builtins__": builtins, "__name__": "__test__", SAME: same}
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    for name in used - {SAME}:
+        if hasattr(builtins, name):
+            continue  # a program's own `len` or `abs` never stands in for the test's
+        entry = program.names.get(name)
+        module = entry.get("module") if entry else name
+        if module is not None:
+            if str(module).split(".")[0] in sys.stdlib_module_names:
+                with contextlib.suppress(ImportError):
+                    namespace[name] = importlib.import_module(str(module))
+        elif "value" in entry:
+            namespace[name] = wire.decode(entry["value"], program.remote)
+        elif "object" in entry:
+            namespace[name] = program.remote(int(entry["object"]), name)
+    return namespace
