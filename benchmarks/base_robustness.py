@@ -81,7 +81,12 @@ def main() -> None:
             report = evaluate.run(evaluation, model, problem_set, run_dir / "eval", NullTracker())
             shown = ", ".join(
                 f"{key} {report.metrics[key]:.3f}"
-                for key in ("pass_at_1", f"pass_at_{evaluation.k}", "format_rate")
+                for key in (
+                    "pass_at_1",
+                    "pass_at_1_lenient",
+                    f"pass_at_{evaluation.k}",
+                    "format_rate",
+                )
             )
             samples = pq.read_table(report.samples_path).to_pydict()
             right, copied = step_rates(samples["question"], samples["completion"])

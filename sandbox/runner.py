@@ -88,6 +88,7 @@ def capabilities() -> Capabilities:
     with _capabilities_lock:
         if _capabilities is None:
             _capabilities = _probe()
+            log.info("sandbox guards: %s", describe(_capabilities))
             for gap in _capabilities.uncontained:
                 log.warning("sandbox: %s", gap)
         return _capabilities
@@ -123,6 +124,17 @@ def _probe() -> Capabilities:
         seccomp=bool(guards.get("seccomp")),
     )
     return Capabilities(**{**caps.__dict__, "uncontained": _uncontained(caps)})
+
+
+def describe(caps: Capabilities) -> str:
+    """The guards in force, in a line."""
+    guards = [
+        "namespaces and a private root" if caps.namespaces else "no namespaces",
+        "a uid per run" if caps.uid_drop else "one shared uid",
+        f"memory cgroup {caps.cgroup}" if caps.cgroup else "no memory cgroup",
+        "seccomp filter" if caps.seccomp else "no seccomp filter",
+    ]
+    return ", ".join(guards)
 
 
 def _uncontained(caps: Capabilities) -> tuple[str, ...]:

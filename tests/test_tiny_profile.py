@@ -17,7 +17,7 @@ def test_tiny_profile_meets_its_promises(tmp_path, monkeypatch):
         result = r1_pipeline(profile="tiny")
     rows = {r.stage: r for r in result.rows}
     base, sft = rows["bootstrap"], rows["cold_start_sft"]
-    assert 0.05 <= base.metrics["pass_at_1"] <= 0.60
+    assert 0.05 <= base.metrics["pass_at_1_lenient"] <= 0.60  # it rarely uses the answer block
     assert base.metrics["language_consistency_rate"] < 0.98  # the base mixes scripts
     assert base.metrics["format_rate"] < 0.10  # and rarely uses the format
     assert sft.metrics["format_rate"] >= 0.90
