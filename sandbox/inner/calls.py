@@ -64,10 +64,11 @@ class Program:
         except (Ended, wire.WireError) as exc:
             self.load_error = f"ended while loading: {exc}"
             return
-        if isinstance(reply.get("loaded"), dict):
-            self.names = reply["loaded"]
+        names = reply.get("loaded")
+        if isinstance(names, dict) and all(isinstance(v, dict) for v in names.values()):
+            self.names = names
         else:
-            self.load_error = f"{reply.get('raised', 'error')}: {reply.get('message', '')}"
+            self.load_error = f"{reply.get('raised', 'error')}: {reply.get('message', '')}"[:500]
 
     @property
     def alive(self) -> bool:
@@ -155,11 +156,10 @@ def run_test(program: Program, source: str) -> dict[str, Any]:
     try:
         tree = _StrictEquality().visit(ast.parse(source))
         code = compile(ast.fix_missing_locations(tree), "<test>", "exec", dont_inherit=True)
-    except SyntaxError as exc:
-        return {"passed": None, "why": "bad_test", "detail": f"SyntaxError: {exc}"}
-    namespace = _namespace(program, tree)
+    except (SyntaxError, ValueError) as exc:
+        return {"passed": None, "why": "bad_test", "detail": f"{type(exc).__name__}: {exc}"}
     try:
-        exec(code, namespace)
+        exec(code, _namespace(program, tree))
         return {"passed": True, "why": "passed"}
     except Ended as exc:
         facts = program.close()

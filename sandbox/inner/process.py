@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sandbox.inner import wire
@@ -65,7 +66,7 @@ class Process:
             self.setup_error = str(message.get("setup_failed", message))[:500]
             self.finish(kill=True)
 
-    def send(self, message: dict[str, Any], fds: list[int] = ()) -> None:
+    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
         self.channel.settimeout(max(0.001, self.deadline - time.monotonic()))
         try:
             data = wire.dumps(message)
@@ -77,9 +78,14 @@ class Process:
         except OSError as exc:
             raise Ended(f"channel closed: {exc}") from None
 
-    def read(self, deadline: float, limit: int) -> Any:
+    def read(self, deadline: float, limit: int) -> dict[str, Any]:
+        """The process's next message: a JSON object, else WireError (the program may have
+        written to its channel itself)."""
         try:
-            return wire.read_message(self.channel.fileno(), limit, deadline)
+            message = wire.read_message(self.channel.fileno(), limit, deadline)
+            if not isinstance(message, dict):
+                raise wire.WireError(f"a message that is not an object: {str(message)[:80]}")
+            return message
         except TimeoutError:
             self.timed_out = True
             raise Ended("wall clock limit") from None
@@ -104,14 +110,21 @@ class Process:
         self.control.send(json.dumps({"op": "kill", "pid": self.pid}).encode())
 
     def _control_message(self, deadline: float) -> dict[str, Any]:
-        self.control.settimeout(max(0.001, deadline - time.monotonic()))
-        try:
-            data = self.control.recv(1 << 16)
-        finally:
-            self.control.settimeout(None)
-        if not data:
-            raise RuntimeError("the zygote is gone")
-        return json.loads(data)
+        """The zygote's next message about this process (a report about an earlier process of
+        this worker, left behind by a job that failed in the judge, is dropped)."""
+        while True:
+            self.control.settimeout(max(0.001, deadline - time.monotonic()))
+            try:
+                data = self.control.recv(1 << 16)
+            finally:
+                self.control.settimeout(None)
+            if not data:
+                raise RuntimeError("the zygote is gone")
+            message = json.loads(data)
+            if self.pid is None and message.get("op") in ("spawned", "spawn_failed"):
+                return message
+            if self.pid is not None and message.get("pid") == self.pid:
+                return message
 
     def facts(self, status: int | None = None) -> dict[str, Any]:
         """What came of the current run: `status` from the harness, else from the exit report."""

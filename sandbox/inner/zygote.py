@@ -92,10 +92,10 @@ class Zygote:
             return False
         try:
             request = json.loads(data)
-            if request["op"] == "spawn":
-                self._spawn(control, request, fds)
-            elif request["op"] == "kill":
+            if request["op"] == "kill":
                 self._kill(int(request["pid"]))
+            else:
+                self._spawn(control, request, fds)
         except Exception as exc:  # noqa: BLE001 - told to the judge, which counts it as ours
             self._send(control, {"op": "spawn_failed", "error": f"{type(exc).__name__}: {exc}"})
         finally:
@@ -153,9 +153,9 @@ class Zygote:
 
     def _kill(self, pid: int) -> None:
         if pid in self.children:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
     def _kill_all(self) -> None:

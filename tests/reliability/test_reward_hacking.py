@@ -104,6 +104,13 @@ CODE_CASES = {
         "        pass\n" + WRONG,
         WRONG,
     ),
+    "a load reply the judge cannot read, written first": (
+        "import os, json, struct\n"
+        "for message in ([1, 2], {'loaded': {'double': 'x'}}, 'text'):\n"
+        "    d = json.dumps(message).encode()\n"
+        "    os.write(3, struct.pack('>I', len(d)) + d)\n" + WRONG,
+        WRONG,
+    ),
     "a thread that keeps writing forged replies": (  # it answers 4 to everything, at best
         "import os, threading, json, struct\n"
         "d = json.dumps({'value': 4}).encode()\n"
