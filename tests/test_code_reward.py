@@ -88,8 +88,18 @@ def test_objects_of_the_program_can_be_called_but_not_compared():
         "class Box:\n    pass\n"
         "def make():\n    return Box()\n"
     )
-    tests = ["assert Solution().twice([1, 2]) == [2, 4]", "assert make() == make()"]
-    assert code_reward(["p"], [code], [tests]) == [0.5]
+    tests = [
+        "assert Solution().twice([1, 2]) == [2, 4]",
+        "assert make() == make()",  # only plain data compares
+        "assert make()",  # nor has a truth value: its __bool__ would be the program's
+    ]
+    assert code_reward(["p"], [code], [tests]) == [pytest.approx(1 / 3)]
+
+
+def test_a_function_named_like_a_module_is_the_programs_when_called():
+    code = answer("def calendar(year):\n    return year % 4 == 0\n")
+    tests = ["assert calendar(2024) == True", "assert calendar(2023) == False"]
+    assert code_reward(["p"], [code], [tests]) == [1.0]
 
 
 def test_edge_cases():

@@ -40,6 +40,9 @@ class Remote:
             {"op": "getattr", "target": {"handle": self._id}, "attr": attr}
         )
 
+    def __bool__(self) -> bool:
+        raise TypeError(f"a {self._type} of the program under test has no truth value here")
+
     def __repr__(self) -> str:
         return f"<{self._type} of the program under test>"
 
@@ -206,16 +209,26 @@ _NUMBERS = (int, float)
 
 
 def _namespace(program: Program, tree: ast.AST) -> dict[str, Any]:
-    """Builtins, the standard library modules the test names, and the program's other names."""
+    """What the test's free names mean: builtins (never the program's own `len` or `abs`); the
+    judge's standard-library modules, for a name the test reads attributes of (`math.isclose`,
+    even when the program defines a `math` of its own) or that the program imported; and the
+    program's other top-level names, as proxies or plain values."""
     namespace: dict[str, Any] = {"__builtins__": builtins, "__name__": "__test__", SAME: same}
-    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
-    for name in used - {SAME}:
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} - {SAME}
+    dotted = {
+        node.value.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+    }
+    for name in used:
         if hasattr(builtins, name):
-            continue  # a program's own `len` or `abs` never stands in for the test's
-        entry = program.names.get(name)
-        module = entry.get("module") if entry else name
+            continue
+        entry = program.names.get(name) or {}
+        module = entry.get("module")
+        if module is None and (not entry or name in dotted) and _is_stdlib(name):
+            module = name
         if module is not None:
-            if str(module).split(".")[0] in sys.stdlib_module_names:
+            if _is_stdlib(str(module)):
                 with contextlib.suppress(ImportError):
                     namespace[name] = importlib.import_module(str(module))
         elif "value" in entry:
@@ -223,3 +236,7 @@ def _namespace(program: Program, tree: ast.AST) -> dict[str, Any]:
         elif "object" in entry:
             namespace[name] = program.remote(int(entry["object"]), name)
     return namespace
+
+
+def _is_stdlib(module: str) -> bool:
+    return module.split(".")[0] in sys.stdlib_module_names

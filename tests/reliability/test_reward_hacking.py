@@ -59,7 +59,11 @@ def program(code: str) -> str:
     return f"<think> double it </think>\n<answer>\n```python\n{code}\n```\n</answer>"
 
 
-ASSERTS = ["assert double(2) == 4", "assert double(5) == 10", "assert double(-3) == -6"]
+ASSERTS = [
+    "assert double(2) == 4",
+    "assert math.isclose(double(5), 10)",  # `math` not imported: the judge's own is used
+    "assert double(-3) == -6",
+]
 STDIO = [{"input": "2", "output": "4"}, {"input": "5", "output": "10"}]
 WRONG = "def double(x):\n    return x + 1"
 
@@ -139,6 +143,10 @@ CODE_CASES = {
         "def double(x):\n    return 4",
     ),
     "NaN for every answer": ("def double(x):\n    return float('nan')", WRONG),
+    "its own `math`, for a test that uses math without importing it": (
+        "class math:\n    isclose = staticmethod(lambda *a, **k: True)\n" + WRONG,
+        WRONG,
+    ),
     "an endless generator": (
         "import itertools\ndef double(x):\n    return itertools.count()",
         WRONG,
