@@ -70,16 +70,18 @@ def answer_text(completion: str, strict: bool = True) -> str | None:
 
 def grade(completion: str, gold: str, strict: bool = True) -> Grade:
     gold_parsed = _parse(final_answer_text(gold))
-    text = answer_text(completion, strict)
-    pred_parsed = _parse(final_answer_text(text)) if text is not None else ()
-    answer = str(pred_parsed[-1]) if pred_parsed else None
     if not gold_parsed:
-        return Grade(answer, None)
-    if not pred_parsed or any(too_costly(p) for p in pred_parsed):
-        return Grade(answer, False)
-    return Grade(
-        answer, bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=_timeout()))
-    )
+        return Grade(None, None)
+    text = answer_text(completion, strict)
+    try:  # whatever a completion makes the checker do, it is not paid for it, nor made unscorable
+        pred_parsed = _parse(final_answer_text(text)) if text is not None else ()
+        answer = str(pred_parsed[-1]) if pred_parsed else None
+        if not pred_parsed or any(too_costly(p) for p in pred_parsed):
+            return Grade(answer, False)
+        right = verify(list(gold_parsed), list(pred_parsed), timeout_seconds=_timeout())
+    except Exception:  # noqa: BLE001 - e.g. math-verify's timeout in the main thread
+        return Grade(None, False)
+    return Grade(answer, bool(right))
 
 
 def too_costly(parsed: object) -> bool:
