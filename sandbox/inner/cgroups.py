@@ -34,20 +34,19 @@ def find_memory_cgroup() -> tuple[MemoryCgroup | None, str]:
     mounts = _cgroup_mounts()
     membership = _membership()
     reasons = []
-    v2_mount = mounts.get(("cgroup2", ""))
-    if v2_mount is not None and "" in membership:
-        path = _join(v2_mount, membership[""])
-        ok, why = _v2_usable(path)
+    hierarchies = (
+        (2, ("cgroup2", ""), "", _v2_usable),
+        (1, ("cgroup", "memory"), "memory", _v1_usable),
+    )
+    for version, mount_key, controller, usable in hierarchies:
+        mount = mounts.get(mount_key)
+        if mount is None or controller not in membership:
+            continue
+        path = _join(mount, membership[controller])
+        ok, why = usable(path)
         if ok:
-            return MemoryCgroup(2, path), ""
-        reasons.append(f"cgroup v2 at {path}: {why}")
-    v1_mount = mounts.get(("cgroup", "memory"))
-    if v1_mount is not None and "memory" in membership:
-        path = _join(v1_mount, membership["memory"])
-        ok, why = _v1_usable(path)
-        if ok:
-            return MemoryCgroup(1, path), ""
-        reasons.append(f"cgroup v1 at {path}: {why}")
+            return MemoryCgroup(version, path), ""
+        reasons.append(f"cgroup v{version} at {path}: {why}")
     if not reasons:
         reasons.append("no memory cgroup hierarchy is mounted")
     return None, "; ".join(reasons)
