@@ -79,15 +79,15 @@ def main() -> None:
             )
             seconds = time.perf_counter() - began
             report = evaluate.run(evaluation, model, problem_set, run_dir / "eval", NullTracker())
-            shown = ", ".join(
-                f"{key} {report.metrics[key]:.3f}"
-                for key in (
-                    "pass_at_1",
-                    "pass_at_1_lenient",
-                    f"pass_at_{evaluation.k}",
-                    "format_rate",
-                )
-            )
+            k = evaluation.k
+            keys = ("pass_at_1", "pass_at_1_lenient", f"pass_at_{k}_lenient", "format_rate")
+            shown = ", ".join(f"{key} {report.metrics[key]:.3f}" for key in keys)
+            for family in ("math", "code", "logic"):
+                if f"{family}/pass_at_1" in report.metrics:
+                    figures = " ".join(
+                        f"{report.metrics[f'{family}/{key}']:.3f}" for key in keys[1:3]
+                    )
+                    shown += f"; {family} lenient pass@1, pass@{k} {figures}"
             samples = pq.read_table(report.samples_path).to_pydict()
             right, copied = step_rates(samples["question"], samples["completion"])
             shown += f"; equations right {right:.3f}, first operands copied {copied:.3f}"

@@ -35,7 +35,7 @@ from configs.loader import load_profile  # noqa: E402
 from models.loading import build_model  # noqa: E402
 from models.tokenizer import train_tokenizer  # noqa: E402
 from problems.corpus import build_corpus  # noqa: E402
-from problems.generators import split_world  # noqa: E402
+from problems.world import split_world  # noqa: E402
 from stages.bootstrap import corpus_examples, tokenizer_texts  # noqa: E402
 from training.examples import Example  # noqa: E402
 from training.loop import batch_order, collate, pack  # noqa: E402

@@ -41,15 +41,19 @@ def failure_kind(completion: str, steps: Sequence[str]) -> str:
 
 
 def failure_counts(samples: Path, heldout: Path) -> Counter[str]:
-    """Failure kinds of the wrong samples in an evaluation's `eval_samples.parquet`."""
-    steps = {p.id: p.steps for p in load_problems(heldout)}
+    """Failure kinds of the wrong samples of the math family in an evaluation's
+    `eval_samples.parquet` (the other families' steps are not equations)."""
+    problems = load_problems(heldout)
+    families = {p.id: p.family for p in problems}
     rows = pq.read_table(samples, columns=["problem_id", "completion", "correct"]).to_pylist()
     wrong = [r for r in rows if not r["correct"]]
-    missing = {r["problem_id"] for r in wrong} - steps.keys()
+    missing = {r["problem_id"] for r in wrong} - families.keys()
     if missing:
         raise ValueError(
             f"{heldout} lacks {len(missing)} problems of {samples}, e.g. {min(missing)}"
         )
+    steps = {p.id: p.steps for p in problems if p.family == "math"}
+    wrong = [r for r in wrong if r["problem_id"] in steps]
     if not all(steps[r["problem_id"]] for r in wrong):
         raise ValueError(f"{heldout}: problems without worked steps (only the tiny world has them)")
     return Counter(failure_kind(r["completion"], steps[r["problem_id"]]) for r in wrong)

@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from configs.schema import (  # noqa: E402
     CorpusConfig,
     GRPOConfig,
+    MathWorld,
     ModelConfig,
     RewardTerm,
     TrainConfig,
@@ -35,7 +36,7 @@ from models.chat import render_completions, render_prompt  # noqa: E402
 from models.loading import build_model, load_model, load_tokenizer  # noqa: E402
 from models.tokenizer import train_tokenizer  # noqa: E402
 from problems.corpus import build_corpus  # noqa: E402
-from problems.generators import split_world  # noqa: E402
+from problems.world import split_world  # noqa: E402
 from rewards.registry import get_reward  # noqa: E402
 from rl.trainer import GRPOTrainer  # noqa: E402
 from training.examples import lm_examples  # noqa: E402
@@ -47,7 +48,7 @@ REWARDS = ("accuracy", "format")
 def make_model(folder: Path, seed: int) -> tuple[Path, list]:
     """A small Qwen2 model pretrained for a minute on the tiny world's corpus, so that rewards
     vary within groups and both trainers do real gradient work."""
-    train, _ = split_world(WorldConfig(seed=seed, n_train=600, n_heldout=10))
+    train, _ = split_world(WorldConfig(seed=seed, math=MathWorld(n_train=600, n_heldout=10)))
     docs = build_corpus(train, CorpusConfig(), seed=seed)
     tokenizer = train_tokenizer([d.question for d in docs] + [d.response for d in docs], 512)
     spec = ModelConfig(

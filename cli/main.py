@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         from flows.r1_pipeline import r1_pipeline as flow
 
     result = flow(config=config)
-    console = Console(width=max(120, Console().width))
+    console = Console(width=max(180, Console().width))  # the stage table is wide
     console.print(stage_table(result, config.evaluation.k))
     if result.filter_counts:
         console.print(filter_table(result.filter_counts))

@@ -16,21 +16,75 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class WorldConfig(Strict):
-    """The tiny world's generated problems."""
+Family = Literal["math", "code", "logic"]
 
-    seed: int = 0
-    n_train: int = Field(2000, ge=1)
-    n_heldout: int = Field(200, ge=1)
+
+class MathWorld(Strict):
+    """Arithmetic chains: a start value and `min_steps` to `max_steps` operations."""
+
+    n_train: int = Field(2000, ge=0)
+    n_heldout: int = Field(200, ge=0)
     min_steps: int = Field(1, ge=1)
     max_steps: int = Field(3, ge=1)
     max_operand: int = Field(9, ge=2)
-    second_script_share: float = Field(0.3, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
-    def _steps_ordered(self) -> WorldConfig:
+    def _steps_ordered(self) -> MathWorld:
         if self.min_steps > self.max_steps:
             raise ValueError(f"min_steps ({self.min_steps}) exceeds max_steps ({self.max_steps})")
+        return self
+
+
+class CodeWorld(Strict):
+    """Functions to write from a description: a chain of `min_ops` to `max_ops` operations on
+    the argument, judged by `tests` hidden assert-style tests."""
+
+    n_train: int = Field(600, ge=0)
+    n_heldout: int = Field(300, ge=0)
+    min_ops: int = Field(1, ge=1)
+    max_ops: int = Field(3, ge=1)
+    max_constant: int = Field(9, ge=1)
+    tests: int = Field(3, ge=1, le=10)
+
+    @model_validator(mode="after")
+    def _ops_ordered(self) -> CodeWorld:
+        if self.min_ops > self.max_ops:
+            raise ValueError(f"min_ops ({self.min_ops}) exceeds max_ops ({self.max_ops})")
+        return self
+
+
+class LogicWorld(Strict):
+    """Puzzles: reach a target from three numbers with + - * /, each number used once."""
+
+    n_train: int = Field(600, ge=0)
+    n_heldout: int = Field(300, ge=0)
+    min_number: int = Field(1, ge=1)
+    max_number: int = Field(9, ge=2)
+    max_target: int = Field(100, ge=1)
+
+    @model_validator(mode="after")
+    def _numbers_ordered(self) -> LogicWorld:
+        if self.min_number > self.max_number:
+            raise ValueError(
+                f"min_number ({self.min_number}) exceeds max_number ({self.max_number})"
+            )
+        return self
+
+
+class WorldConfig(Strict):
+    """The tiny world's generated problems, one section per family (null: no such problems)."""
+
+    seed: int = 0
+    second_script_share: float = Field(0.3, ge=0.0, le=1.0)
+    math: MathWorld | None = MathWorld()
+    code: CodeWorld | None = None
+    logic: LogicWorld | None = None
+
+    @model_validator(mode="after")
+    def _some_problems(self) -> WorldConfig:
+        families = [f for f in (self.math, self.code, self.logic) if f is not None]
+        if not any(f.n_train for f in families) or not any(f.n_heldout for f in families):
+            raise ValueError("the world needs training and held-out problems of some family")
         return self
 
 
@@ -166,6 +220,12 @@ class CorpusConfig(Strict):
         0, ge=0, description="arithmetic drill documents (lists of equations), as web text has"
     )
     facts_per_doc: int = Field(8, ge=1)
+    check_docs: int = Field(
+        0,
+        ge=0,
+        description="comparison drills (`21 vs 90: no.`), the equality a base model "
+        "knows, for the logic family's checks of an attempt against its target",
+    )
 
     @model_validator(mode="after")
     def _shares_sum(self) -> CorpusConfig:
@@ -368,9 +428,14 @@ class RewardTerm(Strict):
 
     name: str
     weight: float = 1.0
-    params: dict[str, float | int | str] = Field(default_factory=dict)
+    params: dict[str, bool | float | int | str] = Field(default_factory=dict)
     kinds: list[Literal["reasoning", "general"]] | None = Field(
         None, description="prompt kinds this reward scores; None: all (others get None)"
+    )
+    families: list[Family] | None = Field(
+        None,
+        description="reasoning families this reward scores (math, code, logic), and no general "
+        "prompt; None: every family",
     )
 
     @field_validator("name")
@@ -381,6 +446,29 @@ class RewardTerm(Strict):
         if name not in known_rewards():
             raise ValueError(f"unknown reward {name!r}; known: {known_rewards()}")
         return name
+
+
+class ProbeConfig(Strict):
+    """Held-out pass@1 during RL (the paper's Figure 2, small): `problems` held-out problems,
+    `samples` each, before training and every `every` steps (0: never)."""
+
+    every: int = Field(0, ge=0)
+    problems: int = Field(200, ge=1)
+    samples: int = Field(1, ge=1)
+    temperature: float = Field(0.6, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="None: the RL config's max_new_tokens"
+    )
+
+
+def verifier_terms() -> list[RewardTerm]:
+    """Each family's correctness reward, limited to its family (problems.types.FAMILY_REWARDS)."""
+    return [
+        RewardTerm(name="accuracy", families=["math"]),
+        RewardTerm(name="code", families=["code"]),
+        RewardTerm(name="countdown", families=["logic"]),
+    ]
 
 
 class GRPOConfig(Strict):
@@ -419,7 +507,7 @@ class GRPOConfig(Strict):
         "each (training/varlen.py): the same log-probabilities with no padding",
     )
     rewards: list[RewardTerm] = Field(
-        default_factory=lambda: [RewardTerm(name="accuracy"), RewardTerm(name="format", weight=0.5)]
+        default_factory=lambda: [*verifier_terms(), RewardTerm(name="format", weight=0.5)]
     )
     general_prompts: int = Field(
         0, ge=0, description="general prompts mixed into the reasoning ones (stage 6); 0: none"
@@ -437,6 +525,7 @@ class GRPOConfig(Strict):
     samples_every: int = Field(
         10, ge=1, description="log a table of sample completions every N steps"
     )
+    probe: ProbeConfig = ProbeConfig()
     engine: EngineConfig = Field(
         EngineConfig(),
         description="deepspeed: data-parallel ranks, each sampling and training on its share of "
@@ -479,6 +568,8 @@ class GRPOConfig(Strict):
                 f"engine: prompts_per_step {self.prompts_per_step} does not split evenly over "
                 f"{engine.processes} processes; make it a multiple of engine.processes"
             )
+        if engine.kind == "deepspeed" and self.probe.every:
+            raise ValueError("probe: held-out probing runs with engine.kind single only")
         if engine.kind == "deepspeed" and self.sampler.tensor_parallel_size > 1:
             raise ValueError(
                 "sampler.tensor_parallel_size: each DeepSpeed rank runs its own vLLM engine on "
@@ -552,7 +643,7 @@ class RejectionConfig(Strict):
     chunk_prompts: int = Field(64, ge=1, description="prompts per committed DuckDB chunk")
     rewards: list[RewardTerm] = Field(
         default_factory=lambda: [
-            RewardTerm(name="accuracy", kinds=["reasoning"]),
+            *verifier_terms(),
             RewardTerm(name="format"),
             RewardTerm(name="language"),
         ]
@@ -666,12 +757,17 @@ class PipelineConfig(Strict):
     cold_start_sft: SFTConfig = SFTConfig()
     reasoning_rl: GRPOConfig = GRPOConfig(
         rewards=[
-            RewardTerm(name="accuracy"),
+            *verifier_terms(),
             RewardTerm(name="format", weight=0.2),
             RewardTerm(name="language", weight=0.2),
         ]
     )
     r1_zero: GRPOConfig = GRPOConfig()
+    r1_zero_in_pipeline: bool = Field(
+        False,
+        description="also run R1-Zero on the base inside the pipeline, for the comparison (the "
+        "r1-zero flow runs it alone)",
+    )
     reward_model: RewardModelConfig = RewardModelConfig()
     rejection: RejectionConfig = RejectionConfig()
     mixed_sft: SFTConfig = SFTConfig(train=TrainConfig(epochs=2, learning_rate=1e-3))

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from configs.schema import FilterConfig
 from curation.teacher import Trace
-from rewards.accuracy import grade
 from rewards.format import answer_block, is_well_formed
 from rewards.language import language_consistency
+from rewards.verifiers import grade_all
 
 _WORD = re.compile(r"\S+")
 
@@ -49,7 +49,7 @@ TraceCheck = Callable[[Trace], bool]
 
 
 def build_checks(
-    spec: FilterConfig, count_tokens: Callable[[str], int]
+    spec: FilterConfig, count_tokens: Callable[[str], int], correct: Callable[[Trace], bool]
 ) -> list[tuple[str, TraceCheck]]:
     """The per-trace filters in the order they apply; deduplication runs after them."""
     return [
@@ -60,14 +60,16 @@ def build_checks(
         ),
         ("length", lambda t: spec.min_tokens <= count_tokens(t.completion) <= spec.max_tokens),
         ("readability", lambda t: is_readable(t.completion, spec)),
-        ("correctness", lambda t: grade(t.completion, t.answer).correct is True),
+        ("correctness", correct),
     ]
 
 
 def apply_filters(
     traces: Sequence[Trace], spec: FilterConfig, count_tokens: Callable[[str], int]
 ) -> FilterResult:
-    checks = build_checks(spec, count_tokens)
+    grades = grade_all(traces, [t.completion for t in traces])  # code: one sandbox session
+    verdicts = {id(t): g.correct is True for t, g in zip(traces, grades, strict=True)}
+    checks = build_checks(spec, count_tokens, lambda t: verdicts[id(t)])
     counts = {name: 0 for name, _ in checks} | {"duplicates": 0}
     kept: list[Trace] = []
     removed: list[tuple[Trace, str]] = []

@@ -1,7 +1,10 @@
-"""A programmatic teacher writing long chain-of-thought traces for problems with worked steps.
+"""A programmatic teacher writing long chain-of-thought traces for the tiny world's problems.
 
 A trace reasons step by step, checks itself, then summarises: `<think> ... </think> <answer>
-summary, answer </answer>`, the readable pattern DeepSeek-R1 asks of its cold-start data. The
+summary, answer </answer>`, the readable pattern DeepSeek-R1 asks of its cold-start data. For code
+it builds the expression, checks it at an input and fixes a missing bracket the check reveals;
+for logic puzzles it tries operations, checks each result against the target and tries again
+(problems/worked.py writes each family's reasoning). The
 teacher also makes the faults that R1-Zero outputs show (arithmetic slips, missing tags, mixed
 languages, rambling, repetition loops, a bare answer with no summary, duplicates) at configured
 rates, so every filter has something real to remove and its count means something.
@@ -16,8 +19,7 @@ from configs.schema import TeacherConfig
 from problems.corpus import other_script
 from problems.scripts import to_script
 from problems.types import Problem
-
-_CONNECTORS = ["First", "Next", "Then", "After that", "Finally"]
+from problems.worked import TEACHER, fence
 
 
 @dataclass(frozen=True)
@@ -28,49 +30,12 @@ class Trace:
     language: str
     completion: str
     fault: str  # "none" or the fault the teacher made on purpose, for inspection only
+    family: str = "math"  # what grades it (rewards/verifiers.py), with the problem's tests
+    tests: tuple[str, ...] = ()
+    numbers: tuple[int, ...] = ()
 
 
-def _results_with_slip(problem: Problem, rng: random.Random, slip: bool) -> list[tuple[str, int]]:
-    """(left-hand side, result) per step; a slip puts one result off and carries it forward."""
-    pairs, carry = [], None
-    slip_at = rng.randrange(len(problem.steps)) if slip else -1
-    for i, step in enumerate(problem.steps):
-        lhs, rhs = (part.strip() for part in step.split("="))
-        left, op, right = lhs.split(" ")
-        value = int(left) if carry is None else carry
-        result = {"+": value + int(right), "-": value - int(right), "*": value * int(right)}[op]
-        if i == slip_at:
-            result += rng.choice([-2, -1, 1, 2])
-        pairs.append((f"{value} {op} {right}", result))
-        carry = result
-    return pairs
-
-
-def _reasoning(pairs: list[tuple[str, int]]) -> list[str]:
-    sentences = ["Let me work through this step by step."]
-    for i, (lhs, result) in enumerate(pairs):
-        connector = _CONNECTORS[min(i, len(_CONNECTORS) - 2)] if i < len(pairs) - 1 else "Finally"
-        if len(pairs) == 1:
-            connector = "First"
-        sentences.append(f"{connector}, {lhs} = {result}.")
-    lhs, result = pairs[-1]
-    sentences.append(f"Let me check the last step: {lhs} gives {result}, which matches.")
-    return sentences
-
-
-def _summary(pairs: list[tuple[str, int]], start: str) -> str:
-    results = [str(r) for _, r in pairs]
-    path = " then ".join(results)
-    return f"Starting from {start}, the steps give {path}. The answer is {results[-1]}."
-
-
-def write_trace(problem: Problem, rng: random.Random, spec: TeacherConfig) -> tuple[str, str]:
-    """One trace for `problem` and the name of the fault made ("none" for a clean trace)."""
-    if not problem.steps:
-        raise ValueError(
-            f"problem {problem.id} has no worked steps: the programmatic teacher cannot trace it; "
-            "give curated traces for real data instead"
-        )
+def _fault(rng: random.Random, spec: TeacherConfig) -> str:
     roll = rng.random()
     faults = [
         ("slip", spec.slip_share),
@@ -80,33 +45,47 @@ def write_trace(problem: Problem, rng: random.Random, spec: TeacherConfig) -> tu
         ("repeat", spec.repeat_share),
         ("no_summary", spec.no_summary_share),
     ]
-    fault, edge = "none", 0.0
+    edge = 0.0
     for name, share in faults:
         edge += share
         if roll < edge:
-            fault = name
-            break
-    pairs = _results_with_slip(problem, rng, slip=fault == "slip")
-    start = problem.steps[0].split(" ")[0]
-    think = _reasoning(pairs)
+            return name
+    return "none"
+
+
+def _think(sentences: list[str], fault: str, script: str) -> str:
     if fault == "ramble":
-        for _ in range(3):
-            think += ["Let me redo the whole computation to be sure."] + _reasoning(pairs)[1:]
+        redo = ["Let me redo the whole computation to be sure.", *sentences[1:]]
+        sentences = sentences + redo * 3
     if fault == "repeat":
-        think += [think[-1]] * 3
-    script = problem.language
-    think_text = " ".join(to_script(s, script) for s in think)
+        sentences = sentences + [sentences[-1]] * 3
+    scripts = [script] * len(sentences)
     if fault == "mix_language":
-        cut = max(1, len(think) // 2)
-        think_text = " ".join(
-            to_script(s, script if i < cut else other_script(script)) for i, s in enumerate(think)
+        cut = max(1, len(sentences) // 2)
+        scripts = [script if i < cut else other_script(script) for i in range(len(sentences))]
+    return " ".join(to_script(s, sc) for s, sc in zip(sentences, scripts, strict=True))
+
+
+def write_trace(problem: Problem, rng: random.Random, spec: TeacherConfig) -> tuple[str, str]:
+    """One trace for `problem` and the name of the fault made ("none" for a clean trace)."""
+    if problem.family not in TEACHER or (problem.family != "code" and not problem.steps):
+        raise ValueError(
+            f"problem {problem.id} has no worked steps: the programmatic teacher cannot trace it; "
+            "give curated traces for real data instead"
         )
-    summary = to_script(_summary(pairs, start), script)
+    fault = _fault(rng, spec)
+    working = TEACHER[problem.family](problem, rng, slip=fault == "slip")
+    script = problem.language
+    think = _think(working.sentences, fault, script)
+    summary = to_script(working.statement, script)
+    if fault == "mix_language":  # the closing words too: a math trace reasons in equations alone
+        summary = to_script(working.statement, other_script(script))
     if fault == "no_summary":
-        summary = str(pairs[-1][1])
+        summary = working.bare
+    answer = " ".join(part for part in (summary, fence(working.code)) if part)
     if fault == "drop_tags":
-        return f"{think_text} {summary}", fault
-    return f"<think> {think_text} </think> <answer> {summary} </answer>", fault
+        return f"{think} {answer}", fault
+    return f"<think> {think} </think> <answer> {answer} </answer>", fault
 
 
 def write_traces(problems: list[Problem], spec: TeacherConfig) -> list[Trace]:
@@ -116,7 +95,15 @@ def write_traces(problems: list[Problem], spec: TeacherConfig) -> list[Trace]:
         for _ in range(spec.traces_per_problem):
             completion, fault = write_trace(problem, rng, spec)
             trace = Trace(
-                problem.id, problem.question, problem.answer, problem.language, completion, fault
+                problem.id,
+                problem.question,
+                problem.answer,
+                problem.language,
+                completion,
+                fault,
+                problem.family,
+                problem.tests,
+                problem.numbers,
             )
             traces.append(trace)
             if rng.random() < spec.duplicate_share:

@@ -68,9 +68,9 @@ def summarize(problems: Sequence[ProblemSamples], k: int) -> dict[str, float]:
 
     lenient = {}
     if all(p.correct_lenient is not None for p in problems):
-        lenient["pass_at_1_lenient"] = mean(
-            [sum(p.correct_lenient) / len(p.correct_lenient) for p in problems]  # type: ignore[arg-type]
-        )
+        loose = [list(p.correct_lenient or ()) for p in problems]
+        lenient["pass_at_1_lenient"] = mean([sum(c) / len(c) for c in loose])
+        lenient[f"pass_at_{k}_lenient"] = mean([pass_at_k(len(c), sum(c), k) for c in loose])
     return lenient | {
         "pass_at_1": mean([sum(p.correct) / len(p.correct) for p in problems]),
         f"pass_at_{k}": mean([pass_at_k(len(p.correct), sum(p.correct), k) for p in problems]),

@@ -1,10 +1,10 @@
 """The per-stage report: one row per stage model, as markdown and as a plot.
 
 The columns are the ones the DeepSeek-R1 paper reads its stages by: pass@1 and cons@k on the
-held-out reasoning problems, the format and language-consistency rates, and the reward model's
-score on held-out general prompts. pass@1 is strict (the answer read only from the answer
-block); "lenient" beside it also reads completions without one, which is what a base that never
-learned the format is fairly judged by.
+held-out reasoning problems, overall and per family, the format and language-consistency rates,
+and the reward model's score on held-out general prompts. pass@1 reads the answer wherever a
+completion states it (lenient), which is what a base that never learned the format is fairly
+judged by; "strict" beside it reads only the answer block, as the rewards do.
 """
 
 from __future__ import annotations
@@ -30,11 +30,15 @@ class StageRow:
 
 
 def columns(k: int) -> list[tuple[str, str]]:
-    """(title, metric key) of each figure column."""
+    """(title, metric key) of each figure column: pass@1 read wherever a completion states its
+    answer (lenient), then read strictly, per family, and the rest."""
     return [
-        ("pass@1", "pass_at_1"),
-        ("lenient", "pass_at_1_lenient"),
-        (f"pass@{k}", f"pass_at_{k}"),
+        ("pass@1", "pass_at_1_lenient"),
+        ("strict", "pass_at_1"),
+        ("math", "math/pass_at_1_lenient"),
+        ("code", "code/pass_at_1_lenient"),
+        ("logic", "logic/pass_at_1_lenient"),
+        (f"pass@{k}", f"pass_at_{k}_lenient"),
         (f"cons@{k}", f"cons_at_{k}"),
         ("format", "format_rate"),
         ("lang. consistent", "language_consistency_rate"),
@@ -51,8 +55,10 @@ def cell(metrics: dict[str, float], key: str) -> str:
 
 
 LEGEND = (
-    "pass@1, pass@k and cons@k read the answer only from the answer block (strict); lenient "
-    "pass@1 also reads the last answer of a completion without one."
+    "pass@1, pass@k and the family columns (math, code, logic) read the answer wherever a "
+    "completion states it: its answer block, else its last answer (lenient), so that a base "
+    "that never learned the format is judged on its answers; strict pass@1 and cons@k read it "
+    "only from the answer block, as the training rewards do."
 )
 
 
@@ -80,7 +86,10 @@ def table_dict(rows: Sequence[StageRow], k: int) -> dict[str, list]:
 def plot_stages(rows: Sequence[StageRow], k: int, path: Path) -> Path:
     """Grouped bars: each figure column for each evaluated stage."""
     evaluated = [r for r in rows if "pass_at_1" in r.metrics]
-    keys = [(t, key) for t, key in columns(k) if any(key in r.metrics for r in evaluated)]
+    shown = {"pass_at_1_lenient", "math/pass_at_1_lenient", "code/pass_at_1_lenient"}
+    shown |= {"logic/pass_at_1_lenient", "format_rate", "language_consistency_rate"}
+    keys = [(t, key) for t, key in columns(k) if key in shown]
+    keys = [(t, key) for t, key in keys if any(key in r.metrics for r in evaluated)]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(evaluated) + 2), 4))
     width = 0.8 / max(len(keys), 1)
     for j, (title, key) in enumerate(keys):

@@ -1,8 +1,9 @@
 """The R1 pipeline, base model to distilled students, evaluating every stage's model:
 
-0 bootstrap (tiny world) and the preference reward model; 1 cold-start curation; 2 cold-start
-SFT; 3 reasoning RL (GRPO); 4 rejection sampling into DuckDB; 5 mixed SFT from the base;
-6 RL for all scenarios; 7 distillation into each student, with its RL-only twin.
+0 bootstrap (tiny world) and the preference reward model; R1-Zero (GRPO with rule rewards
+straight on the base, the paper's comparison); 1 cold-start curation; 2 cold-start SFT;
+3 reasoning RL (GRPO); 4 rejection sampling into DuckDB; 5 mixed SFT from the base; 6 RL for
+all scenarios; 7 distillation into each student, with its RL-only twin.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ def r1_pipeline(
     stages, evals = [base], {base.stage: evaluate(base)}
     if rm is not None:
         stages.append(rm)
+    if config.r1_zero_in_pipeline:
+        zero = grpo(config.r1_zero, ctx, base, problems, stage="r1_zero_rl")
+        stages.append(zero)
+        evals[zero.stage] = evaluate(zero)
 
     curated = curate_cold_start(config.curation, ctx, problems, base)
     model_1 = cold_start_sft(config.cold_start_sft, ctx, base, curated)

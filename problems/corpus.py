@@ -16,6 +16,7 @@ from configs.schema import CorpusConfig
 from problems.generators import apply
 from problems.scripts import to_script
 from problems.types import Problem
+from problems.worked import PLAIN, fence
 
 STYLES = ("direct", "steps", "mixed", "formatted")
 DRILL_PROMPT = "Arithmetic practice."
@@ -33,35 +34,26 @@ def other_script(script: str) -> str:
     return "greek" if script == "latin" else "latin"
 
 
-def _perturbed(answer: str, rng: random.Random) -> str:
-    value = int(answer)
-    delta = rng.choice([-3, -2, -1, 1, 2, 3])
-    return str(value + delta if value + delta >= 0 else value + abs(delta))
-
-
-def _step_sentences(problem: Problem, final: str) -> list[str]:
-    steps = list(problem.steps)
-    if steps:
-        lhs = steps[-1].rsplit("=", 1)[0].strip()
-        steps[-1] = f"{lhs} = {final}"
-    return [f"{s}." for s in steps] + [f"The answer is {final}."]
-
-
-def render_response(problem: Problem, style: str, final: str, rng: random.Random) -> str:
+def render_response(problem: Problem, style: str, correct: bool, rng: random.Random) -> str:
+    """One document's response to `problem` in `style`; a wrong one keeps a mistake in
+    (problems.worked: a slip, a program without its brackets, a wrong attempt)."""
     script = problem.language
+    working = PLAIN[problem.family](problem, rng, slip=not correct)
+    code = fence(working.code)
     if style == "direct":
-        return to_script(f"The answer is {final}.", script)
-    sentences = _step_sentences(problem, final)
+        return code or to_script(f"The answer is {working.bare}.", script)
+    sentences = working.sentences + [working.statement]
     if style == "steps":
-        return to_script(" ".join(sentences), script)
+        return " ".join([to_script(" ".join(sentences), script), code]).strip()
     if style == "mixed":
         cut = rng.randint(0, len(sentences) - 1)
         head = to_script(" ".join(sentences[:cut]), script)
         tail = to_script(" ".join(sentences[cut:]), other_script(script))
-        return f"{head} {tail}".strip()
+        return " ".join(part for part in (head, tail, code) if part)
     if style == "formatted":
-        think = to_script(" ".join(sentences[:-1]) or "I compute it.", script)
-        return f"<think> {think} </think> <answer> {final} </answer>"
+        think = to_script(" ".join(working.sentences) or "I work it out.", script)
+        answer = " ".join(part for part in (to_script(working.statement, script), code) if part)
+        return f"<think> {think} </think> <answer> {answer} </answer>"
     raise ValueError(f"unknown style {style!r}; known: {STYLES}")
 
 
@@ -69,6 +61,8 @@ def _operand_ranges(problems: list[Problem]) -> dict[str, tuple[int, int]]:
     """Per operator, the largest left and right operands that the problems' steps use."""
     ranges: dict[str, tuple[int, int]] = {}
     for problem in problems:
+        if problem.family == "code":  # its steps are operations, not equations
+            continue
         for step in problem.steps:
             left, op, right = step.split("=")[0].split()
             top_left, top_right = ranges.get(op, (0, 0))
@@ -91,9 +85,36 @@ def drill_documents(
             op = rng.choice(ops)
             top_left, top_right = ranges[op]
             right = rng.randint(1, top_right)
+            if op == "/":
+                quotient = rng.randint(1, max(1, top_left // right))
+                facts.append(f"{quotient * right} / {right} = {quotient}.")
+                continue
             left = rng.randint(right if op == "-" else 0, max(top_left, right))
             facts.append(f"{left} {op} {right} = {apply(left, (op, right))}.")
         docs.append(Document(DRILL_PROMPT, " ".join(facts), "drill", True))
+    return docs
+
+
+CHECK_PROMPT = "Comparison practice."
+
+
+def check_documents(
+    problems: list[Problem], spec: CorpusConfig, rng: random.Random, second_script_share: float
+) -> list[Document]:
+    """`spec.check_docs` lists of comparisons of two numbers in the range of the logic family's
+    targets, half of them equal: `21 vs 90: no. 45 vs 45: yes.`"""
+    targets = [int(p.answer) for p in problems if p.family == "logic"]
+    top = max(targets, default=100)
+    docs = []
+    for _ in range(spec.check_docs):
+        script = "greek" if rng.random() < second_script_share else "latin"
+        facts = []
+        for _ in range(spec.facts_per_doc):
+            left = rng.randint(1, top)
+            right = left if rng.random() < 0.5 else rng.randint(1, top)
+            facts.append(f"{left} vs {right}: {'yes' if left == right else 'no'}.")
+        text = to_script(" ".join(facts), script)
+        docs.append(Document(to_script(CHECK_PROMPT, script), text, "check", True))
     return docs
 
 
@@ -105,10 +126,10 @@ def build_corpus(problems: list[Problem], spec: CorpusConfig, seed: int) -> list
         for _ in range(spec.docs_per_problem):
             style = rng.choices(STYLES, weights=weights)[0]
             correct = rng.random() >= spec.wrong_answer_share
-            final = problem.answer if correct else _perturbed(problem.answer, rng)
-            docs.append(
-                Document(
-                    problem.question, render_response(problem, style, final, rng), style, correct
-                )
-            )
-    return docs + drill_documents(problems, spec, rng)
+            response = render_response(problem, style, correct, rng)
+            docs.append(Document(problem.question, response, style, correct))
+    shares = [p.language != "latin" for p in problems]
+    second = sum(shares) / len(shares) if shares else 0.0
+    return (
+        docs + drill_documents(problems, spec, rng) + check_documents(problems, spec, rng, second)
+    )

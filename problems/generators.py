@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from configs.schema import WorldConfig
+from configs.schema import MathWorld
 from problems.scripts import to_script
 from problems.types import Problem
 
@@ -44,7 +44,7 @@ def worked_steps(start: int, ops: list[Op]) -> list[str]:
     return steps
 
 
-def _draw_chain(rng: random.Random, spec: WorldConfig, story: bool) -> tuple[int, list[Op]]:
+def _draw_chain(rng: random.Random, spec: MathWorld, story: bool) -> tuple[int, list[Op]]:
     value = rng.randint(2, spec.max_operand + 6)
     start, ops = value, []
     for _ in range(rng.randint(spec.min_steps, spec.max_steps)):
@@ -60,12 +60,13 @@ def _draw_chain(rng: random.Random, spec: WorldConfig, story: bool) -> tuple[int
     return start, ops
 
 
-def expression(start: int, ops: list[Op]) -> str:
-    """Infix form that evaluates left to right under the usual precedence."""
+def expression(start: int | str, ops: list[Op]) -> str:
+    """Infix form that evaluates left to right under the usual precedence; `start` may be a
+    name (the code family's argument)."""
     expr, has_sum = str(start), False
     for sym, n in ops:
         expr = f"({expr}) * {n}" if sym == "*" and has_sum else f"{expr} {sym} {n}"
-        has_sum = has_sum or sym in "+-"
+        has_sum = (has_sum and sym != "*") or sym in "+-"  # a bracketed sum is a product now
     return expr
 
 
@@ -84,9 +85,9 @@ def _wording(rng: random.Random, kind: str, start: int, ops: list[Op]) -> str:
     return " ".join(parts)
 
 
-def draw_problems(spec: WorldConfig) -> Iterator[Problem]:
-    """An endless stream of distinct problems (by key), reproducible from `spec.seed`."""
-    rng = random.Random(spec.seed)
+def draw_problems(spec: MathWorld, seed: int, second_script_share: float) -> Iterator[Problem]:
+    """An endless stream of distinct problems (by key), reproducible from `seed`."""
+    rng = random.Random(seed)
     seen: set[str] = set()
     misses = 0
     while True:
@@ -97,13 +98,13 @@ def draw_problems(spec: WorldConfig) -> Iterator[Problem]:
             misses += 1
             if misses > 10_000:
                 raise ValueError(
-                    f"the world has run out of distinct problems after {len(seen)}; "
-                    "raise world.max_steps or world.max_operand, or ask for fewer problems"
+                    f"the math family has run out of distinct problems after {len(seen)}; "
+                    "raise world.math.max_steps or max_operand, or ask for fewer problems"
                 )
             continue
         seen.add(key)
         misses = 0
-        script = "greek" if rng.random() < spec.second_script_share else "latin"
+        script = "greek" if rng.random() < second_script_share else "latin"
         steps = worked_steps(start, ops)
         yield Problem(
             id=f"tiny-{len(seen):06d}",
@@ -113,6 +114,7 @@ def draw_problems(spec: WorldConfig) -> Iterator[Problem]:
             source=f"tiny/{kind}",
             key=key,
             steps=tuple(steps),
+            family="math",
         )
 
 
@@ -121,11 +123,3 @@ def evaluate(start: int, ops: list[Op]) -> int:
     for op in ops:
         value = apply(value, op)
     return value
-
-
-def split_world(spec: WorldConfig) -> tuple[list[Problem], list[Problem]]:
-    """Train and held-out problems; keys are unique, so the two sides never share a problem."""
-    stream = draw_problems(spec)
-    problems = [next(stream) for _ in range(spec.n_train + spec.n_heldout)]
-    random.Random(spec.seed + 1).shuffle(problems)
-    return problems[spec.n_heldout :], problems[: spec.n_heldout]

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from problems.answers import final_answer_text, worked_solution
 from problems.scripts import dominant_script
-from problems.types import Problem
+from problems.types import FAMILIES, Problem
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,14 @@ def _problem(row: dict[str, Any], index: int, path: Path, fields: tuple[str, str
         raise BadRow("empty_answer", f"{answer_field!r} holds no final answer")
     default_id = f"{path.stem}-{index:06d}"
     given = _text(row, "solution")  # our own files keep it apart from the clean answer
+    tests, numbers = _tests(row), _numbers(row)
+    family = _text(row, "family") or ("code" if tests else "logic" if numbers else "math")
+    if family not in FAMILIES:
+        raise BadRow("wrong_type", f"'family' is {family!r}, not one of {list(FAMILIES)}")
+    if family == "code" and not tests:
+        raise BadRow("missing_answer", "a code problem has no 'tests' to judge a program by")
+    if family == "logic" and not numbers:
+        raise BadRow("missing_answer", "a logic problem has no 'numbers' to reach it from")
     return Problem(
         id=row_id or default_id,
         question=question,
@@ -182,7 +190,35 @@ def _problem(row: dict[str, Any], index: int, path: Path, fields: tuple[str, str
         steps=tuple(steps),
         kind=kind,
         solution=worked_solution(given or solution),
+        family=family,
+        tests=tests,
+        numbers=numbers,
     )
+
+
+def _tests(row: dict[str, Any]) -> tuple[str, ...]:
+    """A code problem's assert-style tests: a list of statements (MBPP's `test_list`), or one
+    text of statements."""
+    tests = row.get("tests")
+    if tests is None:
+        return ()
+    if isinstance(tests, str):
+        tests = [tests]
+    if not isinstance(tests, list | tuple) or not all(isinstance(t, str) for t in tests):
+        raise BadRow("wrong_type", "'tests' is not a list of assert statements")
+    return tuple(t for t in tests if t.strip())
+
+
+def _numbers(row: dict[str, Any]) -> tuple[int, ...]:
+    numbers = row.get("numbers")
+    if numbers is None:
+        return ()
+    ok = isinstance(numbers, list | tuple) and all(
+        isinstance(n, int) and not isinstance(n, bool) for n in numbers
+    )
+    if not ok:
+        raise BadRow("wrong_type", "'numbers' is not a list of whole numbers")
+    return tuple(numbers)
 
 
 def _refusal(path: Path, where: str, bad: BadRow) -> ProblemFileError:

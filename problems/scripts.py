@@ -15,6 +15,7 @@ from collections import Counter
 _LATIN = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _GREEK = "αβψδεφγηιξκλμνοπϙρστθϝωχυζΑΒΨΔΕΦΓΗΙΞΚΛΜΝΟΠϘΡΣΤΘϜΩΧΥΖ"
 _TO_GREEK = str.maketrans(_LATIN, _GREEK)
+_TO_LATIN = str.maketrans(_GREEK, _LATIN)
 # The format's own tags and LaTeX's math commands are ASCII whatever the language; any other
 # tag or command name counts as letters, so that words cannot hide in markup.
 _TAGS = re.compile(r"</?(?:think|answer)>")
@@ -43,6 +44,11 @@ def to_script(text: str, script: str) -> str:
     if script == "greek":
         return text.translate(_TO_GREEK)
     raise ValueError(f"unknown script {script!r}; expected one of {SCRIPTS}")
+
+
+def to_latin(text: str) -> str:
+    """Tiny-world text in Latin letters, whichever script it was rendered in."""
+    return text.translate(_TO_LATIN)
 
 
 def char_script(ch: str) -> str | None:

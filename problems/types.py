@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+FAMILIES = ("math", "code", "logic")  # which verifier judges a reasoning problem
+# The reward (by registry name) that pays each family's correctness: its verifier.
+FAMILY_REWARDS = {"math": "accuracy", "code": "code", "logic": "countdown"}
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -18,6 +22,11 @@ class Problem:
     `solution` is a data set's own worked solution (GSM8K's reasoning before `#### 42`, MATH's
     text ending in `\\boxed{}`), kept for cold-start curation from reference solutions; "" when
     the source has none (the tiny world, bare answers).
+
+    `family` says which verifier judges a reasoning problem: "math" (the answer, by math-verify),
+    "code" (a program, by its hidden assert-style `tests` in the sandbox; `answer` is a reference
+    program) or "logic" (an expression reaching the target `answer` from `numbers`, each used
+    once). For code tasks `steps` are the chain's operations ("+ 3").
     """
 
     id: str
@@ -29,14 +38,20 @@ class Problem:
     steps: tuple[str, ...] = field(default_factory=tuple)
     kind: str = "reasoning"  # or "general": no checkable answer, a reward model judges it
     solution: str = ""
+    family: str = "math"  # "math", "code" or "logic"; general prompts keep the default
+    tests: tuple[str, ...] = field(default_factory=tuple)
+    numbers: tuple[int, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready row; `solution` only when there is one, so files of problems without
         one (the tiny world's) stay as they were."""
         row = asdict(self)
         row["steps"] = list(self.steps)
-        if not self.solution:
-            del row["solution"]
+        row["tests"] = list(self.tests)
+        row["numbers"] = list(self.numbers)
+        for name in ("solution", "tests", "numbers"):
+            if not row[name]:
+                del row[name]
         return row
 
     @classmethod
@@ -51,4 +66,7 @@ class Problem:
             steps=tuple(row.get("steps") or ()),
             kind=str(row.get("kind") or "reasoning"),
             solution=str(row.get("solution") or ""),
+            family=str(row.get("family") or ("code" if row.get("tests") else "math")),
+            tests=tuple(str(t) for t in row.get("tests") or ()),
+            numbers=tuple(int(n) for n in row.get("numbers") or ()),
         )

@@ -6,14 +6,29 @@ measure filters cold-start traces and gives the evaluation's language-consistenc
 
 from __future__ import annotations
 
+import re
+
 from problems.scripts import script_counts, script_share
-from rewards.format import think_block
+from rewards.format import ANSWER_CLOSE, ANSWER_OPEN, answer_block, think_block
 
 CONSISTENT_AT = 0.95
+_FENCED = re.compile(r"```.*?```", re.DOTALL)
+
+
+def prose(completion: str) -> str:
+    """The completion without the code fenced in its answer block: a program is written in
+    Python whatever the language of the reasoning around it. Code anywhere else counts."""
+    block = answer_block(completion)
+    if block is None or "```" not in block:
+        return completion
+    start = completion.index(ANSWER_OPEN)
+    end = completion.index(ANSWER_CLOSE)
+    return completion[:start] + _FENCED.sub(" ", completion[start:end]) + completion[end:]
 
 
 def language_consistency(completion: str, language: str) -> float:
-    return script_share(completion, language)
+    """Share of the completion's letters (the answer's code aside) in `language`'s script."""
+    return script_share(prose(completion), language)
 
 
 def is_language_consistent(

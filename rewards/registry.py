@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from rewards.accuracy import accuracy_reward
 from rewards.code import CodeReward
+from rewards.countdown import countdown_reward
 from rewards.format import format_reward
 from rewards.language import language_reward
 from rewards.length import overlong_reward
@@ -19,6 +20,7 @@ RewardFn = Callable[..., list[float | None]]
 
 REWARDS: dict[str, RewardFn] = {
     "accuracy": accuracy_reward,
+    "countdown": countdown_reward,
     "format": format_reward,
     "tag_count": tag_count_reward,
     "language": language_reward,
@@ -61,11 +63,20 @@ def get_reward(name: str, **params: Any) -> RewardFn:
 
 @dataclass(frozen=True)
 class RewardSet:
-    """A config's rewards as functions, weights and the prompt kinds each one scores (None: all)."""
+    """A config's rewards as functions, weights, and the prompt kinds and problem families each
+    one scores (None: all)."""
 
     fns: dict[str, RewardFn]
     weights: dict[str, float]
     kinds: dict[str, frozenset[str] | None]
+    families: dict[str, frozenset[str] | None] = field(default_factory=dict)
+
+    def applies(self, name: str, kind: str, family: str) -> bool:
+        """Whether reward `name` scores a prompt of this kind and family."""
+        kinds, families = self.kinds.get(name), self.families.get(name)
+        if kinds is not None and kind not in kinds:
+            return False
+        return families is None or (kind == "reasoning" and family in families)
 
     @classmethod
     def from_terms(
@@ -80,6 +91,7 @@ class RewardSet:
             },
             weights={t.name: t.weight for t in terms},
             kinds={t.name: frozenset(t.kinds) if t.kinds else None for t in terms},
+            families={t.name: frozenset(t.families) if t.families else None for t in terms},
         )
 
 

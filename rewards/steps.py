@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from problems.scripts import to_latin
+
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _EQUATION = re.compile(
     r"(?<![\d.])(-?\d+(?:\.\d+)?)\s*([-+*×x/])\s*(-?\d+(?:\.\d+)?)\s*(?:=|gives)\s*(-?\d+(?:\.\d+)?)"
@@ -53,3 +55,32 @@ def check_steps(question: str, completion: str) -> list[StepCheck]:
         )
         known.add(c)
     return checks
+
+
+_VERDICT = re.compile(r"(?<![\d.])(-?\d+) vs (-?\d+): (yes|no)\b")
+
+
+def check_verdicts(completion: str, target: str) -> list[StepCheck]:
+    """The logic family's checks (`16 vs 23: no`) as steps, in either script: right when the
+    verdict is, and grounded when it compares the last result with the target."""
+    latin = to_latin(completion)
+    results = [(m.end(), float(m[4])) for m in _EQUATION.finditer(latin)]
+    checks = []
+    for match in _VERDICT.finditer(latin):
+        a, b, said = float(match[1]), float(match[2]), match[3] == "yes"
+        before = [value for end, value in results if end <= match.start()]
+        grounded = bool(before) and a == before[-1] and str(int(b)) == target.strip()
+        checks.append(StepCheck(match.end(), (a, b), right=said == (a == b), grounded=grounded))
+    return checks
+
+
+def process_steps(question: str, completion: str, family: str, target: str) -> list[StepCheck]:
+    """The steps process supervision rewards, in order: a math completion's equations; a logic
+    completion's equations and its checks of each attempt against the target. A code
+    completion has none: its check of a program's brackets is no arithmetic to verify."""
+    if family == "math":
+        return check_steps(question, completion)
+    if family == "logic":
+        steps = check_steps(question, to_latin(completion)) + check_verdicts(completion, target)
+        return sorted(steps, key=lambda s: s.end)
+    return []

@@ -111,7 +111,7 @@ def run(spec: WorkerSpec) -> None:
             {
                 "steps": report.steps,
                 "resumed_from": report.resumed_from,
-                "reward_curve": report.reward_curve,
+                "history": report.history,
                 "seconds": report.seconds,
                 "parameters": parameters,
             },

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from problems.types import Problem
-from rewards.registry import RewardFn, combine, safe_scores
+from rewards.registry import RewardSet, combine, safe_scores
 from rl.advantages import EPS, group_advantages, zero_spread_groups
 from sampling.types import Completion
 
@@ -26,12 +26,11 @@ def score(
     problems: Sequence[Problem],
     prompts: Sequence[str],
     groups: Sequence[Sequence[Completion]],
-    reward_fns: dict[str, RewardFn],
-    weights: dict[str, float],
-    kinds: dict[str, frozenset[str] | None] | None = None,
+    rewards: RewardSet,
 ) -> ScoredGroups:
-    """Every reward on every sample, except that a reward limited to some prompt kinds scores
-    the others None (left out of their sum), so reasoning and general prompts can share a batch."""
+    """Every reward on every sample, except that a reward limited to some prompt kinds or
+    problem families scores the others None (left out of their sum), so reasoning families and
+    general prompts can share a batch."""
     g = len(groups[0])
     flat = [c for group in groups for c in group]
     flat_problems = [p for p in problems for _ in range(g)]
@@ -39,14 +38,16 @@ def score(
         "answer": [p.answer for p in flat_problems],
         "language": [p.language for p in flat_problems],
         "kind": [p.kind for p in flat_problems],
+        "family": [p.family for p in flat_problems],
+        "tests": [list(p.tests) for p in flat_problems],
+        "numbers": [list(p.numbers) for p in flat_problems],
         "completion_tokens": [len(c.token_ids) for c in flat],
     }
     texts = [c.text for c in flat]
     flat_prompts = [p for p in prompts for _ in range(g)]
     per_reward = {}
-    for name, fn in reward_fns.items():
-        allowed = (kinds or {}).get(name)
-        rows = [i for i, p in enumerate(flat_problems) if allowed is None or p.kind in allowed]
+    for name, fn in rewards.fns.items():
+        rows = [i for i, p in enumerate(flat_problems) if rewards.applies(name, p.kind, p.family)]
         scores: list[float | None] = [None] * len(flat)
         if rows:
             picked = {k: [v[i] for i in rows] for k, v in columns.items()}
@@ -56,7 +57,7 @@ def score(
             for i, value in zip(rows, got, strict=True):
                 scores[i] = value
         per_reward[name] = scores
-    total = [math.nan if r is None else r for r in combine(per_reward, weights)]
+    total = [math.nan if r is None else r for r in combine(per_reward, rewards.weights)]
     return ScoredGroups(torch.tensor(total, dtype=torch.float32).view(len(groups), g), per_reward)
 
 
@@ -78,16 +79,21 @@ def masked_advantages(rewards: torch.Tensor, scale_std: bool) -> tuple[torch.Ten
 
 
 def kind_metrics(batch: Sequence[Problem], rewards: torch.Tensor) -> dict[str, float]:
-    """Mean total reward per prompt kind, when a batch mixes kinds (stage 6)."""
-    kinds = sorted({p.kind for p in batch})
-    if len(kinds) < 2:
-        return {}
+    """Mean total reward per prompt kind, when a batch mixes kinds (stage 6), and per reasoning
+    family, when it mixes families (`reward/family/<family>/mean`)."""
     metrics = {}
-    for kind in kinds:
-        rows = rewards[[p.kind == kind for p in batch]]  # (B_kind, G)
-        valid = rows[~torch.isnan(rows)]
-        if valid.numel():
-            metrics[f"reward/kind/{kind}/mean"] = float(valid.mean())
+    for prefix, names in (
+        ("kind", [p.kind for p in batch]),
+        ("family", [p.family if p.kind == "reasoning" else None for p in batch]),
+    ):
+        present = sorted({n for n in names if n is not None})
+        if prefix == "kind" and len(present) < 2:
+            continue
+        for name in present:
+            rows = rewards[[n == name for n in names]]  # (B_name, G)
+            valid = rows[~torch.isnan(rows)]
+            if valid.numel():
+                metrics[f"reward/{prefix}/{name}/mean"] = float(valid.mean())
     return metrics
 
 

@@ -26,7 +26,7 @@ from configs.schema import GRPOConfig
 from models.chat import render_prompt
 from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet, verifier_metrics
-from rewards.steps import check_steps
+from rewards.steps import process_steps
 from rl.advantages import process_advantages
 from rl.losses import AGGREGATIONS, grpo_loss
 from rl.rollouts import build_batch, completion_logprobs, token_ends
@@ -43,14 +43,20 @@ log = logging.getLogger(__name__)
 
 MetricsFn = Callable[[dict[str, float], int], None]
 SamplesFn = Callable[[int, list[dict[str, Any]]], None]
+ProbeFn = Callable[[Sampler], dict[str, float]]
 
 
 @dataclass
 class GRPOReport:
     steps: int
     resumed_from: int
-    reward_curve: list[float] = field(default_factory=list)  # mean total reward per step
+    history: list[dict[str, float]] = field(default_factory=list)  # each step's metrics, "step"
     seconds: float = 0.0
+
+    @property
+    def reward_curve(self) -> list[float]:
+        """Mean total reward per step."""
+        return [h["reward/mean"] for h in self.history if "reward/mean" in h]
 
 
 def prompt_order(n_problems: int, steps: int, per_step: int, seed: int) -> list[list[int]]:
@@ -106,6 +112,7 @@ class GRPOTrainer:
         reference: PreTrainedModel | None = None,
         sampler: Sampler | None = None,
         policy_path: str | Path | None = None,
+        probe: ProbeFn | None = None,
     ):
         """`extra_rewards` supplies rewards that need a model built at run time ("preference").
         Without `engine` the update runs in this process; with one (DeepSpeed), `model` is the
@@ -117,15 +124,16 @@ class GRPOTrainer:
         self.log_metrics = log_metrics
         self.log_samples = log_samples
         self.show_progress = show_progress
-        rewards = RewardSet.from_terms(cfg.rewards, extra_rewards)
-        self.reward_fns, self.weights, self.kinds = rewards.fns, rewards.weights, rewards.kinds
+        self.rewards = RewardSet.from_terms(cfg.rewards, extra_rewards)
+        self.reward_fns = self.rewards.fns
         self.engine = engine or LocalEngine(model, cfg.learning_rate, cfg.max_grad_norm)
         self.collective = collective or Solo()
         self.model = self.engine.module
         self.reference = None
         if cfg.beta > 0:
             self.reference = frozen(reference or copy.deepcopy(self.engine.sampling_model()))
-        self._curve: list[float] = []
+        self._history: list[dict[str, float]] = []
+        self.probe = probe
         self.guard = LossGuard("grpo")  # a non-finite loss stops training, naming the step
         if sampler is None:
             sampler = policy_sampler(
@@ -150,11 +158,15 @@ class GRPOTrainer:
                 kinds, cfg.steps, cfg.prompts_per_step, cfg.general_per_step, cfg.seed
             )
         report = GRPOReport(steps=cfg.steps, resumed_from=self._resume(ckpt_dir, fingerprint))
-        report.reward_curve = list(self._curve)
+        report.history = self._history
         if report.resumed_from:
             self.log_metrics({"train/resumed_from_step": float(report.resumed_from)}, 0)
         if synced := self._sync_sampler():  # the engine may hold other weights than a resume's
             self.log_metrics(synced, report.resumed_from)
+        if report.resumed_from == 0 and self._probing():
+            before = self._probe()
+            self._history.append({"step": 0.0, **before})
+            self.log_metrics(before, 0)
         began = time.perf_counter()
         bar = tqdm(
             total=cfg.steps,
@@ -172,8 +184,9 @@ class GRPOTrainer:
                 break
             self.guard.step = step + 1
             metrics = self.step(step, [problems[i] for i in order[step]])
-            report.reward_curve.append(metrics["reward/mean"])
-            self._curve = report.reward_curve
+            if self._probing() and ((step + 1) % cfg.probe.every == 0 or step + 1 == cfg.steps):
+                metrics |= self._probe()
+            self._history.append({"step": float(step + 1), **metrics})
             self.log_metrics(metrics | {PROGRESS: (step + 1) / cfg.steps}, step + 1)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
@@ -185,6 +198,17 @@ class GRPOTrainer:
         self.model.eval()
         report.seconds = time.perf_counter() - began
         return report
+
+    def _probing(self) -> bool:
+        return self.probe is not None and self.cfg.probe.every > 0
+
+    def _probe(self) -> dict[str, float]:
+        """The probe's figures for the current policy, as `heldout/<name>`."""
+        assert self.probe is not None
+        self.model.eval()
+        with torch.no_grad():
+            figures = self.probe(self.sampler)
+        return {f"heldout/{name}": value for name, value in figures.items()}
 
     def _out_of_time(self, began: float) -> bool:
         """Whether the time budget is spent; the ranks stop together, when any one is out."""
@@ -211,7 +235,7 @@ class GRPOTrainer:
         with torch.no_grad():
             groups = self.sampler.generate(prompts, cfg.group_size, params)
         t_sample = time.perf_counter() - t0
-        scored = score(local, prompts, groups, self.reward_fns, self.weights, self.kinds)
+        scored = score(local, prompts, groups, self.rewards)
         mine = RankRollouts(list(local), groups, scored, torch.zeros(0, dtype=torch.bool))
         if cfg.supervision == "process":
             advantages, mine.zero, mine.steps_seen, mine.steps_right = self._process_advantages(
@@ -272,8 +296,10 @@ class GRPOTrainer:
         """Token advantages (B, G, T) from checked steps plus the outcome as the last step, the
         groups with no spread, and the number of steps checked and found right.
 
-        Each equation in a completion is a step, rewarded `step_reward` when right and grounded
-        (rewards/steps.py); the outcome reward is the step that ends at the last token. Steps are
+        Each equation of a math or logic completion is a step, and so is each check of a logic
+        attempt against the target, rewarded `step_reward` when right and grounded
+        (rewards/steps.py); the outcome reward is the step that ends at the last token. Code
+        completions have only their outcome. Steps are
         normalised over the group and token t gets the sum over steps ending at or after t.
         Unscorable samples take no part in their group's statistics.
         """
@@ -288,7 +314,7 @@ class GRPOTrainer:
                     step_rewards.append([])
                     step_ends.append([])
                     continue
-                checks = check_steps(problem.question, c.text)
+                checks = process_steps(problem.question, c.text, problem.family, problem.answer)
                 ends = token_ends(self.tokenizer, c.token_ids, [s.end for s in checks])
                 n_steps += len(checks)
                 n_correct += sum(s.correct for s in checks)
@@ -386,11 +412,10 @@ class GRPOTrainer:
         }
         g = self.cfg.group_size
         for name, scores in scored.per_reward.items():
-            allowed = (self.kinds or {}).get(name)
             applies = [
                 i
                 for i in range(len(scores))
-                if allowed is None or whole.batch[i // g].kind in allowed
+                if self.rewards.applies(name, whole.batch[i // g].kind, whole.batch[i // g].family)
             ]
             metrics[f"reward/{name}/unscorable"] = float(sum(scores[i] is None for i in applies))
             known = torch.tensor([s for s in scores if s is not None], dtype=torch.float32)
@@ -426,14 +451,14 @@ class GRPOTrainer:
                 "reference": self.reference.state_dict() if self.reference is not None else None,
                 "rng": torch.get_rng_state(),
                 "step": step,
-                "curve": list(self._curve),
+                "history": list(self._history),
                 "fingerprint": fingerprint,
             },
         )
         self.guard.checkpoint_step = step
 
     def _resume(self, ckpt_dir: Path, fingerprint: str) -> int:
-        self._curve = []
+        self._history = []
         self.guard.checkpoint_step = 0
         state = self.engine.load(ckpt_dir, fingerprint)
         if state is None:
@@ -441,7 +466,7 @@ class GRPOTrainer:
         if self.reference is not None and state["reference"] is not None:
             self.reference.load_state_dict(state["reference"])
         torch.set_rng_state(state["rng"])
-        self._curve = list(state["curve"])
+        self._history = list(state["history"])
         self.guard.checkpoint_step = state["step"]
         log.info("grpo: resuming from step %d of %d", state["step"], self.cfg.steps)
         return state["step"]

@@ -25,7 +25,7 @@ from problems.types import Problem
 from stages.refs import CuratedSet, ModelRef, ProblemSet
 from stages.tracking import Tracker
 
-COLUMNS = ("problem_id", "question", "answer", "language", "completion")
+COLUMNS = ("problem_id", "question", "answer", "language", "family", "completion")
 
 
 def run(

@@ -18,10 +18,11 @@ from models.chat import render_prompt
 from models.loading import load_tokenizer
 from problems.loader import load_problems
 from problems.types import Problem
-from rewards.accuracy import gold_is_verifiable, grade
+from rewards.accuracy import gold_is_verifiable
 from rewards.format import is_well_formed
 from rewards.language import is_language_consistent
 from rewards.registry import RewardFn
+from rewards.verifiers import grade_all
 from sampling.factory import Sampler, open_sampler
 from sampling.types import SamplingParams
 from stages.refs import EvalReport, ModelRef, ProblemSet
@@ -60,6 +61,11 @@ def general_score(
     }
 
 
+def verifiable(problem: Problem) -> bool:
+    """Whether the problem's verifier can judge an answer to it (a math gold answer parses)."""
+    return problem.family != "math" or gold_is_verifiable(problem.answer)
+
+
 def run(
     config: EvalConfig,
     model: ModelRef,
@@ -71,7 +77,7 @@ def run(
 ) -> EvalReport:
     """Held-out reasoning metrics, and the general score when a reward model (`scorer`) and
     general prompts are given."""
-    heldout = [p for p in load_problems(problems.heldout_path) if gold_is_verifiable(p.answer)]
+    heldout = [p for p in load_problems(problems.heldout_path) if verifiable(p)]
     heldout = heldout[: config.max_problems]
     if not heldout:
         raise ValueError(f"{problems.heldout_path}: no held-out problem has a verifiable answer")
@@ -82,10 +88,14 @@ def run(
         [render_prompt(tokenizer, p.question) for p in heldout], config.n_samples, params
     )
 
+    flat_problems = [p for p, samples in zip(heldout, completions, strict=True) for _ in samples]
+    texts = [c.text for samples in completions for c in samples]
+    strict_grades = iter(grade_all(flat_problems, texts, strict=True))
+    lenient_grades = iter(grade_all(flat_problems, texts, strict=False))
     graded, rows = [], []
     for problem, samples in zip(heldout, completions, strict=True):
-        grades = [grade(c.text, problem.answer) for c in samples]
-        lenient = [grade(c.text, problem.answer, strict=False).correct is True for c in samples]
+        grades = [next(strict_grades) for _ in samples]
+        lenient = [next(lenient_grades).correct is True for _ in samples]
         formed = [is_well_formed(c.text) for c in samples]
         consistent = [is_language_consistent(c.text, problem.language) for c in samples]
         graded.append(
@@ -101,6 +111,7 @@ def run(
             rows.append(
                 {
                     "problem_id": problem.id,
+                    "family": problem.family,
                     "sample": i,
                     "question": problem.question,
                     "gold": problem.answer,
@@ -115,6 +126,11 @@ def run(
                 }
             )
     metrics = summarize(graded, config.k)
+    families = sorted({p.family for p in heldout})
+    if len(families) > 1:
+        for family in families:
+            mine = [s for p, s in zip(heldout, graded, strict=True) if p.family == family]
+            metrics |= {f"{family}/{k}": v for k, v in summarize(mine, config.k).items()}
     metrics["mean_completion_tokens"] = sum(r["completion_tokens"] for r in rows) / len(rows)
     if scorer is not None and general and config.general_prompts:
         metrics |= general_score(

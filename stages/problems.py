@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from configs.schema import DataConfig, FilesConfig
-from problems.generators import split_world
 from problems.loader import LoadReport, read_problems, write_problems
 from problems.types import Problem
+from problems.world import split_world
 from stages.refs import ProblemSet
 
 

@@ -6,42 +6,52 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from statistics import fmean as mean
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
-
-from configs.schema import GRPOConfig  # noqa: E402
-from models.loading import load_model, load_tokenizer  # noqa: E402
-from problems.loader import load_problems, write_problems  # noqa: E402
-from problems.types import Problem  # noqa: E402
-from rewards.registry import RewardFn  # noqa: E402
-from rl.trainer import GRPOTrainer  # noqa: E402
-from stages.fingerprint import fingerprint  # noqa: E402
-from stages.refs import ModelRef, ProblemSet, save_model  # noqa: E402
-from stages.tracking import Tracker  # noqa: E402
-from training.distributed import WorkerSpec, require_deepspeed, run_workers  # noqa: E402
+from configs.schema import GRPOConfig
+from evaluation.curves import plot_grpo_curves
+from models.chat import render_prompt
+from models.loading import load_model, load_tokenizer
+from problems.loader import load_problems, write_problems
+from problems.types import Problem
+from rewards.registry import RewardFn
+from rewards.verifiers import grade_all
+from rl.trainer import GRPOTrainer, ProbeFn
+from sampling.factory import Sampler
+from sampling.types import SamplingParams
+from stages.evaluate import verifiable
+from stages.fingerprint import fingerprint
+from stages.refs import ModelRef, ProblemSet, save_model
+from stages.tracking import Tracker
+from training.distributed import WorkerSpec, require_deepspeed, run_workers
 
 GRPO_WORKER = "rl.deepspeed_worker"
 
 
-def plot_reward_curve(curve: list[float], path: Path, title: str) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(1, len(curve) + 1), curve, lw=1, alpha=0.5, label="per step")
-    window = max(1, len(curve) // 10)
-    smooth = [
-        sum(curve[max(0, i - window + 1) : i + 1]) / len(curve[max(0, i - window + 1) : i + 1])
-        for i in range(len(curve))
-    ]
-    ax.plot(range(1, len(curve) + 1), smooth, lw=2, label=f"mean of last {window}")
-    ax.set(xlabel="GRPO step", ylabel="mean total reward", title=title)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
+    """The R1-Zero figures over training (the paper's Figures 2 and 3, small): held-out pass@1,
+    strict and lenient, per family, and the mean length of the held-out responses."""
+    probe = config.probe
+    problems = [p for p in load_problems(heldout_path) if verifiable(p)][: probe.problems]
+    prompts = [render_prompt(tokenizer, p.question) for p in problems]
+    params = SamplingParams(
+        probe.temperature, probe.top_p, probe.max_new_tokens or config.max_new_tokens, config.seed
+    )
+
+    def measure(sampler: Sampler) -> dict[str, float]:
+        groups = sampler.generate(prompts, probe.samples, params)
+        flat = [p for p, group in zip(problems, groups, strict=True) for _ in group]
+        texts = [c.text for group in groups for c in group]
+        figures = {"mean_tokens": mean(len(c.token_ids) for g in groups for c in g)}
+        for reading, strict in (("pass_at_1", True), ("pass_at_1_lenient", False)):
+            right = [g.correct is True for g in grade_all(flat, texts, strict=strict)]
+            figures[reading] = mean(right)
+            for family in sorted({p.family for p in problems}):
+                mine = [r for r, p in zip(right, flat, strict=True) if p.family == family]
+                figures[f"{family}/{reading}"] = mean(mine)
+        return figures
+
+    return measure
 
 
 def run(
@@ -72,6 +82,7 @@ def run(
         path.write_text(json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8")
         tracker.log_artifact(path, "samples")
 
+    probe = heldout_probe(config, problems.heldout_path, tokenizer) if config.probe.every else None
     trainer = GRPOTrainer(
         model,
         tokenizer,
@@ -80,11 +91,29 @@ def run(
         log_samples,
         extra_rewards=extra_rewards,
         policy_path=policy.path,
+        probe=probe,
     )
     report = trainer.train(train, out_dir / "checkpoints", ckpt_fingerprint)
-    curve = plot_reward_curve(report.reward_curve, out_dir / "reward_curve.png", desc)
-    tracker.log_artifact(curve)
+    for plot in plot_grpo_curves(report.history, out_dir, desc):
+        tracker.log_artifact(plot)
+    write_probe_summary(report.history, out_dir / PROBE_SUMMARY)
     return save_model(model, tokenizer, out_dir)
+
+
+PROBE_SUMMARY = "probe_summary.json"
+_PROBED = ("heldout/pass_at_1_lenient", "heldout/mean_tokens")
+
+
+def write_probe_summary(history: Sequence[dict[str, float]], path: Path) -> Path | None:
+    """The first and last probe's held-out pass@1 (lenient) and response length, for the
+    stage's line in the report; nothing when the run did not probe."""
+    probed = [h for h in history if all(key in h for key in _PROBED)]
+    if not probed:
+        return None
+    first, last = probed[0], probed[-1]
+    summary = {key.split("/")[1]: [first[key], last[key]] for key in _PROBED}
+    path.write_text(json.dumps(summary | {"steps": [first["step"], last["step"]]}))
+    return path
 
 
 def run_deepspeed(
@@ -117,8 +146,8 @@ def run_deepspeed(
     result = run_workers(spec, config.engine, tracker.log_metrics)
     for table in sorted((out_dir / "samples").glob("step_*.json")):
         tracker.log_artifact(table, "samples")
-    curve = plot_reward_curve(result["reward_curve"], out_dir / "reward_curve.png", desc)
-    tracker.log_artifact(curve)
+    for plot in plot_grpo_curves(result["history"], out_dir, desc):
+        tracker.log_artifact(plot)
     return ModelRef(path=out_dir / "model", parameters=int(result["parameters"]))
 
 

@@ -72,7 +72,7 @@ def rollout_rows(
     rewards: RewardSet,
 ) -> pa.Table:
     """One row per completion: its key, text, token counts, finish reason and each reward."""
-    scored = score(chunk, rendered, groups, rewards.fns, rewards.weights, rewards.kinds)
+    scored = score(chunk, rendered, groups, rewards)
     total = scored.rewards.flatten().tolist()
     g = len(groups[0])
     columns: dict[str, list] = {
@@ -80,6 +80,7 @@ def rollout_rows(
         "sample_index": [i for _ in chunk for i in range(g)],
         "model_id": [model_id] * (len(chunk) * g),
         "kind": [p.kind for p in chunk for _ in range(g)],
+        "family": [p.family for p in chunk for _ in range(g)],
         "language": [p.language for p in chunk for _ in range(g)],
         "prompt": [p.question for p in chunk for _ in range(g)],
         "completion": [c.text for group in groups for c in group],

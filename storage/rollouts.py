@@ -30,10 +30,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from configs.schema import FunnelConfig
+from problems.types import FAMILY_REWARDS
 from storage import store
 from storage.digests import rows_digest
 
-OPTIONAL_COLUMNS = frozenset({"created_at", "reward_total"})
+OPTIONAL_COLUMNS = frozenset({"created_at", "reward_total", "family"})
 KEY = ("prompt_id", "sample_index", "model_id")
 REWARD_PREFIX = "reward_"
 TOTAL = "reward_total"
@@ -47,6 +48,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     sample_index      INTEGER NOT NULL,
     model_id          VARCHAR NOT NULL,
     kind              VARCHAR NOT NULL CHECK (kind IN ('reasoning', 'general')),
+    family            VARCHAR,          -- reasoning: math, code or logic (NULL: math)
     language          VARCHAR,
     prompt            VARCHAR NOT NULL,
     completion        VARCHAR NOT NULL,
@@ -57,6 +59,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     reward_total      DOUBLE,
     PRIMARY KEY (prompt_id, sample_index, model_id)
 );
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS family VARCHAR;
 CREATE TABLE IF NOT EXISTS rejection_kept (
     run_id        VARCHAR NOT NULL,
     model_id      VARCHAR NOT NULL,
@@ -235,41 +238,57 @@ class Funnel:
     kept: int
 
 
-def row_filters(spec: FunnelConfig) -> list[tuple[str, str, str | None]]:
-    """(filter, SQL condition a row must meet, reward column it needs) for the enabled per-row
-    filters, in funnel order. Thresholds are bound as $parameters, never formatted in."""
+def correct_sql(families: Iterable[str]) -> tuple[str, list[str]]:
+    """The SQL condition that a reasoning row is correct by its family's verifier (a NULL family
+    is math), and the reward columns it reads."""
+    columns = {f: reward_column(FAMILY_REWARDS[f]) for f in sorted(set(families))}
+    if not columns:
+        columns = {"math": reward_column(FAMILY_REWARDS["math"])}
+    cases = " ".join(f"WHEN '{f}' THEN {c}" for f, c in columns.items())
+    verdict = f"CASE coalesce(family, 'math') {cases} END"
+    return f"kind <> 'reasoning' OR {verdict} >= 1", list(columns.values())
+
+
+def row_filters(
+    spec: FunnelConfig, families: Iterable[str] = ("math",)
+) -> list[tuple[str, str, list[str]]]:
+    """(filter, SQL condition a row must meet, reward columns it needs) for the enabled per-row
+    filters, in funnel order. Thresholds are bound as $parameters, never formatted in; the
+    `correct` filter reads the verifier of each reasoning family present (`families`)."""
     length = "completion_tokens BETWEEN $min_tokens AND $max_tokens AND finish_reason = 'stop'"
-    correct = "kind <> 'reasoning' OR reward_accuracy >= 1"
+    correct, verifiers = correct_sql(families)
     general = "kind <> 'general' OR reward_preference >= $min_general_score"
     every = [
-        ("length", True, length, None),
-        ("correct", spec.require_correct, correct, "reward_accuracy"),
-        ("well_formed", spec.require_well_formed, "reward_format >= 1", "reward_format"),
+        ("length", True, length, []),
+        ("correct", spec.require_correct, correct, verifiers),
+        ("well_formed", spec.require_well_formed, "reward_format >= 1", ["reward_format"]),
         (
             "single_language",
             spec.min_language_share is not None,
             "reward_language >= $min_language_share",
-            "reward_language",
+            ["reward_language"],
         ),
-        ("general_score", spec.min_general_score is not None, general, "reward_preference"),
+        ("general_score", spec.min_general_score is not None, general, ["reward_preference"]),
     ]
-    return [(name, cond, column) for name, on, cond, column in every if on]
+    return [(name, cond, columns) for name, on, cond, columns in every if on]
 
 
 def _check_columns(
-    con: duckdb.DuckDBPyConnection, filters: list[tuple[str, str, str | None]]
+    con: duckdb.DuckDBPyConnection, filters: list[tuple[str, str, list[str]]]
 ) -> None:
     present = reward_columns(con)
-    for name, _, column in filters:
-        if column is not None and column not in present:
-            raise MissingRewardColumn(
-                f"filter {name!r} needs column {column!r}, but no stored rollout was scored with "
-                f"reward {column.removeprefix(REWARD_PREFIX)!r} (reward columns: {present}); "
-                "score the rollouts with it or disable the filter in the FunnelConfig"
-            )
+    for name, _, columns in filters:
+        for column in columns:
+            if column not in present:
+                raise MissingRewardColumn(
+                    f"filter {name!r} needs column {column!r}, but no stored rollout was scored "
+                    f"with reward {column.removeprefix(REWARD_PREFIX)!r} (reward columns: "
+                    f"{present}); score the rollouts with it or disable the filter in the "
+                    "FunnelConfig"
+                )
 
 
-def _verdict_sql(spec: FunnelConfig, filters: list[tuple[str, str, str | None]]) -> str:
+def _verdict_sql(spec: FunnelConfig, filters: list[tuple[str, str, list[str]]]) -> str:
     """One pass over the model's rollouts: each row gets the first filter that removed it
     (NULL: kept). NULL conditions (an unverified reward) count as failing."""
     whens = " ".join(f"WHEN NOT coalesce({cond}, false) THEN '{name}'" for name, cond, _ in filters)
@@ -312,7 +331,6 @@ def run_funnel(db: Path, model_id: str, spec: FunnelConfig, run_id: str) -> Funn
 
     A rerun with the same run_id replaces that run's rows, so a retried task never doubles them.
     """
-    filters = row_filters(spec)
     params = {
         "model_id": model_id,
         "min_tokens": spec.min_completion_tokens,
@@ -321,8 +339,18 @@ def run_funnel(db: Path, model_id: str, spec: FunnelConfig, run_id: str) -> Funn
         "min_general_score": spec.min_general_score,
         "top_k": spec.top_k,
     }
-    sql = _verdict_sql(spec, filters)
     with connect(db) as con, transaction(con):
+        families = [
+            f
+            for (f,) in con.execute(
+                "SELECT DISTINCT coalesce(family, 'math') FROM rollouts "
+                "WHERE model_id = ? AND kind = 'reasoning'",
+                [model_id],
+            ).fetchall()
+            if f in FAMILY_REWARDS
+        ]
+        filters = row_filters(spec, families)
+        sql = _verdict_sql(spec, filters)
         _check_columns(con, filters)
         con.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql})
         removed = dict(
@@ -352,7 +380,7 @@ def run_funnel(db: Path, model_id: str, spec: FunnelConfig, run_id: str) -> Funn
 
 # --- export --------------------------------------------------------------------------------------
 
-EXPORT_COLUMNS = ("prompt_id", "sample_index", "kind", "language", "prompt", "completion")
+EXPORT_COLUMNS = ("prompt_id", "sample_index", "kind", "family", "language", "prompt", "completion")
 
 
 def kept_table(db: Path, run_id: str) -> pa.Table:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from configs.schema import GRPOConfig
 from problems.general import GeneralFiles
 from stages import reasoning_rl
@@ -42,6 +45,16 @@ def grpo(
         if general is not None and config.general_prompts:
             inputs.append(file_digest(general.rl_prompts_path))
         digest, version = record_model(ctx, tracker, stage, model, inputs)
+    notes = probe_notes(ctx.stage_dir(stage) / reasoning_rl.PROBE_SUMMARY)
     return StageResult(
-        stage, tracker.run_id, model, timing["seconds"], digest, {"model": f"v{version}"}
+        stage, tracker.run_id, model, timing["seconds"], digest, notes | {"model": f"v{version}"}
     )
+
+
+def probe_notes(path: Path) -> dict[str, str]:
+    """Held-out pass@1 and response length before and after, when the run probed them."""
+    if not path.exists():
+        return {}
+    summary = json.loads(path.read_text())
+    (acc_0, acc_1), (len_0, len_1) = summary["pass_at_1_lenient"], summary["mean_tokens"]
+    return {"pass@1": f"{acc_0:.2f}->{acc_1:.2f}", "length": f"{len_0:.0f}->{len_1:.0f}"}

@@ -1,9 +1,9 @@
 import pytest
 
-from configs.schema import FilterConfig, TeacherConfig, WorldConfig
+from configs.schema import FilterConfig, MathWorld, TeacherConfig, WorldConfig
 from curation.filters import apply_filters, distinct_trigram_share, is_readable
 from curation.teacher import Trace, write_trace, write_traces
-from problems.generators import split_world
+from problems.world import split_world
 from rewards.format import is_well_formed
 
 SPEC = FilterConfig(
@@ -90,16 +90,16 @@ def test_counts_follow_filter_order_and_each_trace_counts_once():
 
 
 def test_teacher_faults_are_each_caught_by_the_filters():
-    train, _ = split_world(WorldConfig(seed=0, n_train=600, n_heldout=10))
+    train, _ = split_world(WorldConfig(seed=0, math=MathWorld(n_train=600, n_heldout=10)))
     traces = write_traces(train, TeacherConfig(seed=1))
-    spec = FilterConfig(min_tokens=5, max_tokens=110, min_distinct_trigrams=0.75)
+    spec = FilterConfig(min_tokens=5, max_tokens=40, min_distinct_trigrams=0.75)
     result = apply_filters(traces, spec, words)
     assert all(count > 0 for count in result.counts.values()), result.counts
     assert all(t.fault == "none" for t in result.kept)
 
 
 def test_clean_teacher_traces_are_well_formed_and_correct():
-    train, _ = split_world(WorldConfig(seed=0, n_train=50, n_heldout=5))
+    train, _ = split_world(WorldConfig(seed=0, math=MathWorld(n_train=50, n_heldout=5)))
     clean = TeacherConfig.faultless()
     traces = write_traces(train, clean)
     assert all(is_well_formed(t.completion) for t in traces)

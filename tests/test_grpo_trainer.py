@@ -200,6 +200,7 @@ def test_killed_run_resumes_to_the_same_weights_and_metrics(tokenizer, tmp_path)
 
 
 def test_rewards_limited_to_a_kind_score_other_prompts_none():
+    from rewards.registry import RewardSet
     from rl.scoring import kind_metrics, score
 
     mixed = [PROBLEMS[0], Problem("g0", "Say hi.", "", kind="general")]
@@ -208,23 +209,53 @@ def test_rewards_limited_to_a_kind_score_other_prompts_none():
     def constant(value):
         return lambda prompts, completions, **_: [value] * len(completions)
 
-    scored = score(
-        mixed,
-        ["a", "b"],
-        groups,
+    rewards = RewardSet(
         {"rule": constant(1.0), "judge": constant(0.5)},
         {"rule": 1.0, "judge": 2.0},
         {"rule": frozenset({"reasoning"}), "judge": frozenset({"general"})},
     )
+    scored = score(mixed, ["a", "b"], groups, rewards)
     assert scored.per_reward["rule"] == [1.0, 1.0, None, None]
     assert scored.per_reward["judge"] == [None, None, 0.5, 0.5]
     assert scored.rewards.tolist() == [[1.0, 1.0], [1.0, 1.0]]
     assert kind_metrics(mixed, torch.tensor([[1.0, 0.0], [3.0, float("nan")]])) == {
         "reward/kind/general/mean": 3.0,
         "reward/kind/reasoning/mean": 0.5,
+        "reward/family/math/mean": 0.5,
     }
 
 
 def test_a_time_budget_stops_training_early(tokenizer, tmp_path):
     _, _, report, records = run(tokenizer, tmp_path, config(steps=50, max_seconds=1e-9))
     assert report.steps == 0 and records == []
+
+
+def test_a_probe_measures_before_training_and_every_n_steps(tokenizer, tmp_path):
+    from configs.schema import ProbeConfig
+    from evaluation.curves import plot_grpo_curves
+
+    calls = []
+
+    def probe(sampler):
+        calls.append(sampler)
+        return {"pass_at_1": 0.1 * len(calls), "pass_at_1_lenient": 0.5, "mean_tokens": 7.0}
+
+    cfg = config(probe=ProbeConfig(every=2))
+    records = []
+    trainer = GRPOTrainer(
+        tiny_model(tokenizer),
+        tokenizer,
+        cfg,
+        lambda m, s: records.append((s, m)),
+        show_progress=False,
+        probe=probe,
+    )
+    report = trainer.train(PROBLEMS, tmp_path / "ckpt", "fp")
+    assert len(calls) == 3 and all(c is trainer.sampler for c in calls)  # steps 0, 2 and 4
+    probed = [(s, m["heldout/pass_at_1"]) for s, m in records if "heldout/pass_at_1" in m]
+    assert probed == [(0, pytest.approx(0.1)), (2, pytest.approx(0.2)), (4, pytest.approx(0.3))]
+    assert [h["step"] for h in report.history] == [0, 1, 2, 3, 4]
+    assert len(report.reward_curve) == 4
+    plots = plot_grpo_curves(report.history, tmp_path, "probe")
+    assert [p.name for p in plots] == ["reward_curve.png", "heldout_curve.png"]
+    assert all(p.stat().st_size > 1000 for p in plots)

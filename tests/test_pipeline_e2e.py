@@ -15,6 +15,7 @@ from storage.tracking import alias_for
 ROW_STAGES = [
     "bootstrap",
     "reward_model",
+    "r1_zero_rl",
     "cold_start_curation",
     "cold_start_sft",
     "reasoning_rl",
@@ -32,6 +33,7 @@ ROW_STAGES = [
 STAGES = set(ROW_STAGES)
 MODEL_STAGES = (
     "bootstrap",
+    "r1_zero_rl",
     "cold_start_sft",
     "reasoning_rl",
     "mixed_sft",
@@ -311,6 +313,26 @@ def test_reasoning_rl_logs_grpo_signals_samples_and_a_reward_curve(micro_run):
         ).fetchone()
     sft_digest = dict(rows)[sft.info.run_id]
     assert json.loads(inputs)[0] == sft_digest == rl.data.tags["policy.digest"]
+
+
+def test_r1_zero_probes_heldout_pass_at_1_and_length_and_every_stage_reports_each_family(
+    micro_run,
+):
+    state, result = micro_run
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    parent = client.get_run(result.parent_run_id)
+    (zero,) = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' "
+        "AND tags.`r1.stage` = 'r1_zero_rl'",
+    )
+    probed = client.get_metric_history(zero.info.run_id, "heldout/pass_at_1_lenient")
+    assert [m.step for m in probed] == [0, 1, 2]  # before training and after every step
+    assert "heldout/mean_tokens" in zero.data.metrics
+    assert "heldout_curve.png" in {a.path for a in client.list_artifacts(zero.info.run_id)}
+    for family in ("math", "code", "logic"):
+        assert f"eval/{family}/pass_at_1_lenient" in zero.data.metrics
+        assert f"all_scenarios_rl/{family}/pass_at_1" in parent.data.metrics
 
 
 def test_r1_zero_flow_runs_grpo_on_the_base(prefect_server, tmp_path, monkeypatch):

@@ -4,13 +4,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from configs.schema import CorpusConfig, WorldConfig
+from configs.schema import CorpusConfig, MathWorld, WorldConfig
 from problems.corpus import build_corpus
-from problems.generators import evaluate, expression, split_world, worked_steps
+from problems.generators import evaluate, expression, worked_steps
 from problems.loader import ProblemFileError, load_problems, write_problems
 from problems.scripts import dominant_script, to_script
+from problems.world import split_world
 
-WORLD = WorldConfig(seed=3, n_train=600, n_heldout=100)
+WORLD = WorldConfig(seed=3, math=MathWorld(n_train=600, n_heldout=100))
 
 
 def test_train_and_heldout_are_disjoint_by_problem_and_by_text():

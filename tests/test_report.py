@@ -10,19 +10,30 @@ ROWS = [
     StageRow(
         "bootstrap",
         10.0,
-        {"pass_at_1": 0.1, "pass_at_1_lenient": 0.8, "pass_at_4": 0.3, "format_rate": 0.0},
+        {
+            "pass_at_1": 0.1,
+            "pass_at_1_lenient": 0.8,
+            "math/pass_at_1_lenient": 0.9,
+            "logic/pass_at_1_lenient": 0.7,
+            "pass_at_4_lenient": 0.3,
+            "format_rate": 0.0,
+        },
     ),
     StageRow("cold_start_curation", 2.0, {}, "kept 5/9"),
-    StageRow("mixed_sft", 5.0, {"pass_at_1": 0.6, "general_score": 1.25}),
+    StageRow("mixed_sft", 5.0, {"pass_at_1_lenient": 0.6, "general_score": 1.25}),
     StageRow("all_scenarios_rl", 6.0, {"general_score": 1.5, "general_score_sem": 0.04}),
 ]
 
 
 def test_markdown_table_has_a_row_per_stage_and_dashes_for_missing_figures():
     lines = markdown_table(ROWS, k=4).splitlines()
-    assert lines[0].startswith("| stage | time | pass@1 | lenient | pass@4 | cons@4 |")
-    assert lines[2] == "| bootstrap | 10s | 0.100 | 0.800 | 0.300 | - | 0.000 | - | - |  |"
-    assert lines[3].endswith("| - | - | - | - | - | - | - | kept 5/9 |")
+    assert lines[0].startswith(
+        "| stage | time | pass@1 | strict | math | code | logic | pass@4 | cons@4 | format |"
+    )
+    assert lines[2] == (
+        "| bootstrap | 10s | 0.800 | 0.100 | 0.900 | - | 0.700 | 0.300 | - | 0.000 | - | - |  |"
+    )
+    assert lines[3].endswith("| - | - | - | - | - | - | - | - | - | - | kept 5/9 |")
     assert "| 0.600 |" in lines[4] and "| 1.250 |" in lines[4]
     assert "| 1.500 ± 0.040 |" in lines[5]
     assert "strict" in lines[-1] and "lenient" in lines[-1]  # the legend says which is which
@@ -31,7 +42,8 @@ def test_markdown_table_has_a_row_per_stage_and_dashes_for_missing_figures():
 def test_table_dict_is_column_major_with_none_for_missing():
     table = table_dict(ROWS, k=4)
     assert table["stage"] == ["bootstrap", "cold_start_curation", "mixed_sft", "all_scenarios_rl"]
-    assert table["pass@1"] == [0.1, None, 0.6, None]
+    assert table["pass@1"] == [0.8, None, 0.6, None]
+    assert table["strict"] == [0.1, None, None, None]
     assert table["general score"] == [None, None, 1.25, 1.5]
 
 

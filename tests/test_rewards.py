@@ -210,3 +210,29 @@ def test_step_checks_carry_stated_results_and_ignore_prose():
     assert [c.correct for c in checks] == [True, True]
     assert check_steps(question, "No equations here, 10 and 2.") == []
     assert [c.correct for c in check_steps("6 and 0", "6 / 0 = 0")] == [False]
+
+
+def test_a_logic_check_is_a_right_step_when_it_compares_the_last_result_with_the_target():
+    from problems.scripts import to_script
+    from rewards.steps import check_verdicts, process_steps
+
+    text = (
+        "2 + 8 = 10, 10 + 9 = 19. 19 vs 25: no. "
+        "2 * 8 = 16, 16 + 9 = 25. 25 vs 25: yes. "
+        "2 * 8 = 16, 16 - 9 = 7. 7 vs 25: yes. "  # a wrong verdict
+        "16 vs 25: no. 7 vs 24: no."  # not the last result; not the target
+    )
+    checks = check_verdicts(text, "25")
+    assert [(c.right, c.grounded) for c in checks] == [
+        (True, True),
+        (True, True),
+        (False, True),
+        (True, False),
+        (True, False),
+    ]
+    greek = check_verdicts(to_script(text, "greek"), "25")
+    assert [c.correct for c in greek] == [c.correct for c in checks]
+    question = "Make 25 from 2, 8 and 9."
+    steps = process_steps(question, text, "logic", "25")
+    assert len(steps) == 6 + 5 and [s.end for s in steps] == sorted(s.end for s in steps)
+    assert process_steps(question, "def f(x): return x + 1", "code", "") == []

@@ -214,6 +214,33 @@ def test_correct_filter_applies_to_reasoning_rows_only(tmp_path: Path) -> None:
     assert kept_after(tmp_path, rows, require_correct=True) == {("p", 0), ("g", 0)}
 
 
+def test_correct_reads_each_family_by_its_verifier(tmp_path: Path) -> None:
+    rows = [
+        rollout(
+            "m", 0, family="math", reward_accuracy=1.0, reward_code=None, reward_countdown=None
+        ),
+        rollout(
+            "c", 0, family="code", reward_accuracy=None, reward_code=1.0, reward_countdown=None
+        ),
+        rollout("c", 1, family="code", reward_accuracy=1.0, reward_code=0.5, reward_countdown=None),
+        rollout(
+            "l", 0, family="logic", reward_accuracy=None, reward_code=None, reward_countdown=1.0
+        ),
+        rollout(
+            "l", 1, family="logic", reward_accuracy=1.0, reward_code=None, reward_countdown=0.0
+        ),
+    ]
+    # a code row passes on all its tests only; another family's reward never stands in
+    assert kept_after(tmp_path, rows, require_correct=True) == {("m", 0), ("c", 0), ("l", 0)}
+
+
+def test_a_family_without_its_verifier_column_is_named(tmp_path: Path) -> None:
+    db = tmp_path / "r.duckdb"
+    insert_rollouts(db, table([rollout("c", 0, family="code")]))
+    with pytest.raises(MissingRewardColumn, match="reward_code"):
+        run_funnel(db, MODEL, spec(require_correct=True), "run")
+
+
 def test_well_formed_filter(tmp_path: Path) -> None:
     rows = [rollout("p", i, reward_format=f) for i, f in enumerate([1.0, 0.0, None, 0.5])]
     assert kept_after(tmp_path, rows, require_well_formed=True) == {("p", 0)}

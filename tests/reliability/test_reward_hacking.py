@@ -254,6 +254,54 @@ RULE_CASES = {
             {"answer": "42"},
         ),
     ),
+    "countdown: several expressions, hoping one is read": (
+        "countdown",
+        Case(
+            "<think> x </think> <answer> 3 + 5 + 8 or (3 + 5) * 8 or 3 * 5 * 8 </answer>",
+            "<think> x </think> <answer> 3 * 5 * 8 </answer>",
+            {"numbers": [3, 5, 8], "answer": "64"},
+        ),
+    ),
+    "countdown: the target stated with no expression": (
+        "countdown",
+        Case(
+            "<think> x </think> <answer> It makes 64 = 64. </answer>",
+            "<think> x </think> <answer> 3 + 5 + 8 </answer>",
+            {"numbers": [3, 5, 8], "answer": "64"},
+        ),
+    ),
+    "countdown: the right expression in the think block only": (
+        "countdown",
+        Case(
+            "<think> (3 + 5) * 8 </think> <answer> 3 + 5 + 8 </answer>",
+            "<think> 3 + 5 + 8 </think> <answer> 3 + 5 + 8 </answer>",
+            {"numbers": [3, 5, 8], "answer": "64"},
+        ),
+    ),
+    "countdown: a number of its own that makes the target": (
+        "countdown",
+        Case(
+            "<think> x </think> <answer> 8 * 8 </answer>",
+            "<think> x </think> <answer> 3 + 5 + 8 </answer>",
+            {"numbers": [3, 5, 8], "answer": "64"},
+        ),
+    ),
+    "countdown: code instead of arithmetic": (
+        "countdown",
+        Case(
+            "<think> x </think> <answer> __import__('builtins').int(64) </answer>",
+            "<think> x </think> <answer> 3 + 5 + 8 </answer>",
+            {"numbers": [3, 5, 8], "answer": "64"},
+        ),
+    ),
+    "countdown: a division by zero to crash the checker": (
+        "countdown",
+        Case(
+            "<think> x </think> <answer> (3 + 5) * 8 / (3 - 3) </answer>",
+            "<think> x </think> <answer> 3 + 5 + 8 </answer>",
+            {"numbers": [3, 5, 8], "answer": "64"},
+        ),
+    ),
     "format: a think block of invisible characters": (
         "format",
         Case("<think> \u200b\u200c\u2060 </think> <answer> 41 </answer>", "<answer> 41 </answer>"),
