@@ -100,12 +100,14 @@ def node_label(node: LineageNode, names: dict[str, str]) -> Text:
 
 
 def add_branch(tree: Tree, node: LineageNode, names: dict[str, str], shown: set[str]) -> None:
-    """Add `node` under `tree`; a shared input's inputs are drawn once, where it first appears."""
+    """Add `node` under `tree`; a shared input's inputs (the same artifact of the same run) are
+    drawn once, where it first appears."""
     label = node_label(node, names)
-    if node.children and node.digest in shown:
+    key = f"{node.digest}@{node.produced_by}"
+    if node.children and key in shown:
         tree.add(label.append(" (inputs shown above)", "dim"))
         return
-    shown.add(node.digest)
+    shown.add(key)
     branch = tree.add(label)
     for child in node.children:
         add_branch(branch, child, names, shown)

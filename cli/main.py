@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+from types import FrameType
 
 import yaml
 
@@ -87,7 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from flows.r1_pipeline import r1_pipeline as flow
 
-    result = flow(config=config)
+    stop_on_termination()
+    try:
+        result = flow(config=config)
+    except KeyboardInterrupt as stop:
+        signum = stop.signum if isinstance(stop, Terminated) else signal.SIGINT
+        print(f"r1: stopped by {signum.name}: the flow run is marked crashed", file=sys.stderr)
+        return 128 + signum
     console = Console(width=max(180, Console().width))  # the stage table is wide
     console.print(stage_table(result, config.evaluation.k))
     if result.filter_counts:
@@ -97,6 +105,27 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"MLflow run:     {result.parent_run_id}")
     console.print(f"MLflow UI:      mlflow ui --backend-store-uri {paths.tracking_uri}")
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the process is, as Ctrl-C's KeyboardInterrupt is."""
+
+    def __init__(self, signum: signal.Signals):
+        super().__init__(f"stopped by {signum.name}")
+        self.signum = signum
+
+
+def stop_on_termination() -> None:
+    """End `r1 run` on SIGTERM and SIGHUP as on Ctrl-C, rather than dying where it stands: the
+    open MLflow runs close as failed, Prefect marks the flow run crashed, and the exit handlers
+    stop the temporary Prefect server this process started (which would else stay, orphaned,
+    holding its port)."""
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        raise Terminated(signal.Signals(signum))
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
 
 
 if __name__ == "__main__":

@@ -738,6 +738,10 @@ class DistillConfig(Strict):
         return self
 
 
+def _scores_reasoning(term: RewardTerm) -> bool:
+    return term.name == "preference" and (term.kinds is None or "reasoning" in term.kinds)
+
+
 class FaultConfig(Strict):
     """Deliberate faults, to see the pipeline recover from them."""
 
@@ -782,5 +786,28 @@ class PipelineConfig(Strict):
             raise ValueError(
                 "curation.source 'solutions' needs data with reference solutions "
                 "(data.source: files); the tiny world's problems have none"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _reward_model_exists(self) -> PipelineConfig:
+        """The preference reward scores with the reward model, which trains only on general data
+        (a term for general prompts alone is idle without them)."""
+        if self.data.general is not None:
+            return self
+        scored = {
+            "r1_zero": self.r1_zero.rewards,
+            "reasoning_rl": self.reasoning_rl.rewards,
+            "rejection": self.rejection.rewards,
+            "all_scenarios_rl": self.all_scenarios_rl.rewards,
+            "distillation.traces": self.distillation.traces.rewards,
+            "distillation.rl_twin": self.distillation.rl_twin.rewards,
+        }
+        using = [stage for stage, terms in scored.items() if any(map(_scores_reasoning, terms))]
+        if using:
+            raise ValueError(
+                f"{', '.join(using)}: the 'preference' reward scores reasoning prompts with the "
+                "reward model, but data.general is null, so none is trained: set data.general, "
+                "or drop the term or give it kinds: [general]"
             )
         return self

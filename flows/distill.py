@@ -67,7 +67,9 @@ def distil_students(
         stages += [s_base, s_model]
         evals[s_model.stage] = evaluate(s_model)
         if distill.rl_twins:
-            twin = rl_only_twin(distill, student, ctx, s_base, problems, s_model.seconds)
+            twin = rl_only_twin(
+                distill, student, ctx, s_base, problems, s_model.seconds, reward_model
+            )
             stages.append(twin)
             evals[twin.stage] = evaluate(twin)
     return stages, evals

@@ -34,6 +34,7 @@ from stages import problems as problems_stage
 from stages.refs import EvalReport, ModelRef, ProblemSet
 from storage import eval_history, registry, store
 from storage.digests import file_digest, tree_digest
+from storage.lineage import InputRef
 from storage.paths import StatePaths
 from storage.tracking import (
     FLOW_RUN_TAG,
@@ -269,7 +270,7 @@ def evaluate_model(
         file_digest(report.samples_path),
         EVALUATION_STAGE,
         run_id,
-        [model.digest, *data.digests.values()],
+        [InputRef(model.digest, model.source_run_id), *data.digests.values()],
     )
     get_run_logger().info(
         "%s v%s: %s",

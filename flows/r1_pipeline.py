@@ -50,13 +50,13 @@ def r1_pipeline(
     if rm is not None:
         stages.append(rm)
     if config.r1_zero_in_pipeline:
-        zero = grpo(config.r1_zero, ctx, base, problems, stage="r1_zero_rl")
+        zero = grpo(config.r1_zero, ctx, base, problems, "r1_zero_rl", reward_model=rm)
         stages.append(zero)
         evals[zero.stage] = evaluate(zero)
 
     curated = curate_cold_start(config.curation, ctx, problems, base)
     model_1 = cold_start_sft(config.cold_start_sft, ctx, base, curated)
-    model_2 = grpo(config.reasoning_rl, ctx, model_1, problems, stage="reasoning_rl")
+    model_2 = grpo(config.reasoning_rl, ctx, model_1, problems, "reasoning_rl", reward_model=rm)
     stages += [curated, model_1, model_2]
     evals |= {m.stage: evaluate(m) for m in (model_1, model_2)}
 

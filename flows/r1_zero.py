@@ -1,4 +1,5 @@
-"""R1-Zero: GRPO with rule rewards straight on the base model, no cold start."""
+"""R1-Zero: GRPO with rule rewards straight on the base model, no cold start (a profile whose
+R1-Zero rewards name the reward model's score also trains that, on its general data)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from configs.loader import load_profile
 from configs.schema import PipelineConfig
 from tasks.bootstrap import bootstrap_base
 from tasks.evaluation import evaluate_model
+from tasks.general import prepare_general, train_reward_model, uses_reward_model
 from tasks.pipeline import (
     PipelineResult,
     close_pipeline_run,
@@ -31,7 +33,13 @@ def r1_zero(
     base = bootstrap_base(config.bootstrap, ctx, problems, seed=config.data.world.seed)
     base_eval = evaluate_model(config.evaluation, ctx, base, problems)
 
-    zero = grpo(config.r1_zero, ctx, base, problems, stage="r1_zero_rl")
-    zero_eval = evaluate_model(config.evaluation, ctx, zero, problems)
+    stages, rm = [base], None
+    if uses_reward_model(config.r1_zero) and config.data.general:
+        general = prepare_general(config.data.general, ctx)
+        rm = train_reward_model(config.reward_model, ctx, base, general)
+        stages.append(rm)
 
-    return close_pipeline_run(ctx, [base, zero], {base.stage: base_eval, zero.stage: zero_eval})
+    zero = grpo(config.r1_zero, ctx, base, problems, "r1_zero_rl", reward_model=rm)
+    zero_eval = evaluate_model(config.evaluation, ctx, zero, problems)
+    stages.append(zero)
+    return close_pipeline_run(ctx, stages, {base.stage: base_eval, zero.stage: zero_eval})

@@ -30,7 +30,8 @@ REWARDS: dict[str, RewardFn] = {
 
 # Rewards that need a trained model, which only exists at run time: the stage that has it
 # supplies the function (rl.trainer's `extra_rewards`).
-RUNTIME_REWARDS = {"preference": "the reward model's score (stages 4 and 6)"}
+PREFERENCE = "preference"
+RUNTIME_REWARDS = {PREFERENCE: "the reward model's score (where general data trains one)"}
 
 
 def _grader(**params: Any) -> RewardFn:

@@ -197,7 +197,20 @@ class GRPOTrainer:
         bar.close()
         self.model.eval()
         report.seconds = time.perf_counter() - began
+        self._warn_if_untrained()
         return report
+
+    def _warn_if_untrained(self) -> None:
+        """Say so when no step of this run trained a single sample: the model leaves unchanged."""
+        steps = [h for h in self._history if "samples/trained" in h]
+        if steps and not any(h["samples/trained"] for h in steps):
+            masked = " or truncated (mask_truncated)" if self.cfg.mask_truncated else ""
+            log.warning(
+                "grpo: none of %d steps trained a sample (every group with zero reward spread%s):"
+                " the model is unchanged",
+                len(steps),
+                masked,
+            )
 
     def _probing(self) -> bool:
         return self.probe is not None and self.cfg.probe.every > 0

@@ -17,6 +17,7 @@ from configs.schema import DistillConfig, GRPOConfig, SFTConfig
 from models.chat import render_prompt
 from models.loading import load_model, load_tokenizer
 from problems.loader import load_problems
+from rewards.registry import RewardFn
 from rl.distill import OnPolicyDistiller
 from stages import reasoning_rl, sft
 from stages.fingerprint import fingerprint
@@ -86,7 +87,10 @@ def rl_twin(
     out_dir: Path,
     tracker: Tracker,
     desc: str,
+    extra_rewards: dict[str, RewardFn] | None = None,
 ) -> ModelRef:
     """The student base trained by GRPO alone for `seconds` of training time."""
     budget = config.model_copy(update={"max_seconds": seconds})
-    return reasoning_rl.run(budget, student_base, problems, out_dir, tracker, desc=desc)
+    return reasoning_rl.run(
+        budget, student_base, problems, out_dir, tracker, desc=desc, extra_rewards=extra_rewards
+    )

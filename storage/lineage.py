@@ -1,8 +1,11 @@
-"""Lineage chains: from an artifact's digest back through the inputs each stage recorded.
+"""Lineage chains: from an artifact back through the inputs each stage run recorded.
 
 Reads the DuckDB `lineage` table that `store.record_lineage` writes (one row per artifact a stage
-run produced, with the digests of its inputs). The file is opened read-only and only for the call,
-so a chain can be read while no pipeline writes, and never blocks one that starts afterwards.
+run produced, with its inputs). An input names its digest and the run that produced it, so a chain
+follows runs, not content: two stages that produce identical bytes (a GRPO stage that changed no
+weight) are still two links. Rows written before inputs named their run hold bare digests; those
+take the digest's latest row. The file is opened read-only and only for the call, so a chain can be
+read while no pipeline writes, and never blocks one that starts afterwards.
 """
 
 from __future__ import annotations
@@ -22,6 +25,24 @@ UNKNOWN = "unknown"
 _COLUMNS = "artifact, kind, digest, stage, produced_by, inputs, created_at"
 
 
+@dataclass(frozen=True)
+class InputRef:
+    """An input of a stage run: its content digest and the run that produced it (None: not known,
+    the digest's latest row stands in)."""
+
+    digest: str
+    run: str | None = None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"digest": self.digest, "run": self.run}
+
+    @classmethod
+    def from_json(cls, value: str | dict[str, Any]) -> InputRef:
+        if isinstance(value, str):  # rows written before inputs named their run
+            return cls(value)
+        return cls(value["digest"], value.get("run"))
+
+
 class LineageError(Exception):
     """The lineage table cannot be read: no DuckDB file, no table, or a pipeline writing it."""
 
@@ -35,7 +56,7 @@ class LineageRow:
     digest: str
     stage: str
     produced_by: str
-    inputs: tuple[str, ...]
+    inputs: tuple[InputRef, ...]
     created_at: datetime
 
 
@@ -43,8 +64,8 @@ class LineageRow:
 class LineageNode:
     """An artifact in a chain; `children` are the artifacts its stage read, recursively.
 
-    An input digest no stage recorded is a leaf of kind `unknown`; an input that leads back to an
-    artifact already on the path from the root is a leaf with `cycle` set.
+    An input no stage recorded is a leaf of kind `unknown`; an input that leads back to a row
+    already on the path from the root is a leaf with `cycle` set.
     """
 
     digest: str
@@ -106,9 +127,8 @@ def read_only(db: Path) -> Iterator[duckdb.DuckDBPyConnection]:
 
 def _row(values: tuple) -> LineageRow:
     artifact, kind, digest, stage, produced_by, inputs, created_at = values
-    return LineageRow(
-        artifact, kind, digest, stage, produced_by, tuple(json.loads(inputs)), created_at
-    )
+    refs = tuple(InputRef.from_json(value) for value in json.loads(inputs))
+    return LineageRow(artifact, kind, digest, stage, produced_by, refs, created_at)
 
 
 def _query(db: Path, sql: str, params: list[Any] | None = None) -> list[LineageRow]:
@@ -120,14 +140,38 @@ def _query(db: Path, sql: str, params: list[Any] | None = None) -> list[LineageR
     return [_row(values) for values in found]
 
 
+class Rows:
+    """The lineage table, indexed for lookups: an input names (digest, run), a bare digest takes
+    that digest's latest row."""
+
+    def __init__(self, rows: list[LineageRow]):
+        rows = sorted(rows, key=lambda row: row.created_at)
+        self.by_run = {(row.digest, row.produced_by): row for row in rows}
+        self.latest = {row.digest: row for row in rows}
+
+    def find(self, ref: InputRef) -> LineageRow | None:
+        if ref.run is not None:
+            return self.by_run.get((ref.digest, ref.run))
+        return self.latest.get(ref.digest)
+
+
+def all_rows(db: Path) -> Rows:
+    return Rows(_query(db, f"SELECT {_COLUMNS} FROM lineage"))
+
+
 def latest_rows(db: Path) -> dict[str, LineageRow]:
     """Each digest's most recent row: repeated runs record the same content more than once."""
+    return all_rows(db).latest
+
+
+def latest_row(db: Path, digest: str) -> LineageRow | None:
+    """The most recent row recorded for `digest`, by any run."""
     rows = _query(
         db,
-        f"SELECT {_COLUMNS} FROM lineage "
-        "QUALIFY row_number() OVER (PARTITION BY digest ORDER BY created_at DESC) = 1",
+        f"SELECT {_COLUMNS} FROM lineage WHERE digest = ? ORDER BY created_at DESC LIMIT 1",
+        [digest],
     )
-    return {row.digest: row for row in rows}
+    return rows[0] if rows else None
 
 
 def produced_by(db: Path, run_id: str, kind: str = "model") -> LineageRow | None:
@@ -141,37 +185,24 @@ def produced_by(db: Path, run_id: str, kind: str = "model") -> LineageRow | None
     return rows[0] if rows else None
 
 
-def produced_by_digest(db: Path, digest: str, run_id: str) -> LineageRow | None:
-    """The latest row for `digest` that the stage run `run_id` recorded."""
-    rows = _query(
-        db,
-        f"SELECT {_COLUMNS} FROM lineage WHERE digest = ? AND produced_by = ? "
-        "ORDER BY created_at DESC LIMIT 1",
-        [digest, run_id],
-    )
-    return rows[0] if rows else None
-
-
 def build_tree(
-    digest: str,
-    rows: dict[str, LineageRow],
-    root: LineageRow | None = None,
-    ancestors: frozenset[str] = frozenset(),
+    ref: InputRef,
+    rows: Rows,
+    ancestors: frozenset[tuple[str, str]] = frozenset(),
 ) -> LineageNode:
-    """The chain below `digest` over `rows` (digest -> row); `root` overrides the first row."""
-    if digest in ancestors:
-        return LineageNode(digest, cycle=True, **_fields(rows.get(digest)))
-    row = root or rows.get(digest)
+    """The chain below the artifact `ref` names; a row already on the path is a cycle leaf."""
+    row = rows.find(ref)
     if row is None:
-        return LineageNode(digest)
-    below = ancestors | {digest}
-    children = tuple(build_tree(child, rows, None, below) for child in row.inputs)
-    return LineageNode(digest, children=children, **_fields(row))
+        return LineageNode(ref.digest, produced_by=ref.run or "")
+    key = (row.digest, row.produced_by)
+    if key in ancestors:
+        return LineageNode(ref.digest, cycle=True, **_fields(row))
+    below = ancestors | {key}
+    children = tuple(build_tree(child, rows, below) for child in row.inputs)
+    return LineageNode(ref.digest, children=children, **_fields(row))
 
 
-def _fields(row: LineageRow | None) -> dict[str, str]:
-    if row is None:
-        return {}
+def _fields(row: LineageRow) -> dict[str, str]:
     return {
         "kind": row.kind,
         "stage": row.stage,
@@ -184,7 +215,6 @@ def chain(db: Path, digest: str, run_id: str | None = None) -> LineageNode:
     """The chain from the artifact with `digest` back to the raw problems.
 
     With `run_id`, the root is the row that stage run recorded (the same content may come from
-    several runs); every input below takes its digest's latest row.
+    several runs); without, the digest's latest row.
     """
-    root = produced_by_digest(db, digest, run_id) if run_id else None
-    return build_tree(digest, latest_rows(db), root)
+    return build_tree(InputRef(digest, run_id), all_rows(db))

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
 
+from storage.lineage import InputRef
 from storage.paths import env_seconds
 
 SCHEMA = """
@@ -46,7 +47,7 @@ CREATE TABLE IF NOT EXISTS lineage (
     digest          VARCHAR NOT NULL,
     stage           VARCHAR NOT NULL,
     produced_by     VARCHAR NOT NULL, -- MLflow run id of the stage
-    inputs          VARCHAR NOT NULL, -- JSON list of input digests
+    inputs          VARCHAR NOT NULL, -- JSON list of {digest, run}: each input and its producer
     created_at      TIMESTAMP NOT NULL
 );
 """
@@ -154,13 +155,35 @@ def write_curation(
 
 
 def record_lineage(
-    db: Path, artifact: str, kind: str, digest: str, stage: str, produced_by: str, inputs: list[str]
+    db: Path,
+    artifact: str,
+    kind: str,
+    digest: str,
+    stage: str,
+    produced_by: str,
+    inputs: Sequence[str | InputRef],
 ) -> None:
+    """Record that the run `produced_by` made `artifact` from `inputs`.
+
+    An input given as a bare digest (a problem file) is pinned now to the run of its latest row;
+    a model or dataset another stage made is given with its run (`InputRef`), so identical bytes
+    from two stages stay two links of the chain.
+    """
     with connect(db) as con:
+        refs = [_pinned(con, ref) for ref in inputs]
         con.execute(
             "DELETE FROM lineage WHERE artifact = ? AND produced_by = ?", [artifact, produced_by]
         )
         con.execute(
             "INSERT INTO lineage VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [artifact, kind, digest, stage, produced_by, json.dumps(inputs), datetime.now(UTC)],
+            [artifact, kind, digest, stage, produced_by, json.dumps(refs), datetime.now(UTC)],
         )
+
+
+def _pinned(con: duckdb.DuckDBPyConnection, ref: str | InputRef) -> dict[str, str | None]:
+    if isinstance(ref, InputRef):
+        return ref.to_json()
+    found = con.execute(
+        "SELECT produced_by FROM lineage WHERE digest = ? ORDER BY created_at DESC LIMIT 1", [ref]
+    ).fetchone()
+    return InputRef(ref, found[0] if found else None).to_json()

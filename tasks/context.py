@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from stages.refs import ModelRef, ProblemSet
 from storage import store
 from storage.digests import file_digest, tree_digest
+from storage.lineage import InputRef
 from storage.paths import StatePaths
 from storage.tracking import (
     MlflowTracker,
@@ -70,6 +71,11 @@ class StageResult(Generic[T]):
     digest: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def ref(self) -> InputRef:
+        """This output as an input of a later stage: its digest and the run that produced it."""
+        return InputRef(self.digest, self.run_id)
+
 
 def log_problems(client: MlflowClient, run_id: str, problems: ProblemSet, split: str) -> str:
     """Record a problem file as an input of `run_id`; returns its content digest."""
@@ -84,7 +90,11 @@ def log_problems(client: MlflowClient, run_id: str, problems: ProblemSet, split:
 
 
 def record_model(
-    ctx: RunContext, tracker: MlflowTracker, stage: str, model: ModelRef, inputs: list[str]
+    ctx: RunContext,
+    tracker: MlflowTracker,
+    stage: str,
+    model: ModelRef,
+    inputs: list[str | InputRef],
 ) -> tuple[str, str]:
     """Digest a stage's model, register it as `name@alias` (`alias_for`) and record its lineage.
 

@@ -40,7 +40,7 @@ def curate_cold_start(
         digest,
         STAGE,
         tracker.run_id,
-        [train_digest, base.digest],
+        [train_digest, base.ref],
     )
     return StageResult(
         STAGE,

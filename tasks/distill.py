@@ -7,6 +7,7 @@ from stages import bootstrap as bootstrap_stage
 from stages import distill as distill_stage
 from stages.mixed import build_sft_set
 from stages.refs import ModelRef, ProblemSet
+from stages.reward_model import RewardModelRef
 from storage.tracking import log_dataset
 from tasks.cache import stage_task
 from tasks.context import (
@@ -17,6 +18,7 @@ from tasks.context import (
     tag_checkpoint,
     tracked_stage,
 )
+from tasks.general import runtime_rewards, uses_reward_model
 from tasks.rejection import RejectionSet
 
 
@@ -39,7 +41,7 @@ def student_base(
             model = bootstrap_stage.pretrain_student(
                 student, corpus, base.output, problems, ctx.stage_dir(stage), tracker, seed
             )
-            inputs = [base.digest, log_problems(tracker.client, tracker.run_id, problems, "train")]
+            inputs = [base.ref, log_problems(tracker.client, tracker.run_id, problems, "train")]
         digest, version = record_model(ctx, tracker, stage, model, inputs)
     notes = {"params": f"{model.parameters / 1e6:.2f}M", "model": f"v{version}"}
     if student.path is not None:
@@ -80,7 +82,7 @@ def distill_student(
             tracker,
             stage,
         )
-        inputs = [base.digest, teacher.digest, traces.digest]
+        inputs = [base.ref, teacher.ref, traces.ref]
         if config.method == "on_policy":  # the training problems are its prompts
             inputs.append(log_problems(tracker.client, tracker.run_id, problems, "train"))
         digest, version = record_model(ctx, tracker, stage, model, inputs)
@@ -96,14 +98,25 @@ def rl_only_twin(
     base: StageResult[ModelRef],
     problems: ProblemSet,
     seconds: float,
+    reward_model: StageResult[RewardModelRef] | None = None,
 ) -> StageResult[ModelRef]:
-    """The same student base, GRPO alone, for the wall time its distillation took."""
+    """The same student base, GRPO alone, for the wall time its distillation took (the reward
+    model scores too where the twin's rewards name it)."""
     stage = f"rl_only_{student.name}"
+    reward_model = reward_model if uses_reward_model(config.rl_twin) else None
     with tracked_stage(ctx, stage, config.rl_twin) as (tracker, timing):
         train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
         model = distill_stage.rl_twin(
-            config.rl_twin, base.output, problems, seconds, ctx.stage_dir(stage), tracker, stage
+            config.rl_twin,
+            base.output,
+            problems,
+            seconds,
+            ctx.stage_dir(stage),
+            tracker,
+            stage,
+            runtime_rewards(reward_model),
         )
-        digest, version = record_model(ctx, tracker, stage, model, [base.digest, train_digest])
+        inputs = [base.ref, train_digest] + ([reward_model.ref] if reward_model else [])
+        digest, version = record_model(ctx, tracker, stage, model, inputs)
     notes = {"budget": f"{seconds:.0f}s", "model": f"v{version}"}
     return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)

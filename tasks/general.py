@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from prefect import get_run_logger
 
-from configs.schema import GeneralConfig, RewardModelConfig
+from configs.schema import GeneralConfig, GRPOConfig, RewardModelConfig
 from problems.general import GeneralFiles, write_general_sets
 from problems.loader import load_problems
 from problems.types import Problem
 from rewards.preference import PreferenceReward
-from rewards.registry import RewardFn
+from rewards.registry import PREFERENCE, RewardFn
 from stages import reward_model as reward_model_stage
 from stages.refs import ModelRef
 from stages.reward_model import RewardModelRef
@@ -47,9 +47,14 @@ def preference_reward(rm: StageResult[RewardModelRef] | None) -> PreferenceRewar
     return None if rm is None else PreferenceReward(rm.output.path)
 
 
+def uses_reward_model(config: GRPOConfig) -> bool:
+    """Whether a GRPO stage's rewards include the reward model's score."""
+    return any(term.name == PREFERENCE for term in config.rewards)
+
+
 def runtime_rewards(rm: StageResult[RewardModelRef] | None) -> dict[str, RewardFn]:
     """The rewards a stage can only have at run time, by their config names."""
-    return {} if rm is None else {"preference": PreferenceReward(rm.output.path)}
+    return {} if rm is None else {PREFERENCE: PreferenceReward(rm.output.path)}
 
 
 @stage_task("train-reward-model")
@@ -79,7 +84,7 @@ def train_reward_model(
             tracker,
         )
         model = ModelRef(rm.path, rm.parameters)
-        digest, version = record_model(ctx, tracker, STAGE, model, [base.digest, pairs_digest])
+        digest, version = record_model(ctx, tracker, STAGE, model, [base.ref, pairs_digest])
     get_run_logger().info(
         "reward model: held-out pairwise accuracy %.3f (before training %.3f)",
         rm.heldout_accuracy,

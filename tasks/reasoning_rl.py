@@ -13,7 +13,7 @@ from stages.reward_model import RewardModelRef
 from storage.digests import file_digest
 from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
-from tasks.general import general_prompts, runtime_rewards
+from tasks.general import general_prompts, runtime_rewards, uses_reward_model
 
 
 @stage_task("grpo")
@@ -27,7 +27,9 @@ def grpo(
     reward_model: StageResult[RewardModelRef] | None = None,
 ) -> StageResult[ModelRef]:
     """GRPO; with general data and a reward model (stage 6), general prompts join the batch
-    and the reward model scores them."""
+    and the reward model scores them. The reward model is an input only where a reward term
+    names it (`preference`)."""
+    reward_model = reward_model if uses_reward_model(config) else None
     with tracked_stage(ctx, stage, config) as (tracker, timing):
         train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
         tracker.client.set_tag(tracker.run_id, "policy.digest", policy.digest)
@@ -41,7 +43,7 @@ def grpo(
             general=general_prompts(general, "train") if config.general_prompts else [],
             extra_rewards=runtime_rewards(reward_model),
         )
-        inputs = [policy.digest, train_digest] + ([reward_model.digest] if reward_model else [])
+        inputs = [policy.ref, train_digest] + ([reward_model.ref] if reward_model else [])
         if general is not None and config.general_prompts:
             inputs.append(file_digest(general.rl_prompts_path))
         digest, version = record_model(ctx, tracker, stage, model, inputs)

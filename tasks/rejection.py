@@ -110,9 +110,9 @@ def rejection_sample(
             digest,
             stage,
             tracker.run_id,
-            [policy.digest, train_digest]
+            [policy.ref, train_digest]
             + ([file_digest(general.rl_prompts_path)] if general else [])
-            + ([reward_model.digest] if reward_model else []),
+            + ([reward_model.ref] if reward_model else []),
         )
         n_rollouts = steps[0][1] if steps else 0
         get_run_logger().info(

@@ -12,6 +12,7 @@ from stages.mixed import build_sft_set
 from stages.refs import CuratedSet, ModelRef
 from storage import store
 from storage.digests import file_digest, rows_digest
+from storage.lineage import InputRef
 from storage.tracking import log_dataset
 from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, record_model, tracked_stage
@@ -46,7 +47,7 @@ def cold_start_sft(
             tracker,
             desc=STAGE,
         )
-        digest, version = record_model(ctx, tracker, STAGE, model, [base.digest, curated.digest])
+        digest, version = record_model(ctx, tracker, STAGE, model, [base.ref, curated.ref])
     return StageResult(
         STAGE, tracker.run_id, model, timing["seconds"], digest, {"model": f"v{version}"}
     )
@@ -78,13 +79,13 @@ def mixed_sft(
             "training",
             sum(counts.values()),
         )
-        sources = [rejected.digest] + ([file_digest(general.sft_path)] if general else [])
+        sources = [rejected.ref] + ([file_digest(general.sft_path)] if general else [])
         store.record_lineage(
             ctx.paths.duckdb, str(data), "dataset", digest, stage, tracker.run_id, sources
         )
         tracker.log_metrics({f"data/{kind}": float(n) for kind, n in counts.items()})
         model = sft_stage.run(config, base.output, data, ctx.stage_dir(stage), tracker, desc=stage)
-        inputs = [base.digest, rejected.digest, digest]
+        inputs = [base.ref, rejected.ref, InputRef(digest, tracker.run_id)]
         model_digest, version = record_model(ctx, tracker, stage, model, inputs)
     notes = {"data": ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))}
     notes["model"] = f"v{version}"

@@ -110,10 +110,12 @@ def test_beta_keeps_a_frozen_reference_and_logs_kl(tokenizer, tmp_path):
     assert "kl" in records[-1][1] and records[-1][1]["kl"] >= 0
 
 
-def test_flat_groups_get_no_gradient_work(tokenizer, tmp_path):
+def test_flat_groups_get_no_gradient_work(tokenizer, tmp_path, caplog):
     # format is 0 for every sample of a random model: every group is flat, nothing is trained on
     cfg = config(rewards=[RewardTerm(name="format")], steps=2)
-    model, _, _, records = run(tokenizer, tmp_path, cfg)
+    with caplog.at_level("WARNING", logger="rl.trainer"):
+        model, _, _, records = run(tokenizer, tmp_path, cfg)
+    assert "none of 2 steps trained a sample" in caplog.text
     assert all(
         m["groups/zero_spread_fraction"] == 1.0 and m["samples/trained"] == 0 for _, m in records
     )

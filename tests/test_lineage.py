@@ -10,7 +10,7 @@ import pytest
 from cli.lineage import MODEL_DIGEST_TAG
 from cli.main import main
 from storage import store
-from storage.lineage import LineageError, LineageNode, chain
+from storage.lineage import InputRef, LineageError, LineageNode, chain
 from storage.paths import StatePaths
 from storage.registry import ModelSpec, parse_model
 from storage.tracking import (
@@ -29,6 +29,10 @@ PROBLEMS, GENERAL, BASE, CURATED, SFT, RL, LOST = (
 
 def record(db: Path, digest: str, kind: str, stage: str, run: str, inputs: list[str]) -> None:
     store.record_lineage(db, f"runs/p/{stage}/{kind}", kind, digest, stage, run, inputs)
+
+
+def ref(digest: str, run: str) -> InputRef:
+    return InputRef(digest, run)
 
 
 def shape(node: LineageNode) -> tuple:
@@ -80,6 +84,46 @@ def test_a_cycle_ends_in_a_marked_leaf(tmp_path):
     record(db, SFT, "model", "a", "run-a", [RL])
     record(db, RL, "model", "b", "run-b", [SFT])
     assert shape(chain(db, SFT)) == ("a", "ee", (("b", "ff", (("cycle:a", "ee", ()),)),))
+
+
+def test_stages_that_produce_identical_bytes_stay_separate_links(tmp_path):
+    """A GRPO stage that changed no weight records its policy's digest as its output: the chain
+    follows the run each input came from, in this flow run and in a later one that took the
+    earlier stages from the cache and produced the same bytes again."""
+    db = tmp_path / "r1.duckdb"
+    record(db, PROBLEMS, "problems", "problems", "pipeline", [])
+    record(db, BASE, "model", "bootstrap", "run-base", [PROBLEMS])
+    store.record_lineage(
+        db, "sft", "model", SFT, "cold_start_sft", "run-sft", [ref(BASE, "run-base")]
+    )
+    for rl_run, final_run in (("run-rl", "run-final"), ("run-rl-2", "run-final-2")):
+        store.record_lineage(
+            db, "rl", "model", SFT, "reasoning_rl", rl_run, [ref(SFT, "run-sft"), PROBLEMS]
+        )
+        store.record_lineage(
+            db, "final", "model", SFT, "all_scenarios_rl", final_run, [ref(SFT, rl_run)]
+        )
+        sft = ("cold_start_sft", "ee", (("bootstrap", "cc", (("problems", "aa", ()),)),))
+        expected = (
+            "all_scenarios_rl",
+            "ee",
+            (("reasoning_rl", "ee", (sft, ("problems", "aa", ()))),),
+        )
+        root = chain(db, SFT, final_run)
+        assert shape(root) == expected
+        assert [node.produced_by for node in root.walk()][:3] == [final_run, rl_run, "run-sft"]
+        assert not any(node.cycle for node in root.walk())
+
+
+def test_rows_written_with_bare_digests_still_read(tmp_path):
+    db = tmp_path / "r1.duckdb"
+    record(db, PROBLEMS, "problems", "problems", "pipeline", [])
+    store.record_lineage(db, "base", "model", BASE, "bootstrap", "run-base", [])
+    with duckdb.connect(str(db)) as con:  # an inputs column of a table written before runs
+        con.execute(
+            "UPDATE lineage SET inputs = ? WHERE digest = ?", [json.dumps([PROBLEMS]), BASE]
+        )
+    assert shape(chain(db, BASE)) == ("bootstrap", "cc", (("problems", "aa", ()),))
 
 
 def test_the_chain_serialises_with_run_names(lineage_db):

@@ -182,7 +182,8 @@ def test_duckdb_holds_the_curated_set_and_the_filter_counts(micro_run):
     kinds = [(kind, stage) for kind, stage, _, _ in lineage]
     assert ("dataset", "cold_start_curation") in kinds and ("model", "cold_start_sft") in kinds
     sft_inputs = json.loads(next(i for k, s, i, _ in lineage if s == "cold_start_sft"))
-    assert curation.data.tags["dataset.digest"] in sft_inputs
+    curated = {"digest": curation.data.tags["dataset.digest"], "run": curation.info.run_id}
+    assert curated in sft_inputs
 
 
 def test_the_stage_table_has_a_row_per_stage(micro_run):
@@ -312,7 +313,54 @@ def test_reasoning_rl_logs_grpo_signals_samples_and_a_reward_curve(micro_run):
             "SELECT inputs FROM lineage WHERE stage = 'reasoning_rl'"
         ).fetchone()
     sft_digest = dict(rows)[sft.info.run_id]
-    assert json.loads(inputs)[0] == sft_digest == rl.data.tags["policy.digest"]
+    assert json.loads(inputs)[0] == {"digest": sft_digest, "run": sft.info.run_id}
+    assert sft_digest == rl.data.tags["policy.digest"]
+
+
+def test_every_training_stage_changes_its_model(micro_run):
+    """Each model a stage trained differs, byte for byte, from every model it started from: the
+    micro run exercises each update, GRPO's included."""
+    state, _ = micro_run
+    with duckdb.connect(str(state / "r1.duckdb"), read_only=True) as con:
+        rows = con.execute(
+            "SELECT stage, digest, inputs FROM lineage WHERE kind = 'model'"
+        ).fetchall()
+    models = {digest for _, digest, _ in rows}
+    trained = {stage for stage, _, _ in rows} - {
+        "bootstrap",
+        "student_base_qwen",
+        "student_base_llama",
+    }
+    assert trained == set(MODEL_STAGES) - {"bootstrap"} | {"reward_model"}
+    for stage, digest, inputs in rows:
+        started_from = {i["digest"] for i in json.loads(inputs)} & models
+        assert digest not in started_from, f"{stage} left its model unchanged"
+
+
+def test_the_final_models_lineage_reaches_every_stage_before_it(micro_run):
+    state, _ = micro_run
+    from storage.lineage import chain
+
+    with duckdb.connect(str(state / "r1.duckdb"), read_only=True) as con:
+        digest, run = con.execute(
+            "SELECT digest, produced_by FROM lineage WHERE stage = 'all_scenarios_rl'"
+        ).fetchone()
+    root = chain(state / "r1.duckdb", digest, run)
+    reached = {node.stage for node in root.walk()}
+    assert not any(node.cycle for node in root.walk())
+    assert {
+        "all_scenarios_rl",
+        "mixed_sft",
+        "rejection_sampling",
+        "reasoning_rl",
+        "cold_start_sft",
+        "cold_start_curation",
+        "bootstrap",
+        "reward_model",
+        "problems",
+        "general",
+    } == reached
+    assert all(node.known for node in root.walk())
 
 
 def test_r1_zero_probes_heldout_pass_at_1_and_length_and_every_stage_reports_each_family(
@@ -340,7 +388,8 @@ def test_r1_zero_flow_runs_grpo_on_the_base(prefect_server, tmp_path, monkeypatc
     from flows.r1_zero import r1_zero
 
     result = r1_zero(profile="micro")
-    assert [r.stage for r in result.rows] == ["bootstrap", "r1_zero_rl"]
+    # micro's R1-Zero rewards include the reward model's score, so the flow trains one
+    assert [r.stage for r in result.rows] == ["bootstrap", "reward_model", "r1_zero_rl"]
     client = MlflowClient(f"sqlite:///{tmp_path}/state/mlflow.db")
     parent = client.get_run(result.parent_run_id)
     assert parent.data.tags["r1.flow"] == "r1_zero" and parent.info.status == "FINISHED"
