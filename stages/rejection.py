@@ -4,11 +4,15 @@ G completions per prompt from one model, every one scored by every reward and ha
 rollout sink (the task gives it the DuckDB store) chunk by chunk. A chunk is sampled with a seed
 of its own and committed whole, so a run killed half-way and started again skips the chunks
 the store already holds and samples exactly the rest: nothing is lost and nothing doubled.
-Filtering is not done here: it is SQL over the stored rollouts (storage.rollouts).
+The rows are keyed by the model's digest and the digest of every setting that shapes a sample or
+its stored scores (`rollouts_key`), so a run with other settings never takes rows sampled under
+earlier ones. Filtering is not done here: it is SQL over the stored rollouts (storage.rollouts).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -31,6 +35,22 @@ from stages.tracking import Tracker
 from training import PROGRESS
 
 log = logging.getLogger(__name__)
+
+
+SETTINGS_DIGEST_LENGTH = 16
+NOT_IN_KEY = {"funnel"}  # the funnel filters stored rows; it changes no row
+
+
+def rollouts_key(model_digest: str, config: RejectionConfig) -> str:
+    """The key of a model's rollouts under `config`: `<model digest>:<settings digest>`.
+
+    Every setting but the funnel's counts (sampling, prompt selection and chunking, which set
+    each chunk's seed, the sampler, and the rewards stored with each row): a rerun with the same
+    settings resumes its rows, one with any other setting samples its own.
+    """
+    settings = config.model_dump(mode="json", exclude=NOT_IN_KEY)
+    blob = json.dumps(settings, sort_keys=True).encode()
+    return f"{model_digest}:{hashlib.sha256(blob).hexdigest()[:SETTINGS_DIGEST_LENGTH]}"
 
 
 class RolloutSink(Protocol):

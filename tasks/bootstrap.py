@@ -18,7 +18,7 @@ from tasks.context import (
 STAGE = "bootstrap"
 
 
-@stage_task("bootstrap-base-model")
+@stage_task("bootstrap-base-model", stage=STAGE)
 def bootstrap_base(
     config: BootstrapConfig, ctx: RunContext, problems: ProblemSet, seed: int = 0
 ) -> StageResult[ModelRef]:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import Task, task
 from prefect.context import TaskRunContext
 from pydantic import BaseModel
 
@@ -82,17 +83,37 @@ def identity(value: Any) -> Any:
     raise TypeError(f"no stage-key identity for a {type(value).__name__}")
 
 
-def stage_key(task_name: str, parameters: dict[str, Any]) -> str:
+StageName = str | Callable[[dict[str, Any]], str] | None
+
+
+def stage_key(task_name: str, parameters: dict[str, Any], stage: StageName = None) -> str:
+    """The key of a stage task's call; a call that runs the stage `faults.fail_once_at` names
+    has a key of its own, so the fault fires instead of the stage coming from the cache (a
+    retry of that flow run, with the same setting, resumes it)."""
     payload = {
         "task": task_name,
         "code": code_version(),
         "parameters": {name: identity(v) for name, v in sorted(parameters.items())},
     }
+    fault = fault_for(parameters, stage)
+    if fault:
+        payload["fault"] = fault
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+def fault_for(parameters: dict[str, Any], stage: StageName) -> str | None:
+    """`faults.fail_once_at` when it names the stage this call runs, else None."""
+    from tasks.context import RunContext
+
+    ctx = parameters.get("ctx")
+    if not isinstance(ctx, RunContext) or not ctx.fail_at:
+        return None
+    name = stage(parameters) if callable(stage) else stage or parameters.get("stage")
+    return ctx.fail_at if ctx.fail_at.partition("@")[0] == name else None
+
+
 def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    return stage_key(context.task.name, parameters)
+    return stage_key(context.task.name, parameters, getattr(context.task, STAGE_ATTR, None))
 
 
 def current_stage_key() -> str:
@@ -100,9 +121,20 @@ def current_stage_key() -> str:
     context = TaskRunContext.get()
     if context is None:
         raise RuntimeError("a stage folder is only known inside a stage task")
-    return stage_key(context.task.name, context.parameters)
+    return _cache_key(context, context.parameters)
 
 
-def stage_task(name: str, **options: Any):
-    """`@task` for a pipeline stage: cached by its stage key, result persisted."""
-    return task(name=name, cache_key_fn=_cache_key, persist_result=True, **options)
+STAGE_ATTR = "r1_stage"
+
+
+def stage_task(name: str, stage: StageName = None, **options: Any) -> Callable[[Callable], Task]:
+    """`@task` for a pipeline stage: cached by its stage key, result persisted. `stage` names
+    the stage the task runs (or computes it from the call's parameters); without it, the call's
+    `stage` parameter does."""
+
+    def decorate(fn: Callable) -> Task:
+        made = task(name=name, cache_key_fn=_cache_key, persist_result=True, **options)(fn)
+        setattr(made, STAGE_ATTR, stage)
+        return made
+
+    return decorate

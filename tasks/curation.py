@@ -15,7 +15,7 @@ from tasks.context import RunContext, StageResult, log_problems, tracked_stage
 STAGE = "cold_start_curation"
 
 
-@stage_task("curate-cold-start")
+@stage_task("curate-cold-start", stage=STAGE)
 def curate_cold_start(
     config: CurationConfig, ctx: RunContext, problems: ProblemSet, base: StageResult[ModelRef]
 ) -> StageResult[CuratedSet]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from configs.schema import CorpusConfig, DistillConfig, StudentConfig
 from stages import bootstrap as bootstrap_stage
 from stages import distill as distill_stage
@@ -22,7 +25,12 @@ from tasks.general import runtime_rewards, uses_reward_model
 from tasks.rejection import RejectionSet
 
 
-@stage_task("student-base")
+def student_stage(prefix: str) -> Callable[[dict[str, Any]], str]:
+    """The stage name of a per-student task's call: `prefix` and the student's name."""
+    return lambda parameters: prefix + parameters["student"].name
+
+
+@stage_task("student-base", stage=student_stage("student_base_"))
 def student_base(
     student: StudentConfig,
     corpus: CorpusConfig,
@@ -49,7 +57,7 @@ def student_base(
     return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)
 
 
-@stage_task("distill-student")
+@stage_task("distill-student", stage=student_stage("student_"))
 def distill_student(
     config: DistillConfig,
     student: StudentConfig,
@@ -90,7 +98,7 @@ def distill_student(
     return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)
 
 
-@stage_task("rl-only-twin")
+@stage_task("rl-only-twin", stage=student_stage("rl_only_"))
 def rl_only_twin(
     config: DistillConfig,
     student: StudentConfig,

@@ -57,7 +57,7 @@ def runtime_rewards(rm: StageResult[RewardModelRef] | None) -> dict[str, RewardF
     return {} if rm is None else {PREFERENCE: PreferenceReward(rm.output.path)}
 
 
-@stage_task("train-reward-model")
+@stage_task("train-reward-model", stage=STAGE)
 def train_reward_model(
     config: RewardModelConfig,
     ctx: RunContext,

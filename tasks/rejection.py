@@ -58,26 +58,28 @@ def rejection_sample(
     reward_model: StageResult[RewardModelRef] | None = None,
     stage: str = "rejection_sampling",
 ) -> StageResult[RejectionSet]:
-    """`policy.digest` keys the rollouts, so a rerun of the same model resumes, never doubles.
-    With general data, its RL prompts join the reasoning prompts."""
+    """The policy's digest and the sampling settings key the rollouts (`rollouts_key`), so a
+    rerun of the same model and settings resumes, never doubles, and other settings never reuse
+    its rows. With general data, its RL prompts join the reasoning prompts."""
     with tracked_stage(ctx, stage, config) as (tracker, timing):
         train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
+        key = rejection_stage.rollouts_key(policy.digest, config)
         tracker.client.set_tag(tracker.run_id, "policy.digest", policy.digest)
+        tracker.client.set_tag(tracker.run_id, "rollouts.key", key)
         prompts = rejection_stage.select_prompts(
             config, load_problems(problems.train_path), general_prompts(general, "train")
         )
-        sink = DuckDBSink(ctx.paths.duckdb, policy.digest)
         report = rejection_stage.run(
             config,
             policy.output,
-            policy.digest,
+            key,
             prompts,
-            sink,
+            DuckDBSink(ctx.paths.duckdb, key),
             tracker,
             runtime_rewards(reward_model),
             stage,
         )
-        funnel = rollouts.run_funnel(ctx.paths.duckdb, policy.digest, config.funnel, tracker.run_id)
+        funnel = rollouts.run_funnel(ctx.paths.duckdb, key, config.funnel, tracker.run_id)
         out = ctx.stage_dir(stage)
         digest = rollouts.export_kept(
             ctx.paths.duckdb, tracker.run_id, out / "kept.parquet", out / "dataset"

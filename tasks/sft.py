@@ -21,7 +21,7 @@ from tasks.rejection import RejectionSet
 STAGE = "cold_start_sft"
 
 
-@stage_task("cold-start-sft")
+@stage_task("cold-start-sft", stage=STAGE)
 def cold_start_sft(
     config: SFTConfig,
     ctx: RunContext,

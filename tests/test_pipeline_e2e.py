@@ -419,3 +419,23 @@ def test_the_distill_flow_distils_the_registered_final_model(micro_run):
     )
     notes = {r.stage: r.note for r in result.rows}
     assert notes["student_base_qwen"].startswith("cached from run " + pipeline.parent_run_id[:8])
+
+
+def test_a_fault_named_for_a_cached_stage_still_fires(micro_run):
+    """The README's fault demo on a state folder where every stage is cached: the named stage
+    runs under a key of its own and fails as asked; the stages before it come from the cache."""
+    state, _ = micro_run
+    from flows.r1_pipeline import r1_pipeline
+    from tasks.context import InjectedFailure
+
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+
+    def runs(stage: str) -> int:
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        return len(client.search_runs(experiments, filter_string=f"tags.`r1.stage` = '{stage}'"))
+
+    before = {stage: runs(stage) for stage in ("cold_start_sft", "reasoning_rl")}
+    with pytest.raises(InjectedFailure, match="reasoning_rl: injected failure at step 1"):
+        r1_pipeline(profile="micro", overrides=["faults.fail_once_at=reasoning_rl@1"])
+    assert runs("cold_start_sft") == before["cold_start_sft"]
+    assert runs("reasoning_rl") == before["reasoning_rl"] + 1

@@ -104,3 +104,34 @@ def test_rewards_are_routed_by_prompt_kind(model, tmp_path):
         ).fetchone()[0]
     assert rows == [("general", 2 * G, 2 * G, 2 * G), ("reasoning", 2 * G, 2 * G, 2 * G)]
     assert general_accuracy == 0  # accuracy is limited to reasoning prompts: NULL, not 0
+
+
+def test_rows_are_reused_only_under_the_same_sampling_settings(model, tmp_path):
+    """A rerun with more tokens or more samples per prompt samples its own rows; one that only
+    changes the funnel takes the stored rows."""
+    db = tmp_path / "r.duckdb"
+    prompts = rejection.select_prompts(CONFIG, REASONING[:4], [])
+
+    def sample(config: RejectionConfig) -> rejection.SamplingReport:
+        key = rejection.rollouts_key("digest", config)
+        return rejection.run(config, model, key, prompts, DuckDBSink(db, key), NullTracker())
+
+    first = sample(CONFIG)
+    longer = CONFIG.model_copy(update={"max_new_tokens": 24, "samples_per_prompt": 5})
+    second = sample(longer)
+    assert (first.inserted, second.sampled, second.inserted) == (4 * G, 4 * 5, 4 * 5)
+    stricter = CONFIG.model_copy(update={"funnel": FunnelConfig(require_correct=True)})
+    assert rejection.rollouts_key("digest", stricter) == rejection.rollouts_key("digest", CONFIG)
+    assert sample(stricter).sampled == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        by_key = con.execute(
+            "SELECT model_id, count(*), max(completion_tokens) FROM rollouts GROUP BY model_id"
+        ).fetchall()
+    counts = {key: (n, longest) for key, n, longest in by_key}
+    assert counts[rejection.rollouts_key("digest", CONFIG)][0] == 4 * G
+    assert counts[rejection.rollouts_key("digest", CONFIG)][1] <= CONFIG.max_new_tokens
+    assert counts[rejection.rollouts_key("digest", longer)][0] == 4 * 5
+    other = {**CONFIG.model_dump(), "temperature": 1.0, "rewards": CONFIG.rewards[:1]}
+    keys = {rejection.rollouts_key("digest", CONFIG), rejection.rollouts_key("other", CONFIG)}
+    keys.add(rejection.rollouts_key("digest", RejectionConfig(**other)))
+    assert len(keys) == 3 and all(k.startswith(("digest:", "other:")) for k in keys)
