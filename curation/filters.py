@@ -48,28 +48,49 @@ class FilterResult:
 TraceCheck = Callable[[Trace], bool]
 
 
+@dataclass(frozen=True)
+class ExampleBound:
+    """The SFT stage's `max_length` and how many tokens a trace takes there, prompt included:
+    a trace longer than that would be cut, so the length filter removes it."""
+
+    max_tokens: int
+    tokens: Callable[[Trace], int]
+
+
 def build_checks(
-    spec: FilterConfig, count_tokens: Callable[[str], int], correct: Callable[[Trace], bool]
+    spec: FilterConfig,
+    count_tokens: Callable[[str], int],
+    correct: Callable[[Trace], bool],
+    example: ExampleBound | None = None,
 ) -> list[tuple[str, TraceCheck]]:
     """The per-trace filters in the order they apply; deduplication runs after them."""
+
+    def length(t: Trace) -> bool:
+        if not spec.min_tokens <= count_tokens(t.completion) <= spec.max_tokens:
+            return False
+        return example is None or example.tokens(t) <= example.max_tokens
+
     return [
         ("format", lambda t: is_well_formed(t.completion)),
         (
             "language",
             lambda t: language_consistency(t.completion, t.language) >= spec.min_language_share,
         ),
-        ("length", lambda t: spec.min_tokens <= count_tokens(t.completion) <= spec.max_tokens),
+        ("length", length),
         ("readability", lambda t: is_readable(t.completion, spec)),
         ("correctness", correct),
     ]
 
 
 def apply_filters(
-    traces: Sequence[Trace], spec: FilterConfig, count_tokens: Callable[[str], int]
+    traces: Sequence[Trace],
+    spec: FilterConfig,
+    count_tokens: Callable[[str], int],
+    example: ExampleBound | None = None,
 ) -> FilterResult:
     grades = grade_all(traces, [t.completion for t in traces])  # code: one sandbox session
     verdicts = {id(t): g.correct is True for t, g in zip(traces, grades, strict=True)}
-    checks = build_checks(spec, count_tokens, lambda t: verdicts[id(t)])
+    checks = build_checks(spec, count_tokens, lambda t: verdicts[id(t)], example)
     counts = {name: 0 for name, _ in checks} | {"duplicates": 0}
     kept: list[Trace] = []
     removed: list[tuple[Trace, str]] = []

@@ -54,7 +54,8 @@ def r1_pipeline(
         stages.append(zero)
         evals[zero.stage] = evaluate(zero)
 
-    curated = curate_cold_start(config.curation, ctx, problems, base)
+    sft_length = config.cold_start_sft.train.max_length
+    curated = curate_cold_start(config.curation, ctx, problems, base, sft_length)
     model_1 = cold_start_sft(config.cold_start_sft, ctx, base, curated)
     model_2 = grpo(config.reasoning_rl, ctx, model_1, problems, "reasoning_rl", reward_model=rm)
     stages += [curated, model_1, model_2]

@@ -33,7 +33,7 @@ from problems.loader import load_problems
 from stages.fingerprint import fingerprint
 from stages.refs import ModelRef, ProblemSet, save_model
 from stages.tracking import Tracker
-from training.examples import Example, lm_examples
+from training.examples import Examples, lm_examples
 from training.loop import train
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def pretrain_student(
 
 def corpus_examples(
     tokenizer: PreTrainedTokenizerBase, docs: list[Document], max_length: int
-) -> list[Example]:
+) -> Examples:
     """The corpus documents as causal-LM examples, each a chat turn: question, then response."""
     completions = render_completions(tokenizer, [d.response for d in docs])
     texts = [
@@ -171,6 +171,7 @@ def pretrain(
 ) -> ModelRef:
     """A decoder trained as a causal LM on the corpus documents: fresh, or from `init`."""
     examples = corpus_examples(tokenizer, docs, train_config.max_length)
+    examples.cuts.report(tracker.log_metrics, desc)
     model = init
     if model is None:
         model = build_model(

@@ -16,9 +16,10 @@ import pyarrow.parquet as pq
 from datasets import Dataset
 
 from configs.schema import CurationConfig
-from curation.filters import apply_filters
+from curation.filters import ExampleBound, apply_filters
 from curation.solutions import solution_traces
 from curation.teacher import Trace, write_traces
+from models.chat import render_completions, render_prompt
 from models.loading import load_tokenizer
 from problems.loader import load_problems
 from problems.types import Problem
@@ -29,16 +30,29 @@ COLUMNS = ("problem_id", "question", "answer", "language", "family", "completion
 
 
 def run(
-    config: CurationConfig, problems: ProblemSet, base: ModelRef, out_dir: Path, tracker: Tracker
+    config: CurationConfig,
+    problems: ProblemSet,
+    base: ModelRef,
+    out_dir: Path,
+    tracker: Tracker,
+    max_example_tokens: int | None = None,
 ) -> CuratedSet:
+    """The filtered cold-start set; with `max_example_tokens` (the cold-start SFT's max_length),
+    the length filter also removes a trace whose whole example, prompt and completion as SFT
+    renders them, is longer, where SFT would cut it."""
     train = load_problems(problems.train_path)[: config.max_problems]
     tokenizer = load_tokenizer(base.path)
 
     def count_tokens(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def example_tokens(trace: Trace) -> int:
+        (completion,) = render_completions(tokenizer, [trace.completion])
+        return count_tokens(render_prompt(tokenizer, trace.question) + completion)
+
+    bound = None if max_example_tokens is None else ExampleBound(max_example_tokens, example_tokens)
     traces, skipped = candidate_traces(config, train)
-    result = apply_filters(traces, config.filters, count_tokens)
+    result = apply_filters(traces, config.filters, count_tokens, bound)
     counts = skipped | result.counts
     tracker.log_metrics(
         {f"filter/{name}_removed": float(n) for name, n in counts.items()}

@@ -18,7 +18,7 @@ from stages.fingerprint import fingerprint
 from stages.refs import ModelRef, save_model
 from stages.tracking import Tracker
 from training.distributed import WorkerSpec, require_deepspeed, run_workers
-from training.examples import Example, sft_examples
+from training.examples import Examples, sft_examples
 from training.loop import train
 
 
@@ -36,6 +36,7 @@ def run(
     tokenizer = load_tokenizer(base.path)
     model = load_model(base.path)
     examples = dataset_examples(tokenizer, dataset_path, config.train.max_length)
+    examples.cuts.report(tracker.log_metrics, desc)
     report = train(
         model,
         examples,
@@ -63,6 +64,8 @@ def run_deepspeed(
     """The same fine-tuning under DeepSpeed ZeRO in `config.engine.processes` worker processes;
     the model lands where `run` saves it. It does not resume: a stopped run starts over."""
     require_deepspeed()
+    examples = dataset_examples(load_tokenizer(base.path), dataset_path, config.train.max_length)
+    examples.cuts.report(tracker.log_metrics, desc)  # the workers build the same examples
     out_dir = out_dir.resolve()  # the workers may start in another folder
     spec = WorkerSpec(
         desc=desc,
@@ -82,7 +85,7 @@ def run_deepspeed(
 
 def dataset_examples(
     tokenizer: PreTrainedTokenizerBase, dataset_path: Path, max_length: int
-) -> list[Example]:
+) -> Examples:
     """The SFT examples of a saved dataset: the rendered question as context, the rendered
     completion as the target."""
     rows = load_from_disk(str(dataset_path))

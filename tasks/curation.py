@@ -17,11 +17,19 @@ STAGE = "cold_start_curation"
 
 @stage_task("curate-cold-start", stage=STAGE)
 def curate_cold_start(
-    config: CurationConfig, ctx: RunContext, problems: ProblemSet, base: StageResult[ModelRef]
+    config: CurationConfig,
+    ctx: RunContext,
+    problems: ProblemSet,
+    base: StageResult[ModelRef],
+    max_example_tokens: int | None = None,
 ) -> StageResult[CuratedSet]:
+    """The cold-start set; `max_example_tokens`, the cold-start SFT's max_length, bounds each
+    whole example."""
     with tracked_stage(ctx, STAGE, config) as (tracker, timing):
         train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
-        curated = curation_stage.run(config, problems, base.output, ctx.stage_dir(STAGE), tracker)
+        curated = curation_stage.run(
+            config, problems, base.output, ctx.stage_dir(STAGE), tracker, max_example_tokens
+        )
         digest = rows_digest(load_from_disk(str(curated.dataset_path)))
         tracker.client.log_dict(tracker.run_id, curated.filter_counts, "filter_counts.json")
         tracker.log_artifact(curated.candidates_path, "candidates")

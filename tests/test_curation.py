@@ -1,7 +1,7 @@
 import pytest
 
 from configs.schema import FilterConfig, MathWorld, TeacherConfig, WorldConfig
-from curation.filters import apply_filters, distinct_trigram_share, is_readable
+from curation.filters import ExampleBound, apply_filters, distinct_trigram_share, is_readable
 from curation.teacher import Trace, write_trace, write_traces
 from problems.world import split_world
 from rewards.format import is_well_formed
@@ -26,6 +26,18 @@ def trace(completion: str, pid: str = "p1", answer: str = "24", language: str = 
 
 def only(completion: str, **kw) -> dict[str, int]:
     return apply_filters([trace(completion, **kw)], SPEC, words).counts
+
+
+def test_the_length_filter_counts_the_whole_example_sft_sees():
+    """A completion within max_tokens whose prompt and completion together exceed the SFT
+    stage's max_length is removed by the length filter, before SFT would cut it."""
+    n = words(GOOD)
+    question = len(trace(GOOD).question.split())
+    for limit, kept in ((n + question, True), (n + question - 1, False)):
+        bound = ExampleBound(limit, lambda t: words(t.question) + words(t.completion))
+        result = apply_filters([trace(GOOD)], SPEC, words, bound)
+        assert (len(result.kept) == 1) is kept
+        assert result.counts["length"] == (0 if kept else 1)
 
 
 def test_clean_trace_passes_every_filter():

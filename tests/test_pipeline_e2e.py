@@ -277,6 +277,10 @@ def test_training_stages_log_their_curves(micro_run):
     by_stage = {r.data.tags["r1.stage"]: r for r in runs}
     assert "train/loss" in by_stage["bootstrap"].data.metrics
     assert "train/loss" in by_stage["cold_start_sft"].data.metrics
+    for stage in ("bootstrap", "cold_start_sft", "mixed_sft", "student_qwen", "student_llama"):
+        assert "data/truncated_examples" in by_stage[stage].data.metrics, stage
+    # curation's length filter bounds the whole example by the SFT stage's max_length
+    assert by_stage["cold_start_sft"].data.metrics["data/truncated_examples"] == 0
 
 
 def test_reasoning_rl_logs_grpo_signals_samples_and_a_reward_curve(micro_run):

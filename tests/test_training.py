@@ -40,7 +40,32 @@ def test_sft_examples_put_the_loss_on_the_completion_only(tokenizer):
 
 def test_sft_examples_drop_rows_whose_completion_is_truncated_away(tokenizer):
     prompt = render_prompt(tokenizer, "What is 1 + 2?")
-    assert sft_examples(tokenizer, [prompt], ["3"], max_length=3) == []
+    examples = sft_examples(tokenizer, [prompt], ["3"], max_length=3)
+    assert examples == []
+    assert (examples.cuts.cut, examples.cuts.dropped) == (1, 1)
+
+
+def test_examples_count_what_max_length_cut(tokenizer, caplog):
+    """Three examples of 5, 8 and 12 tokens under max_length 8: one cut by 4 tokens; the SFT
+    example whose prompt alone fills the length is dropped."""
+    texts = ["a b c d e", "a b c d e f g h", "a b c d e f g h i j k l"]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    limit = lengths[1]
+    lm = lm_examples(tokenizer, texts, max_length=limit)
+    assert [len(e.input_ids) for e in lm] == [lengths[0], limit, limit]
+    assert lm.cuts.metrics() == {
+        "data/examples": 3.0,
+        "data/truncated_examples": 1.0,
+        "data/dropped_examples": 0.0,
+        "data/truncated_tokens": float(lengths[2] - limit),
+    }
+    sft = sft_examples(tokenizer, [texts[0], texts[2]], [texts[0], "m"], max_length=limit + 2)
+    assert len(sft) == 1 and (sft.cuts.cut, sft.cuts.dropped) == (2, 1)
+    logged = []
+    with caplog.at_level("WARNING", logger="training.examples"):
+        sft.cuts.report(logged.append, "cold_start_sft")
+    assert logged == [sft.cuts.metrics()]
+    assert "cold_start_sft: 2 of 2 examples are longer than max_length" in caplog.text
 
 
 def test_batch_order_covers_fractional_epochs():
