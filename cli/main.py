@@ -69,11 +69,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "config":
         print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    flow_name = getattr(args, "flow", "r1_pipeline")
     try:  # the profile's local checkpoints and data files, before anything starts
-        check_inputs(config, getattr(args, "flow", "r1_pipeline"), str(profile_path(args.profile)))
+        check_inputs(config, flow_name, str(profile_path(args.profile)))
     except MissingInputsError as err:
         print(f"r1: {err}", file=sys.stderr)
         return 3
+    from problems.fit import DataFitError, check_data_fit
+
+    try:  # what the data holds can feed the stages asked for
+        check_data_fit(config, flow_name)
+    except DataFitError as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 2
     if args.command == "config":
         return 0
 

@@ -15,35 +15,9 @@ then go through the same filters as the teacher's.
 
 from __future__ import annotations
 
-import re
-
 from curation.teacher import Trace
+from problems.solutions import solution_trace
 from problems.types import Problem
-
-_CALCULATOR = re.compile(r"<<[^<>]*>>")
-
-
-def reasoning_text(solution: str) -> str:
-    """The worked reasoning of a solution: calculator annotations and the `####` line gone."""
-    text = _CALCULATOR.sub("", solution)
-    if "####" in text:
-        text = text[: text.rfind("####")]
-    return text.strip()
-
-
-def summary(problem: Problem) -> str:
-    """The answer block's text: the final answer, boxed when the solution boxes it (MATH)."""
-    if "\\boxed{" in problem.solution:
-        return f"The answer is $\\boxed{{{problem.answer}}}$."
-    return f"The answer is {problem.answer}."
-
-
-def solution_trace(problem: Problem) -> str | None:
-    """`<think> reasoning </think> <answer> summary </answer>`; None without a solution."""
-    reasoning = reasoning_text(problem.solution)
-    if not reasoning:
-        return None
-    return f"<think> {reasoning} </think> <answer> {summary(problem)} </answer>"
 
 
 def solution_traces(problems: list[Problem]) -> tuple[list[Trace], int]:

@@ -9,14 +9,18 @@ base model brings from its pretraining; they hold no problem, only facts.
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 
 from configs.schema import CorpusConfig
 from problems.generators import apply
 from problems.scripts import to_script
+from problems.solutions import reasoning_text, traceable
 from problems.types import Problem
 from problems.worked import PLAIN, fence
+
+log = logging.getLogger(__name__)
 
 STYLES = ("direct", "steps", "mixed", "formatted")
 DRILL_PROMPT = "Arithmetic practice."
@@ -36,7 +40,10 @@ def other_script(script: str) -> str:
 
 def render_response(problem: Problem, style: str, correct: bool, rng: random.Random) -> str:
     """One document's response to `problem` in `style`; a wrong one keeps a mistake in
-    (problems.worked: a slip, a program without its brackets, a wrong attempt)."""
+    (problems.worked: a slip, a program without its brackets, a wrong attempt). A real data set's
+    problem is answered from its own worked solution instead (`solution_response`)."""
+    if not traceable(problem):
+        return solution_response(problem, style, correct)
     script = problem.language
     working = PLAIN[problem.family](problem, rng, slip=not correct)
     code = fence(working.code)
@@ -57,6 +64,29 @@ def render_response(problem: Problem, style: str, correct: bool, rng: random.Ran
     raise ValueError(f"unknown style {style!r}; known: {STYLES}")
 
 
+def solution_response(problem: Problem, style: str, correct: bool) -> str:
+    """A real problem's document: the answer alone, the solution's reasoning then the answer,
+    or the think/answer format; a wrong one states another number. No script switch: the data
+    set's text is in one language."""
+    answer = problem.answer if correct else wrong_answer(problem.answer)
+    statement = f"The answer is {answer}."
+    reasoning = reasoning_text(problem.solution)
+    if style == "direct" or not reasoning:
+        return statement
+    if style == "formatted":
+        return f"<think> {reasoning} </think> <answer> {statement} </answer>"
+    return f"{reasoning} {statement}"
+
+
+def wrong_answer(answer: str) -> str:
+    """A plausible wrong answer: an integer off by one; anything else with a digit changed."""
+    try:
+        return str(int(answer) + 1)
+    except ValueError:
+        changed = answer.replace("1", "2", 1) if "1" in answer else answer + "1"
+        return changed
+
+
 def _operand_ranges(problems: list[Problem]) -> dict[str, tuple[int, int]]:
     """Per operator, the largest left and right operands that the problems' steps use."""
     ranges: dict[str, tuple[int, int]] = {}
@@ -75,8 +105,9 @@ def drill_documents(
 ) -> list[Document]:
     """`spec.fact_docs` lists of true equations in the problems' operand ranges."""
     ranges = _operand_ranges(problems)
-    if spec.fact_docs and not ranges:
-        raise ValueError("drill documents need problems with worked steps to take ranges from")
+    if spec.fact_docs and not ranges:  # a real data set: its solutions are its arithmetic
+        log.info("no worked steps to take drill ranges from: no drill documents")
+        return []
     ops = sorted(ranges)
     docs = []
     for _ in range(spec.fact_docs):

@@ -30,6 +30,7 @@ from models.loading import build_model, cut_layers, load_model, load_tokenizer, 
 from models.tokenizer import train_tokenizer
 from problems.corpus import Document, build_corpus
 from problems.loader import load_problems
+from problems.solutions import solution_trace, traceable
 from stages.fingerprint import fingerprint
 from stages.refs import ModelRef, ProblemSet, save_model
 from stages.tracking import Tracker
@@ -40,14 +41,17 @@ log = logging.getLogger(__name__)
 
 
 def tokenizer_texts(docs: list, train_problems: list, seed: int) -> list[str]:
-    """The corpus plus clean teacher traces.
+    """The corpus plus clean teacher traces (a real data set's problems: their own solutions
+    as traces).
 
     A real tokenizer is trained on far broader text than a base model's answers; without the
     reasoning vocabulary, every later long trace would fall apart into byte-level pieces (two per
     Greek letter). The traces shape only the vocabulary, not the base model.
     """
-    traces = write_traces(train_problems, TeacherConfig.faultless(seed))
-    return [d.question for d in docs] + [d.response for d in docs] + [t.completion for t in traces]
+    tiny = [p for p in train_problems if traceable(p)]
+    traces = [t.completion for t in write_traces(tiny, TeacherConfig.faultless(seed))]
+    traces += [solution_trace(p) or "" for p in train_problems if not traceable(p)]
+    return [d.question for d in docs] + [d.response for d in docs] + traces
 
 
 def run(

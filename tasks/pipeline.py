@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact
 from configs.preflight import check_inputs
 from configs.schema import PipelineConfig
 from evaluation.report import StageRow, markdown_table, plot_stages, table_dict
+from problems.fit import check_data_fit
 from stages.refs import CuratedSet, EvalReport
 from storage.paths import StatePaths
 from storage.tracking import (
@@ -45,6 +46,7 @@ class PipelineResult:
 def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunContext:
     # every local checkpoint and data file the flow needs, before any store is touched
     check_inputs(config, flow)
+    check_data_fit(config, flow)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     paths = StatePaths.from_env()

@@ -8,9 +8,10 @@ import pytest
 from configs.loader import ConfigError, load_profile
 from configs.schema import CurationConfig, FilterConfig
 from curation.filters import apply_filters
-from curation.solutions import reasoning_text, solution_trace, solution_traces
+from curation.solutions import solution_traces
 from problems.answers import worked_solution
 from problems.loader import load_problems, read_problems, write_problems
+from problems.solutions import reasoning_text, solution_trace
 from problems.types import Problem
 from rewards.accuracy import grade
 from rewards.format import is_well_formed
