@@ -427,9 +427,14 @@ def evaluate_registered(
 
 
 def regression_message(verdict: Verdict) -> str:
+    """What regressed, naming each evaluation's own MLflow run: this version's and the earlier
+    version's it is compared with."""
     earlier = verdict.previous
-    against = "" if earlier is None else f" against version {earlier.version}"
+    against = ""
+    if earlier is not None:
+        against = f" against version {earlier.version} (its evaluation: MLflow run "
+        against += f"{earlier.mlflow_run_id})"
     return (
-        f"{verdict.model.uri} (version {verdict.model.version}) regressed{against} "
-        f"(MLflow run {verdict.mlflow_run_id}): " + "; ".join(verdict.regressions)
+        f"{verdict.model.uri} version {verdict.model.version} (this evaluation: MLflow run "
+        f"{verdict.mlflow_run_id}) regressed{against}: " + "; ".join(verdict.regressions)
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow import MlflowClient
-from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, RunStatus
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Run, RunStatus
 
 from storage.paths import StatePaths, env_seconds
 
@@ -117,12 +117,25 @@ def _check_database(uri: str, db: Path, wait: float) -> None:
         con.close()
 
 
+# MLflow 3's UI opens an experiment of unknown kind in its GenAI view (traces, which we have
+# none of); this kind opens it on its runs.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def experiment_id(client: MlflowClient, name: str, paths: StatePaths) -> str:
-    """The experiment called `name`, created with its artifacts inside the state folder."""
+    """The experiment called `name`, created with its artifacts inside the state folder, of the
+    kind that the MLflow UI opens on its runs."""
     found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    return client.create_experiment(name, artifact_location=paths.mlflow_artifacts.as_uri())
+    if found is None:
+        return client.create_experiment(
+            name,
+            artifact_location=paths.mlflow_artifacts.as_uri(),
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+        )
+    if found.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return found.experiment_id
 
 
 def start_pipeline_run(
@@ -154,29 +167,79 @@ class MlflowTracker:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
 
+STAGE_KEY_TAG = "r1.stage_key"
+ATTEMPTS_TAG = "r1.attempts"
+ERROR_TAG = "r1.error"
+
+
 @contextmanager
 def stage_run(
-    client: MlflowClient, parent_run_id: str, stage: str, config: dict[str, Any]
+    client: MlflowClient,
+    parent_run_id: str,
+    stage: str,
+    config: dict[str, Any],
+    key: str | None = None,
 ) -> Iterator[MlflowTracker]:
-    """A nested run for one stage; marked FAILED if the stage raises, FINISHED otherwise."""
+    """A nested run for one stage; marked FAILED (with the error) if the stage raises, FINISHED
+    otherwise.
+
+    With the stage's cache `key`, an earlier attempt of the same stage under the same parent
+    that did not finish (it failed, or its process was killed and left it RUNNING) is resumed
+    rather than joined by a second run: its end is recorded as `r1.attempt.N` and its curves go
+    on where the stage resumes from its checkpoint.
+    """
     parent = client.get_run(parent_run_id)
-    run = client.create_run(
-        parent.info.experiment_id,
-        run_name=stage,
-        tags={
+    earlier = unfinished_stage_run(client, parent, stage, key) if key else None
+    if earlier is not None:
+        run_id = resume_stage_run(client, earlier)
+    else:
+        tags = {
             PARENT_TAG: parent_run_id,
             STAGE_TAG: stage,
             FLOW_RUN_TAG: parent.data.tags.get(FLOW_RUN_TAG, ""),
-        },
-    )
-    run_id = run.info.run_id
+        }
+        if key:
+            tags[STAGE_KEY_TAG] = key
+        run_id = client.create_run(parent.info.experiment_id, run_name=stage, tags=tags).info.run_id
     client.log_dict(run_id, config, "config.json")
     try:
         yield MlflowTracker(client, run_id)
-    except BaseException:
+    except BaseException as err:
+        client.set_tag(run_id, ERROR_TAG, f"{type(err).__name__}: {err}"[:5000])
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
         raise
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+
+def unfinished_stage_run(client: MlflowClient, parent: Run, stage: str, key: str) -> Run | None:
+    """The latest run of `stage` with `key` under `parent` that did not finish, if any."""
+    runs = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=(
+            f"tags.`{PARENT_TAG}` = '{parent.info.run_id}' AND tags.`{STAGE_TAG}` = '{stage}' "
+            f"AND tags.`{STAGE_KEY_TAG}` = '{key}' AND attributes.status != 'FINISHED'"
+        ),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None
+
+
+def resume_stage_run(client: MlflowClient, run: Run) -> str:
+    """Reopen an unfinished stage run, recording how its last attempt ended."""
+    attempt = int(run.data.tags.get(ATTEMPTS_TAG, "1"))
+    if run.info.status == "RUNNING":
+        ended = "killed: its process ended without closing the run"
+    else:
+        ended = f"{run.info.status.lower()}: {run.data.tags.get(ERROR_TAG, 'no error recorded')}"
+    run_id = run.info.run_id
+    client.set_tag(run_id, f"r1.attempt.{attempt}", ended[:5000])
+    client.set_tag(run_id, ATTEMPTS_TAG, str(attempt + 1))
+    if ERROR_TAG in run.data.tags:
+        client.delete_tag(run_id, ERROR_TAG)
+    client.update_run(run_id, status="RUNNING")
+    log.info("stage run %s resumed (attempt %d; the last one %s)", run_id, attempt + 1, ended)
+    return run_id
 
 
 def finish_run(client: MlflowClient, run_id: str, failed: bool = False) -> None:

@@ -183,9 +183,9 @@ def tracked_stage(
     """A nested MLflow run around a stage; the dict collects `seconds` when the block ends."""
     client = ctx.client()
     timing: dict[str, float] = {}
-    with stage_run(client, ctx.parent_run_id, stage, config.model_dump(mode="json")) as run:
+    settings = config.model_dump(mode="json")
+    with stage_run(client, ctx.parent_run_id, stage, settings, current_stage_key()) as run:
         tracker = StageTracker(client, run.run_id, ctx, stage)
-        tracker.client.set_tag(run.run_id, "r1.stage_key", current_stage_key())
         tracker.fail_if_asked()
         began = time.perf_counter()
         yield tracker, timing

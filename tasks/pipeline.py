@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from uuid import UUID
 
 import torch
 from mlflow import MlflowClient
 from prefect import get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.logging.loggers import flow_run_logger
 
 from configs.preflight import check_inputs
 from configs.schema import PipelineConfig
@@ -31,6 +33,7 @@ from storage.tracking import (
 from tasks.context import RunContext, StageResult
 
 log = logging.getLogger(__name__)
+RUN_DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as a run's description
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,44 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
         logger.info("MLflow parent run %s in %s", run_id, paths.tracking_uri)
     else:
         logger.info("flow run retried: MLflow parent run %s goes on", run_id)
+        crash_leftover_task_runs(flow_run_id)
     fail_at = config.faults.fail_once_at
     return RunContext(paths.root, run_id, flow_run_id, config.name, fail_at)
+
+
+def crash_leftover_task_runs(flow_run_id: str) -> list[str]:
+    """Mark CRASHED the task runs an earlier attempt of this flow run left RUNNING (its process
+    was killed mid-stage), so the finished flow run holds none that runs forever. Returns their
+    names."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    this_task = str(runtime.task_run.id or "")
+    with get_client(sync_client=True) as client:
+        left = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
+            task_run_filter=TaskRunFilter(
+                state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING]))
+            ),
+        )
+        names = []
+        for task_run in left:
+            if str(task_run.id) == this_task:
+                continue
+            message = "its process ended while it ran; the retry of the flow run resumes it"
+            client.set_task_run_state(task_run.id, Crashed(message=message), force=True)
+            names.append(task_run.name)
+    if names:
+        log.warning("task runs left running by the killed attempt, now crashed: %s", names)
+    return names
 
 
 def retried_pipeline_run(client: MlflowClient, experiment: str, flow_run_id: str) -> str | None:
@@ -122,14 +161,22 @@ def cached_from(client: MlflowClient, ctx: RunContext, result: StageResult) -> s
 
 
 def publish_report(ctx: RunContext, rows: list[StageRow], k: int) -> None:
+    """The per-stage table where each person meets it: the parent run's description in the
+    MLflow UI, a table and plot among its artifacts, a markdown artifact and a log line of the
+    flow run (`prefect flow-run logs <id>`)."""
     client = ctx.client()
+    table = markdown_table(rows, k)
+    client.set_tag(
+        ctx.parent_run_id, RUN_DESCRIPTION_TAG, f"Held-out figures after each stage\n\n{table}"
+    )
+    get_run_logger().info("per-stage report:\n%s", table)
     client.log_table(ctx.parent_run_id, table_dict(rows, k), "report/stages.json")
     plot = plot_stages(rows, k, ctx.run_dir("report") / "stages.png")
     client.log_artifact(ctx.parent_run_id, str(plot), "report")
     experiment = client.get_run(ctx.parent_run_id).info.experiment_id
     create_markdown_artifact(
         key="r1-stage-report",
-        markdown=f"# R1 pipeline: per-stage report\n\n{markdown_table(rows, k)}\n\n"
+        markdown=f"# R1 pipeline: per-stage report\n\n{table}\n\n"
         f"MLflow run: [{ctx.parent_run_id}]({run_url(experiment, ctx.parent_run_id)}) "
         f"(store `{ctx.paths.tracking_uri}`)\n",
         description="held-out figures after each stage",
@@ -155,4 +202,10 @@ def mark_pipeline_failed(flow, flow_run, state) -> None:
     )
     for run in runs:
         finish_run(client, run.info.run_id, failed=True)
-        log.error("pipeline run %s marked FAILED: %s", run.info.run_id, state.message)
+    # the reason, in the flow run's own logs (`prefect flow-run logs <id>`), not only on stderr
+    flow_run_logger(flow_run, flow).error(
+        "flow run %s: %s (MLflow parent run %s)",
+        state.name,
+        state.message,
+        ", ".join(run.info.run_id for run in runs) or "none",
+    )

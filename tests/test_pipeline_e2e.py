@@ -216,6 +216,17 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
         )
     (report,) = [a for a in found if a.key == "r1-stage-report"]
     assert "| mixed_sft |" in report.data and "general score" in report.data
+    parent = client.get_run(result.parent_run_id)
+    assert "| mixed_sft |" in parent.data.tags["mlflow.note.content"]  # the run's description
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on runs
+    with get_client(sync_client=True) as prefect:
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+        logs = prefect.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[result.flow_run_id]))
+        )
+    assert any("per-stage report" in log.message and "| mixed_sft |" in log.message for log in logs)
 
 
 def test_rejection_sampling_filled_duckdb_and_fed_mixed_sft(micro_run):

@@ -364,3 +364,19 @@ def test_missing_data_files_stop_the_evaluation_before_it_starts(evaluations, tm
         filter_string=f"tags.`prefect.flow_run_id` = '{state.state_details.flow_run_id}'",
     )
     assert runs == []  # no MLflow run was opened
+
+
+def test_the_regression_message_names_each_evaluations_own_run(tmp_path):
+    from datetime import UTC, datetime
+
+    from flows.evaluate_registered import RegisteredModel, Verdict, regression_message
+    from storage.eval_history import Evaluation
+
+    model = RegisteredModel("r1-tiny", "final", "3", "source-run", tmp_path, "d" * 64)
+    earlier = Evaluation(
+        datetime.now(UTC), "r1-tiny", "final", "2", "c" * 64, "old-eval-run", "src", {}
+    )
+    verdict = Verdict(model, "new-eval-run", {}, earlier, ["pass_at_1 0.70 -> 0.60"])
+    message = regression_message(verdict)
+    assert "version 3 (this evaluation: MLflow run new-eval-run)" in message
+    assert "against version 2 (its evaluation: MLflow run old-eval-run)" in message
