@@ -10,7 +10,7 @@ training file and names each such combination with its fix.
 from __future__ import annotations
 
 from configs.schema import PipelineConfig
-from problems.loader import read_problems
+from problems.loader import ProblemFileError, read_problems
 from problems.solutions import traceable
 
 SAMPLE_ROWS = 200  # enough to tell a data set's kind; the file may hold millions
@@ -28,14 +28,17 @@ def data_fit_problems(config: PipelineConfig, flow: str = "r1_pipeline") -> list
     files = config.data.files
     if config.data.source != "files" or files is None or not files.train_path.is_file():
         return []
-    sample, _ = read_problems(
-        files.train_path,
-        files.question_field,
-        files.answer_field,
-        limit=SAMPLE_ROWS,
-        bad_rows="skip",
-        max_row_chars=files.max_row_chars,
-    )
+    try:
+        sample, _ = read_problems(
+            files.train_path,
+            files.question_field,
+            files.answer_field,
+            limit=SAMPLE_ROWS,
+            bad_rows="skip",
+            max_row_chars=files.max_row_chars,
+        )
+    except ProblemFileError:  # the problems stage refuses the file, naming what is wrong
+        return []
     untraceable = [p for p in sample if not traceable(p)]
     with_solution = [p for p in sample if p.solution]
     where = f"the first {len(sample)} training problems of {files.train_path}"
