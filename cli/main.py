@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from cli.table import filter_table, stage_table
+    from storage.tracking import tracking_client
+    from tasks.pipeline import run_url
 
     if args.flow == "r1_zero":
         from flows.r1_zero import r1_zero as flow
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"DuckDB:         {paths.duckdb}")
     console.print(f"MLflow run:     {result.parent_run_id}")
     console.print(f"MLflow UI:      mlflow ui --backend-store-uri {paths.tracking_uri}")
+    experiment = tracking_client(paths).get_run(result.parent_run_id).info.experiment_id
+    console.print(f"  then open     {run_url(experiment, result.parent_run_id)}")
     return 0
 
 

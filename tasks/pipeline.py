@@ -184,9 +184,10 @@ def publish_report(ctx: RunContext, rows: list[StageRow], k: int) -> None:
 
 
 def run_url(experiment: str, run_id: str) -> str:
-    """Where the MLflow UI shows a run: `R1_MLFLOW_UI`, or `mlflow ui`'s default address."""
+    """Where the MLflow UI shows a run: `R1_MLFLOW_UI`, or `mlflow ui`'s default address. The
+    UI starts in its GenAI view (traces) unless the address asks for model training (runs)."""
     ui = os.environ.get("R1_MLFLOW_UI", "http://127.0.0.1:5000").rstrip("/")
-    return f"{ui}/#/experiments/{experiment}/runs/{run_id}"
+    return f"{ui}/#/experiments/{experiment}/runs/{run_id}?workflowType=machine_learning"
 
 
 def mark_pipeline_failed(flow, flow_run, state) -> None:

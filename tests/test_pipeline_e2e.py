@@ -216,6 +216,7 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
         )
     (report,) = [a for a in found if a.key == "r1-stage-report"]
     assert "| mixed_sft |" in report.data and "general score" in report.data
+    assert "?workflowType=machine_learning)" in report.data  # the MLflow UI opens on runs
     parent = client.get_run(result.parent_run_id)
     assert "| mixed_sft |" in parent.data.tags["mlflow.note.content"]  # the run's description
     experiment = client.get_experiment(parent.info.experiment_id)
