@@ -10,16 +10,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from mlflow import MlflowClient
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+CRASH_REPORT_SECONDS = 15
 FAULT = "reasoning_rl@2"  # micro's stage 3 checkpoints every step and runs 2
 EARLIER_TASKS = {
     "prepare-problems",
@@ -229,3 +233,57 @@ def test_the_nightly_evaluation_schedule_creates_runs(stack):
     assert out.returncode == 0, out.stdout + out.stderr
     count, first_time = out.stdout.split(" ", 1)
     assert int(count) >= 1 and "03:00:00" in first_time
+
+
+def test_a_flow_run_killed_mid_stage_is_retried_into_one_whole_stage_run(stack):
+    """SIGKILL of the flow-run process while stage 3 trains, then `prefect flow-run retry`: the
+    run ends COMPLETED, stage 3 has one MLflow run (its first attempt recorded as killed) holding
+    every step's reward once or more and no step missing, and no task run stays Running."""
+    state, env = stack
+    steps = 40
+    overrides = json.dumps([f"reasoning_rl.steps={steps}", "reasoning_rl.checkpoint_every=1"])
+    started = prefect(
+        env, "deployment", "run", "r1-pipeline/micro", "--param", f"overrides={overrides}"
+    )
+    run_id = flow_run_id(started.stdout)
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    flow_filter = f"tags.`prefect.flow_run_id` = '{run_id}' AND tags.`r1.stage` = 'reasoning_rl'"
+
+    def stage3() -> list:
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        return client.search_runs(experiments, filter_string=flow_filter)
+
+    deadline = time.monotonic() + 600
+    while True:
+        assert time.monotonic() < deadline, "stage 3 never reached its third step"
+        runs = stage3()
+        if runs and len(client.get_metric_history(runs[0].info.run_id, "reward/mean")) >= 3:
+            break
+        time.sleep(0.5)
+    (engine,) = [p for p in psutil.process_iter() if flow_run_process(p, run_id)]
+    engine.send_signal(signal.SIGKILL)
+    assert wait_for_end(env, run_id) == "CRASHED"
+    # the worker reports the crash on its own, seconds after the state is set; a retry before
+    # that report is overwritten by it
+    time.sleep(CRASH_REPORT_SECONDS)
+    retry = prefect(env, "flow-run", "retry", run_id)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    ended = wait_for_end(env, run_id)
+    logs = prefect(env, "flow-run", "logs", run_id).stdout
+    assert ended == "COMPLETED", retry.stdout + logs[-3000:]
+    (run,) = stage3()
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["r1.attempt.1"].startswith("killed")
+    logged = {m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")}
+    assert logged == set(range(1, steps + 1))
+    resumed = client.get_metric_history(run.info.run_id, "train/resumed_from_step")
+    assert resumed and resumed[0].value >= 2
+    assert not [t for t in task_runs(env, run_id) if t[1] == "RUNNING"]
+
+
+def flow_run_process(process: psutil.Process, run_id: str) -> bool:
+    """Whether `process` runs the flow run `run_id` (the worker passes its id in the env)."""
+    try:
+        return process.environ().get("PREFECT__FLOW_RUN_ID") == run_id
+    except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
