@@ -221,12 +221,19 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
     assert "| mixed_sft |" in parent.data.tags["mlflow.note.content"]  # the run's description
     experiment = client.get_experiment(parent.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on runs
-    with get_client(sync_client=True) as prefect:
-        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
 
-        logs = prefect.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[result.flow_run_id]))
-        )
+    APILogHandler().flush()  # the run's logs reach the server from a background worker
+    logs, page = [], [None]
+    with get_client(sync_client=True) as prefect:
+        while page:  # the server answers 200 logs at a time
+            page = prefect.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[result.flow_run_id])),
+                limit=200,
+                offset=len(logs),
+            )
+            logs += page
     assert any("per-stage report" in log.message and "| mixed_sft |" in log.message for log in logs)
 
 
