@@ -9,9 +9,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from storage.paths import StatePaths
@@ -78,11 +78,8 @@ def test_a_failed_attempt_is_resumed_with_its_error_recorded_and_a_new_key_start
     parent = start_pipeline_run(
         client, experiment_id(client, "r1-fail", paths), "r1_pipeline-fail", "flow-1", {}
     )
-    try:
-        with stage_run(client, parent, "mixed_sft", {}, KEY):
-            raise RuntimeError("disk full")
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError), stage_run(client, parent, "mixed_sft", {}, KEY):
+        raise RuntimeError("disk full")
     with stage_run(client, parent, "mixed_sft", {}, KEY) as again:
         pass
     run = client.get_run(again.run_id)
@@ -102,16 +99,19 @@ def test_the_retry_marks_task_runs_the_killed_attempt_left_running_crashed():
     from tasks.pipeline import crash_leftover_task_runs
 
     @flow
-    def pipeline() -> None: ...
+    def pipeline() -> None:
+        """A flow for the server to hold a run of; it never runs here."""
 
     @task
-    def stage() -> None: ...
+    def stage() -> None:
+        """A task for the server to hold a run of; it never runs here."""
 
-    with prefect_test_harness(server_startup_timeout=180):
-        with get_client(sync_client=True) as client:
-            flow_run = client.create_flow_run(pipeline)
-            left = client.create_task_run(stage, flow_run.id, "0", state=Running())
-            assert client.read_task_run(left.id).state.type.value == "RUNNING"
-            assert crash_leftover_task_runs(str(flow_run.id)) == [left.name]
-            assert client.read_task_run(left.id).state.type.value == "CRASHED"
-        time.sleep(0)
+    with (
+        prefect_test_harness(server_startup_timeout=180),
+        get_client(sync_client=True) as client,
+    ):
+        flow_run = client.create_flow_run(pipeline)
+        left = client.create_task_run(stage, flow_run.id, "0", state=Running())
+        assert client.read_task_run(left.id).state.type.value == "RUNNING"
+        assert crash_leftover_task_runs(str(flow_run.id)) == [left.name]
+        assert client.read_task_run(left.id).state.type.value == "CRASHED"
