@@ -38,7 +38,7 @@ from benchmarks.throughput import (  # noqa: E402
     peak_tflops,
     prompt_tokens,
 )
-from configs.schema import GRPOConfig, RewardTerm, SamplerConfig  # noqa: E402
+from configs.reinforcement import GRPOConfig, RewardTerm, SamplerConfig
 from models.chat import render_completion, render_prompt  # noqa: E402
 from models.loading import load_model, load_tokenizer  # noqa: E402
 from problems.loader import load_problems  # noqa: E402

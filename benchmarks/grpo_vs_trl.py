@@ -23,15 +23,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from configs.schema import (  # noqa: E402
-    CorpusConfig,
-    GRPOConfig,
-    MathWorld,
-    ModelConfig,
-    RewardTerm,
-    TrainConfig,
-    WorldConfig,
-)
+from configs.data import MathWorld, WorldConfig
+from configs.reinforcement import GRPOConfig, RewardTerm
+from configs.supervised import CorpusConfig, ModelConfig, TrainConfig
 from models.chat import render_completions, render_prompt  # noqa: E402
 from models.loading import build_model, load_model, load_tokenizer  # noqa: E402
 from models.tokenizer import train_tokenizer  # noqa: E402

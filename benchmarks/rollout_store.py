@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
-from configs.schema import FunnelConfig  # noqa: E402
+from configs.schema import FunnelConfig
 from storage.rollouts import export_kept, insert_rollouts, run_funnel  # noqa: E402
 
 MODEL = "model_2"

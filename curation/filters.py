@@ -10,9 +10,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from configs.schema import FilterConfig
+from configs.supervised import FilterConfig
+from contracts.answer_format import answer_block, is_well_formed
 from curation.teacher import Trace
-from rewards.format import answer_block, is_well_formed
 from rewards.language import language_consistency
 from rewards.verifiers import grade_all
 

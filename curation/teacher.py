@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from configs.schema import TeacherConfig
+from configs.supervised import TeacherConfig
 from problems.corpus import other_script
 from problems.scripts import to_script
 from problems.types import Problem

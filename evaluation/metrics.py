@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -80,3 +81,12 @@ def summarize(problems: Sequence[ProblemSamples], k: int) -> dict[str, float]:
             [sum(p.language_consistent) / len(p.language_consistent) for p in problems]
         ),
     }
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """An evaluation's metrics and where its samples were written."""
+
+    metrics: dict[str, float]
+    samples_path: Path
+    n_problems: int

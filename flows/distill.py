@@ -9,8 +9,10 @@ from prefect import flow, task
 
 from configs.loader import load_profile
 from configs.schema import PipelineConfig
+from evaluation.metrics import EvalReport
 from models.loading import load_model, parameter_count
-from stages.refs import EvalReport, ModelRef, ProblemSet
+from models.saved import ModelRef
+from problems.types import ProblemSet
 from storage import registry
 from storage.digests import tree_digest
 from storage.tracking import alias_for

@@ -23,15 +23,18 @@ from mlflow import MlflowClient
 from prefect import flow, get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 
+from configs.data import DataConfig
 from configs.loader import load_profile
 from configs.preflight import check_inputs
-from configs.schema import DataConfig, EvalConfig
+from configs.reinforcement import EvalConfig
+from evaluation.metrics import EvalReport
+from models.saved import ModelRef
+from preference.reward import PreferenceReward
 from problems.general import write_general_sets
 from problems.loader import load_problems
-from rewards.preference import PreferenceReward
+from problems.types import ProblemSet
 from stages import evaluate as evaluate_stage
 from stages import problems as problems_stage
-from stages.refs import EvalReport, ModelRef, ProblemSet
 from storage import eval_history, registry, store
 from storage.digests import file_digest, tree_digest
 from storage.lineage import InputRef

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rewards.format import answer_block
+from contracts.answer_format import answer_block
 
 Sample = dict[str, Any]
 Item = Mapping[str, Any]

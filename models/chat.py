@@ -12,9 +12,11 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from contracts.answer_format import TAGS
+
 IM_START, IM_END, EOS, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|pad|>"
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END]
-FORMAT_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+FORMAT_TOKENS = list(TAGS)
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"

@@ -19,7 +19,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from configs.schema import ModelConfig
+from configs.supervised import ModelConfig
 
 _ARCHITECTURES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "llama": LlamaConfig}
 

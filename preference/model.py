@@ -23,7 +23,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from configs.schema import ModelConfig
+from configs.supervised import ModelConfig
 from models.chat import render_completions, render_prompt
 from models.loading import ModelNotFoundError, decoder_config
 

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from configs.schema import TrainConfig
+from configs.supervised import TrainConfig
 from preference.bradley_terry import bt_loss, pairwise_accuracy
 from preference.model import pad_batch, score_ids, sequence_scores
 from training.checkpoints import load_checkpoint, save_checkpoint

@@ -13,7 +13,8 @@ import logging
 import random
 from dataclasses import dataclass
 
-from configs.schema import CorpusConfig
+from configs.supervised import CorpusConfig
+from contracts.answer_format import formatted
 from problems.generators import apply
 from problems.scripts import to_script
 from problems.solutions import reasoning_text, traceable
@@ -60,7 +61,7 @@ def render_response(problem: Problem, style: str, correct: bool, rng: random.Ran
     if style == "formatted":
         think = to_script(" ".join(working.sentences) or "I work it out.", script)
         answer = " ".join(part for part in (to_script(working.statement, script), code) if part)
-        return f"<think> {think} </think> <answer> {answer} </answer>"
+        return formatted(think, answer)
     raise ValueError(f"unknown style {style!r}; known: {STYLES}")
 
 
@@ -74,7 +75,7 @@ def solution_response(problem: Problem, style: str, correct: bool) -> str:
     if style == "direct" or not reasoning:
         return statement
     if style == "formatted":
-        return f"<think> {reasoning} </think> <answer> {statement} </answer>"
+        return formatted(reasoning, statement)
     return f"{reasoning} {statement}"
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from configs.schema import CodeWorld
+from configs.data import CodeWorld
 from problems.generators import Op, apply, expression
 from problems.scripts import to_script
 from problems.types import Problem

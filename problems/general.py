@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from configs.schema import GENERAL_KINDS, GENERAL_REJECTIONS, GeneralConfig
+from configs.data import GENERAL_KINDS, GENERAL_REJECTIONS, GeneralConfig
+from contracts.answer_format import ANSWER_CLOSE, ANSWER_OPEN, formatted
 from problems.corpus import other_script
 from problems.general_words import FILLER, GREETINGS, NAMES, OPPOSITES, THINGS, WORDS
 from problems.scripts import to_script
@@ -64,7 +65,7 @@ class PreferencePair:
 
 
 def house_format(thought: str, answer: str) -> str:
-    return f"<think> {thought} </think> <answer> {answer} </answer>"
+    return formatted(thought, answer)
 
 
 # ---- tasks: (key, prompt, answer, thought, wrong answers) in Latin script ----------------------
@@ -222,7 +223,8 @@ def rejected_response(task: GeneralTask, wrong: list[str], rejection: str, rng: 
             return house_format(in_script(thought, other), in_script(answer, other))
         return house_format(in_script(thought, other), answer)  # mixed: reasons in the other one
     if rejection == "no_tags":
-        return f"{thought} {answer}" if rng.random() < 0.5 else f"<answer> {answer} </answer>"
+        bare = f"{ANSWER_OPEN} {answer} {ANSWER_CLOSE}"
+        return f"{thought} {answer}" if rng.random() < 0.5 else bare
     if rejection == "repetition":
         times = rng.randint(3, 5)
         return house_format(" ".join([thought] * times), " ".join([answer] * rng.randint(2, 3)))

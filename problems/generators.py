@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from configs.schema import MathWorld
+from configs.data import MathWorld
 from problems.scripts import to_script
 from problems.types import Problem
 

@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterator
 from fractions import Fraction
 
-from configs.schema import LogicWorld
+from configs.data import LogicWorld
 from problems.scripts import to_script
 from problems.types import Problem
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from contracts.answer_format import formatted
 from problems.types import Problem
 
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
@@ -35,7 +36,7 @@ def solution_trace(problem: Problem) -> str | None:
     reasoning = reasoning_text(problem.solution)
     if not reasoning:
         return None
-    return f"<think> {reasoning} </think> <answer> {summary(problem)} </answer>"
+    return formatted(reasoning, summary(problem))
 
 
 def traceable(problem: Problem) -> bool:

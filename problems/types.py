@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 FAMILIES = ("math", "code", "logic")  # which verifier judges a reasoning problem
@@ -70,3 +71,14 @@ class Problem:
             tests=tuple(str(t) for t in row.get("tests") or ()),
             numbers=tuple(int(n) for n in row.get("numbers") or ()),
         )
+
+
+@dataclass(frozen=True)
+class ProblemSet:
+    """The problems stage's result: the train and held-out JSONL files."""
+
+    train_path: Path
+    heldout_path: Path
+    n_train: int
+    n_heldout: int
+    skipped_rows: dict[str, int] = field(default_factory=dict)  # "train/<reason>" -> rows

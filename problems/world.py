@@ -7,7 +7,7 @@ import random
 from collections.abc import Iterator
 from itertools import islice
 
-from configs.schema import WorldConfig
+from configs.data import WorldConfig
 from problems.functions import draw_function_tasks
 from problems.generators import draw_problems
 from problems.puzzles import draw_puzzles

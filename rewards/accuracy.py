@@ -23,8 +23,8 @@ from functools import lru_cache
 import sympy
 from math_verify import parse, verify
 
+from contracts.answer_format import answer_block
 from problems.answers import final_answer_text
-from rewards.format import answer_block
 
 # math-verify enforces its timeouts with SIGALRM, which only the main thread may use; elsewhere
 # (Prefect runs tasks in worker threads) the timeouts are off and it says so on every call.

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from rewards.format import answer_block
+from contracts.answer_format import answer_block
 from sandbox import Job, Limits, SandboxResult, Verdict, run_jobs
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
 
-from rewards.format import answer_block
+from contracts.answer_format import answer_block
 
 MAX_EXPRESSION_CHARS = 200
 _SPAN = re.compile(r"[0-9(][0-9+\-*/×÷() \t]*")

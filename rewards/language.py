@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
+from contracts.answer_format import ANSWER_CLOSE, ANSWER_OPEN, answer_block, think_block
 from problems.scripts import script_counts, script_share
-from rewards.format import ANSWER_CLOSE, ANSWER_OPEN, answer_block, think_block
 
 CONSISTENT_AT = 0.95
 _FENCED = re.compile(r"```.*?```", re.DOTALL)

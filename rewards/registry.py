@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from contracts.reward_names import (
+    BUILT_REWARDS,
+    RULE_REWARDS,
+    RUNTIME_REWARDS,
+    known_rewards,
+)
 from rewards.accuracy import accuracy_reward
 from rewards.code import CodeReward
 from rewards.countdown import countdown_reward
@@ -28,11 +34,6 @@ REWARDS: dict[str, RewardFn] = {
     "repetition": repetition_reward,
 }
 
-# Rewards that need a trained model, which only exists at run time: the stage that has it
-# supplies the function (rl.trainer's `extra_rewards`).
-PREFERENCE = "preference"
-RUNTIME_REWARDS = {PREFERENCE: "the reward model's score (where general data trains one)"}
-
 
 def _grader(**params: Any) -> RewardFn:
     from graders.reward import grader_reward  # here: graders loads only when a config uses it
@@ -44,9 +45,8 @@ def _grader(**params: Any) -> RewardFn:
 # then, see docs/graders.md; the code reward, which counts its verdicts for `pop_metrics`).
 FACTORIES: dict[str, Callable[..., RewardFn]] = {"grader": _grader, "code": CodeReward}
 
-
-def known_rewards() -> list[str]:
-    return sorted([*REWARDS, *RUNTIME_REWARDS, *FACTORIES])
+if set(REWARDS) != set(RULE_REWARDS) or set(FACTORIES) != set(BUILT_REWARDS):
+    raise ImportError("rewards.registry must provide exactly the names in contracts.reward_names")
 
 
 def get_reward(name: str, **params: Any) -> RewardFn:

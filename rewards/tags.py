@@ -8,7 +8,7 @@ alone, reversed or repeated earn nothing.
 
 from __future__ import annotations
 
-from rewards.format import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, block
+from contracts.answer_format import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, block
 
 
 def tag_count(completion: str) -> float:

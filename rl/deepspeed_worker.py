@@ -17,7 +17,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from configs.schema import GRPOConfig
+from configs.reinforcement import GRPOConfig
+from contracts.reward_names import PREFERENCE
 from models.loading import load_model, load_tokenizer
 from problems.loader import load_problems
 from rewards.registry import RewardFn
@@ -44,9 +45,9 @@ def runtime_rewards(spec: WorkerSpec) -> dict[str, RewardFn]:
     """The rewards a model backs, rebuilt in this process from the folders the spec names."""
     if REWARD_MODEL not in spec.extras:
         return {}
-    from rewards.preference import PreferenceReward
+    from preference.reward import PreferenceReward
 
-    return {"preference": PreferenceReward(spec.extras[REWARD_MODEL])}
+    return {PREFERENCE: PreferenceReward(spec.extras[REWARD_MODEL])}
 
 
 def sample_writer(out_dir: Path):

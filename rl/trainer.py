@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from configs.schema import GRPOConfig
+from configs.reinforcement import GRPOConfig
 from models.chat import render_prompt
 from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet, verifier_metrics

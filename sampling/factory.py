@@ -10,7 +10,7 @@ from typing import Any, Literal, Protocol
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from configs.schema import SamplerConfig
+from configs.reinforcement import SamplerConfig
 from sampling.types import Completion, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import torch
 
-from configs.schema import SamplerConfig
+from configs.reinforcement import SamplerConfig
 from models.chat import stop_token_ids
 from sampling.types import Completion, SamplingParams
 from sampling.vllm_worker import EXTENSION, LOAD_METHOD

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from configs.schema import (
+from configs.schema import StudentConfig
+from configs.supervised import (
     BootstrapConfig,
     CorpusConfig,
     ModelConfig,
-    StudentConfig,
     TeacherConfig,
     TrainConfig,
 )
@@ -27,12 +27,13 @@ from curation.teacher import write_traces
 from models.chat import render_completions, render_prompt
 from models.checkpoint import check_checkpoint
 from models.loading import build_model, cut_layers, load_model, load_tokenizer, parameter_count
+from models.saved import ModelRef, save_model
 from models.tokenizer import train_tokenizer
 from problems.corpus import Document, build_corpus
 from problems.loader import load_problems
 from problems.solutions import solution_trace, traceable
+from problems.types import ProblemSet
 from stages.fingerprint import fingerprint
-from stages.refs import ModelRef, ProblemSet, save_model
 from stages.tracking import Tracker
 from training.examples import Examples, lm_examples
 from training.loop import train

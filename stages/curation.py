@@ -15,15 +15,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets import Dataset
 
-from configs.schema import CurationConfig
+from configs.supervised import CurationConfig
+from curation.curated import CuratedSet
 from curation.filters import ExampleBound, apply_filters
 from curation.solutions import solution_traces
 from curation.teacher import Trace, write_traces
 from models.chat import render_completions, render_prompt
 from models.loading import load_tokenizer
+from models.saved import ModelRef
 from problems.loader import load_problems
-from problems.types import Problem
-from stages.refs import CuratedSet, ModelRef, ProblemSet
+from problems.types import Problem, ProblemSet
 from stages.tracking import Tracker
 
 COLUMNS = ("problem_id", "question", "answer", "language", "family", "completion")

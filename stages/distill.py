@@ -13,15 +13,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from configs.schema import DistillConfig, GRPOConfig, SFTConfig
+from configs.reinforcement import GRPOConfig
+from configs.schema import DistillConfig
+from configs.supervised import SFTConfig
 from models.chat import render_prompt
 from models.loading import load_model, load_tokenizer
+from models.saved import ModelRef, save_model
 from problems.loader import load_problems
+from problems.types import ProblemSet
 from rewards.registry import RewardFn
 from rl.distill import OnPolicyDistiller
 from stages import reasoning_rl, sft
 from stages.fingerprint import fingerprint
-from stages.refs import ModelRef, ProblemSet, save_model
 from stages.tracking import Tracker
 
 

@@ -12,20 +12,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
-from configs.schema import EvalConfig
-from evaluation.metrics import ProblemSamples, summarize
+from configs.reinforcement import EvalConfig
+from contracts.answer_format import is_well_formed
+from evaluation.metrics import EvalReport, ProblemSamples, summarize
 from models.chat import render_prompt
 from models.loading import load_tokenizer
+from models.saved import ModelRef
 from problems.loader import load_problems
-from problems.types import Problem
+from problems.types import Problem, ProblemSet
 from rewards.accuracy import gold_is_verifiable
-from rewards.format import is_well_formed
 from rewards.language import is_language_consistent
 from rewards.registry import RewardFn
 from rewards.verifiers import grade_all
 from sampling.factory import Sampler, open_sampler
 from sampling.types import SamplingParams
-from stages.refs import EvalReport, ModelRef, ProblemSet
 from stages.tracking import Tracker
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from configs.schema import DataConfig, FilesConfig
+from configs.data import DataConfig, FilesConfig
 from problems.loader import LoadReport, read_problems, write_problems
-from problems.types import Problem
+from problems.types import Problem, ProblemSet
 from problems.world import split_world
-from stages.refs import ProblemSet
 
 
 def run(config: DataConfig, out_dir: Path) -> ProblemSet:

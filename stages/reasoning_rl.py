@@ -8,12 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import fmean as mean
 
-from configs.schema import GRPOConfig
+from configs.reinforcement import GRPOConfig
+from contracts.reward_names import PREFERENCE
 from evaluation.curves import plot_grpo_curves
 from models.chat import render_prompt
 from models.loading import load_model, load_tokenizer
+from models.saved import ModelRef, save_model
 from problems.loader import load_problems, write_problems
-from problems.types import Problem
+from problems.types import Problem, ProblemSet
 from rewards.registry import RewardFn
 from rewards.verifiers import grade_all
 from rl.trainer import GRPOTrainer, ProbeFn
@@ -21,7 +23,6 @@ from sampling.factory import Sampler
 from sampling.types import SamplingParams
 from stages.evaluate import verifiable
 from stages.fingerprint import fingerprint
-from stages.refs import ModelRef, ProblemSet, save_model
 from stages.tracking import Tracker
 from training.distributed import WorkerSpec, require_deepspeed, run_workers
 
@@ -156,7 +157,7 @@ def worker_rewards(extra_rewards: dict[str, RewardFn] | None) -> dict[str, str]:
     extras = {}
     for name, fn in (extra_rewards or {}).items():
         folder = getattr(fn, "model_dir", None)
-        if name != "preference" or folder is None:
+        if name != PREFERENCE or folder is None:
             raise ValueError(
                 f"reward {name!r} cannot be rebuilt in DeepSpeed workers; only the preference "
                 "reward model (by its folder) can"

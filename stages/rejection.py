@@ -25,12 +25,12 @@ from tqdm.auto import tqdm
 from configs.schema import RejectionConfig
 from models.chat import render_prompt
 from models.loading import load_tokenizer
+from models.saved import ModelRef
 from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet
 from rl.scoring import score
 from sampling.factory import open_sampler
 from sampling.types import Completion, SamplingParams
-from stages.refs import ModelRef
 from stages.tracking import Tracker
 from training import PROGRESS
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from configs.schema import RewardModelConfig
+from configs.reinforcement import RewardModelConfig
 from models.loading import load_tokenizer, parameter_count
+from models.saved import ModelRef
 from preference.model import build_reward_model, encode, load_reward_model, pair_texts
 from preference.training import EncodedPair, evaluate_pairs, train_reward_model
 from problems.general import PreferencePair, load_pairs
 from stages.fingerprint import fingerprint
-from stages.refs import ModelRef
 from stages.tracking import Tracker
 
 log = logging.getLogger(__name__)

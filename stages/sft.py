@@ -8,17 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from datasets import load_from_disk
-from transformers import PreTrainedTokenizerBase
-
-from configs.schema import SFTConfig
-from models.chat import render_completions, render_prompt
+from configs.supervised import SFTConfig
 from models.loading import load_model, load_tokenizer
+from models.saved import ModelRef, save_model
 from stages.fingerprint import fingerprint
-from stages.refs import ModelRef, save_model
 from stages.tracking import Tracker
 from training.distributed import WorkerSpec, require_deepspeed, run_workers
-from training.examples import Examples, sft_examples
+from training.examples import dataset_examples
 from training.loop import train
 
 
@@ -81,17 +77,3 @@ def run_deepspeed(
         {"train/tokens_per_second": result["tokens_per_second"], "train/steps": result["steps"]}
     )
     return ModelRef(path=out_dir / "model", parameters=int(result["parameters"]))
-
-
-def dataset_examples(
-    tokenizer: PreTrainedTokenizerBase, dataset_path: Path, max_length: int
-) -> Examples:
-    """The SFT examples of a saved dataset: the rendered question as context, the rendered
-    completion as the target."""
-    rows = load_from_disk(str(dataset_path))
-    return sft_examples(
-        tokenizer,
-        [render_prompt(tokenizer, q) for q in rows["question"]],
-        render_completions(tokenizer, rows["completion"]),
-        max_length,
-    )

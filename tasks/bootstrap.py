@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from configs.schema import BootstrapConfig
+from configs.supervised import BootstrapConfig
+from models.saved import ModelRef
+from problems.types import ProblemSet
 from stages import bootstrap as bootstrap_stage
-from stages.refs import ModelRef, ProblemSet
 from tasks.cache import stage_task
 from tasks.context import (
     RunContext,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from prefect import Task, task
 from prefect.context import TaskRunContext
@@ -29,6 +29,7 @@ from storage.digests import file_digest, tree_digest
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CODE_PACKAGES = (
     "configs",
+    "contracts",
     "curation",
     "evaluation",
     "graders",
@@ -47,6 +48,13 @@ CODE_PACKAGES = (
 KEY_LENGTH = 16  # hex characters of the key in folder names
 
 
+@runtime_checkable
+class Keyed(Protocol):
+    """A task parameter that says what it contributes to a stage key."""
+
+    def stage_identity(self) -> Any: ...
+
+
 @cache
 def code_version() -> str:
     """Digest of the project's Python sources that stages run: any edit invalidates the cache."""
@@ -59,13 +67,10 @@ def code_version() -> str:
 
 
 def identity(value: Any) -> Any:
-    """What a task parameter contributes to a stage key: content, never a run-specific name."""
-    from tasks.context import RunContext, StageResult
-
-    if isinstance(value, RunContext):
-        return {"state": str(value.state_root)}  # stages never share results across state folders
-    if isinstance(value, StageResult):
-        return {"stage": value.stage, "digest": value.digest or identity(value.output)}
+    """What a task parameter contributes to a stage key: content, never a run-specific name.
+    A value with a `stage_identity()` method (the run context, a stage's result) says its own."""
+    if isinstance(value, Keyed):
+        return value.stage_identity()
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, Path):
@@ -103,13 +108,11 @@ def stage_key(task_name: str, parameters: dict[str, Any], stage: StageName = Non
 
 def fault_for(parameters: dict[str, Any], stage: StageName) -> str | None:
     """`faults.fail_once_at` when it names the stage this call runs, else None."""
-    from tasks.context import RunContext
-
-    ctx = parameters.get("ctx")
-    if not isinstance(ctx, RunContext) or not ctx.fail_at:
+    fail_at = getattr(parameters.get("ctx"), "fail_at", None)  # the run context's, if any
+    if not fail_at:
         return None
     name = stage(parameters) if callable(stage) else stage or parameters.get("stage")
-    return ctx.fail_at if ctx.fail_at.partition("@")[0] == name else None
+    return fail_at if fail_at.partition("@")[0] == name else None
 
 
 def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:

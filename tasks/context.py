@@ -14,7 +14,8 @@ from mlflow import MlflowClient
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from pydantic import BaseModel
 
-from stages.refs import ModelRef, ProblemSet
+from models.saved import ModelRef
+from problems.types import ProblemSet
 from storage import store
 from storage.digests import file_digest, tree_digest
 from storage.lineage import InputRef
@@ -27,7 +28,7 @@ from storage.tracking import (
     stage_run,
     tracking_client,
 )
-from tasks.cache import KEY_LENGTH, current_stage_key
+from tasks.cache import KEY_LENGTH, current_stage_key, identity
 from training import PROGRESS
 
 T = TypeVar("T")
@@ -59,6 +60,11 @@ class RunContext:
     def client(self) -> MlflowClient:
         return tracking_client(self.paths)
 
+    def stage_identity(self) -> dict[str, str]:
+        """Its part of a stage key: the state folder (stages never share results across state
+        folders), never the run's ids."""
+        return {"state": str(self.state_root)}
+
 
 @dataclass(frozen=True)
 class StageResult(Generic[T]):
@@ -75,6 +81,10 @@ class StageResult(Generic[T]):
     def ref(self) -> InputRef:
         """This output as an input of a later stage: its digest and the run that produced it."""
         return InputRef(self.digest, self.run_id)
+
+    def stage_identity(self) -> dict[str, Any]:
+        """Its part of a later stage's key: which stage, and its output's content."""
+        return {"stage": self.stage, "digest": self.digest or identity(self.output)}
 
 
 def log_problems(client: MlflowClient, run_id: str, problems: ProblemSet, split: str) -> str:

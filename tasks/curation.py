@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from datasets import load_from_disk
 
-from configs.schema import CurationConfig
+from configs.supervised import CurationConfig
+from curation.curated import CuratedSet
+from models.saved import ModelRef
+from problems.types import ProblemSet
 from stages import curation as curation_stage
-from stages.refs import CuratedSet, ModelRef, ProblemSet
 from storage import store
 from storage.digests import rows_digest
 from tasks.cache import stage_task

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from configs.schema import CorpusConfig, DistillConfig, StudentConfig
+from configs.schema import DistillConfig, StudentConfig
+from configs.supervised import CorpusConfig
+from models.saved import ModelRef
+from problems.types import ProblemSet
 from stages import bootstrap as bootstrap_stage
 from stages import distill as distill_stage
 from stages.mixed import build_sft_set
-from stages.refs import ModelRef, ProblemSet
 from stages.reward_model import RewardModelRef
 from storage.tracking import log_dataset
 from tasks.cache import stage_task

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 from prefect import get_run_logger
 
-from configs.schema import EvalConfig
+from configs.reinforcement import EvalConfig
+from evaluation.metrics import EvalReport
+from models.saved import ModelRef
 from problems.general import GeneralFiles
+from problems.types import ProblemSet
 from stages import evaluate as evaluate_stage
-from stages.refs import EvalReport, ModelRef, ProblemSet
 from stages.reward_model import RewardModelRef
 from storage.tracking import MlflowTracker
 from tasks.cache import stage_task

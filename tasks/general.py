@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from prefect import get_run_logger
 
-from configs.schema import GeneralConfig, GRPOConfig, RewardModelConfig
+from configs.data import GeneralConfig
+from configs.reinforcement import GRPOConfig, RewardModelConfig
+from contracts.reward_names import PREFERENCE
+from models.saved import ModelRef
+from preference.reward import PreferenceReward
 from problems.general import GeneralFiles, write_general_sets
 from problems.loader import load_problems
 from problems.types import Problem
-from rewards.preference import PreferenceReward
-from rewards.registry import PREFERENCE, RewardFn
+from rewards.registry import RewardFn
 from stages import reward_model as reward_model_stage
-from stages.refs import ModelRef
 from stages.reward_model import RewardModelRef
 from storage import store
 from storage.digests import file_digest

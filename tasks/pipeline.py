@@ -15,9 +15,10 @@ from prefect.logging.loggers import flow_run_logger
 
 from configs.preflight import check_inputs
 from configs.schema import PipelineConfig
+from curation.curated import CuratedSet
+from evaluation.metrics import EvalReport
 from evaluation.report import StageRow, markdown_table, plot_stages, table_dict
 from problems.fit import check_data_fit
-from stages.refs import CuratedSet, EvalReport
 from storage.paths import StatePaths
 from storage.tracking import (
     FLOW_RUN_TAG,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from configs.schema import DataConfig
+from configs.data import DataConfig
+from problems.types import ProblemSet
 from stages import problems as problems_stage
-from stages.refs import ProblemSet
 from storage import store
 from tasks.cache import stage_task
 from tasks.context import RunContext, log_problems

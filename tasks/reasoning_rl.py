@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from configs.schema import GRPOConfig
+from configs.reinforcement import GRPOConfig
+from models.saved import ModelRef
 from problems.general import GeneralFiles
+from problems.types import ProblemSet
 from stages import reasoning_rl
-from stages.refs import ModelRef, ProblemSet
 from stages.reward_model import RewardModelRef
 from storage.digests import file_digest
 from tasks.cache import stage_task

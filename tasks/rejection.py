@@ -10,10 +10,11 @@ import pyarrow as pa
 from prefect import get_run_logger
 
 from configs.schema import RejectionConfig
+from models.saved import ModelRef
 from problems.general import GeneralFiles
 from problems.loader import load_problems
+from problems.types import ProblemSet
 from stages import rejection as rejection_stage
-from stages.refs import ModelRef, ProblemSet
 from stages.reward_model import RewardModelRef
 from storage import rollouts, store
 from storage.digests import file_digest

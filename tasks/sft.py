@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from datasets import load_from_disk
 
-from configs.schema import SFTConfig
+from configs.supervised import SFTConfig
+from curation.curated import CuratedSet
+from models.saved import ModelRef
 from problems.general import GeneralFiles
 from stages import sft as sft_stage
 from stages.mixed import build_sft_set
-from stages.refs import CuratedSet, ModelRef
 from storage import store
 from storage.digests import file_digest, rows_digest
 from storage.lineage import InputRef

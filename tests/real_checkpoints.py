@@ -24,7 +24,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from configs.schema import TrainConfig
+from configs.supervised import TrainConfig
 from models.chat import render_completions, render_prompt
 from models.tokenizer import train_bpe
 from stages.tracking import NullTracker

@@ -1,10 +1,11 @@
 import pytest
 
-from configs.schema import FilterConfig, MathWorld, TeacherConfig, WorldConfig
+from configs.data import MathWorld, WorldConfig
+from configs.supervised import FilterConfig, TeacherConfig
+from contracts.answer_format import is_well_formed
 from curation.filters import ExampleBound, apply_filters, distinct_trigram_share, is_readable
 from curation.teacher import Trace, write_trace, write_traces
 from problems.world import split_world
-from rewards.format import is_well_formed
 
 SPEC = FilterConfig(
     min_tokens=10, max_tokens=120, min_language_share=0.95, min_distinct_trigrams=0.75

@@ -5,10 +5,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from configs.schema import CorpusConfig, ModelConfig, StudentConfig
+from configs.schema import StudentConfig
+from configs.supervised import CorpusConfig, ModelConfig
 from models.loading import build_model, cut_layers, load_model
+from models.saved import save_model
+from problems.types import ProblemSet
 from stages.bootstrap import pretrain_student
-from stages.refs import ProblemSet, save_model
 from tests.tiny_models import make_tokenizer
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from datasets import Dataset
 
-from configs.schema import EngineConfig, SFTConfig, TrainConfig
+from configs.supervised import EngineConfig, SFTConfig, TrainConfig
 from models.loading import load_model, load_tokenizer
+from models.saved import ModelRef, save_model
 from stages import sft
-from stages.refs import ModelRef, save_model
 from tests.tiny_models import make_tokenizer, tiny_model
 from training import distributed
 from training.distributed import (
@@ -24,7 +24,7 @@ from training.distributed import (
     launch_command,
     target_count,
 )
-from training.examples import Example
+from training.examples import Example, dataset_examples
 from training.finite import NonFiniteLossError
 from training.loop import train
 
@@ -90,7 +90,7 @@ def single(world) -> tuple[Recorder, dict[str, torch.Tensor]]:
     """The reference: the single-process loop on the same examples."""
     tokenizer = load_tokenizer(world["base"])
     model = load_model(world["base"])
-    examples = sft.dataset_examples(tokenizer, world["data"], TRAIN.max_length)
+    examples = dataset_examples(tokenizer, world["data"], TRAIN.max_length)
     recorder = Recorder()
     train(
         model,

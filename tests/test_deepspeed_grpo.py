@@ -12,11 +12,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from configs.schema import EngineConfig, GRPOConfig
+from configs.reinforcement import GRPOConfig
+from configs.supervised import EngineConfig
 from models.loading import load_model
+from models.saved import ModelRef, save_model
 from problems.loader import write_problems
+from problems.types import ProblemSet
 from stages import reasoning_rl
-from stages.refs import ModelRef, ProblemSet, save_model
 from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
 from training import distributed
 

@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from configs.schema import ModelConfig
+from configs.supervised import ModelConfig
 from models.chat import EOS, IM_END, PAD, render_prompt
 from models.loading import build_model
 from models.tokenizer import train_tokenizer

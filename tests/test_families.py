@@ -6,7 +6,8 @@ from fractions import Fraction
 
 import pytest
 
-from configs.schema import CodeWorld, LogicWorld, MathWorld, TeacherConfig, WorldConfig
+from configs.data import CodeWorld, LogicWorld, MathWorld, WorldConfig
+from configs.supervised import TeacherConfig
 from curation.teacher import write_trace
 from problems.corpus import STYLES, render_response
 from problems.functions import function_expression

@@ -4,6 +4,7 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
+from contracts.answer_format import answer_block, is_well_formed
 from problems.general import (
     KINDS,
     REJECTIONS,
@@ -17,7 +18,6 @@ from problems.general import (
 )
 from problems.loader import load_problems
 from problems.scripts import dominant_script, script_share
-from rewards.format import answer_block, is_well_formed
 from rewards.repetition import repeated_ngram_share
 
 CFG = GeneralConfig(seed=3, n_sft=200, n_pairs_train=300, n_pairs_heldout=100, n_eval_prompts=40)

@@ -12,7 +12,7 @@ import torch
 
 from benchmarks import gpu_validate
 from benchmarks.throughput import Measurement, flop_parameters, peak_tflops
-from configs.schema import ModelConfig
+from configs.supervised import ModelConfig
 from models.loading import build_model
 from tests.tiny_models import make_tokenizer, tiny_model
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from configs.schema import GRPOConfig, RewardTerm
+from configs.reinforcement import GRPOConfig, RewardTerm
 from problems.types import Problem
 from rl.advantages import group_advantages
 from rl.rollouts import token_ends
@@ -233,7 +233,7 @@ def test_a_time_budget_stops_training_early(tokenizer, tmp_path):
 
 
 def test_a_probe_measures_before_training_and_every_n_steps(tokenizer, tmp_path):
-    from configs.schema import ProbeConfig
+    from configs.reinforcement import ProbeConfig
     from evaluation.curves import plot_grpo_curves
 
     calls = []

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from configs.schema import ModelConfig, TrainConfig
+from configs.supervised import ModelConfig, TrainConfig
 from models.loading import build_model
 from rl.rollouts import build_batch, completion_logprobs, pack_policy_batch
 from tests.tiny_models import make_tokenizer

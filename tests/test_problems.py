@@ -4,7 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from configs.schema import CorpusConfig, MathWorld, WorldConfig
+from configs.data import MathWorld, WorldConfig
+from configs.supervised import CorpusConfig
 from problems.corpus import build_corpus
 from problems.generators import evaluate, expression, worked_steps
 from problems.loader import ProblemFileError, load_problems, write_problems

@@ -5,10 +5,11 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from configs.schema import FunnelConfig, RejectionConfig, RewardTerm
+from configs.reinforcement import RewardTerm
+from configs.schema import FunnelConfig, RejectionConfig
+from models.saved import ModelRef, save_model
 from problems.types import Problem
 from stages import rejection
-from stages.refs import ModelRef, save_model
 from stages.tracking import NullTracker
 from storage import rollouts
 from tests.tiny_models import make_tokenizer, tiny_model

@@ -3,8 +3,8 @@
 import pytest
 
 from evaluation.report import StageRow, markdown_table, plot_stages, table_dict
+from models.saved import ModelRef
 from stages.distill import check_smaller
-from stages.refs import ModelRef
 
 ROWS = [
     StageRow(

@@ -3,9 +3,10 @@ import math
 import pytest
 import torch
 
-from configs.schema import ModelConfig, TrainConfig
+from configs.supervised import ModelConfig, TrainConfig
 from models.chat import render_completion, render_prompt
 from models.loading import build_model, load_model
+from models.saved import save_model
 from models.tokenizer import train_tokenizer
 from preference.bradley_terry import bt_loss, pairwise_accuracy, preference_probability
 from preference.model import (
@@ -17,9 +18,8 @@ from preference.model import (
     score_pairs,
     sequence_scores,
 )
+from preference.reward import PreferenceReward
 from problems.general import GeneralConfig, load_pairs, sft_rows, write_general_sets
-from rewards.preference import PreferenceReward
-from stages.refs import save_model
 from stages.reward_model import RewardModelConfig, run
 from stages.tracking import NullTracker
 from tests.tiny_models import make_tokenizer

@@ -1,9 +1,10 @@
 import pytest
 
+from contracts.answer_format import answer_block, is_well_formed
 from problems.answers import final_answer_text, last_boxed
 from rewards import REWARDS, get_reward
 from rewards.accuracy import accuracy_reward, grade
-from rewards.format import answer_block, format_reward, is_well_formed
+from rewards.format import format_reward
 from rewards.language import language_consistency, language_reward
 from rewards.length import overlong_penalty
 from rewards.registry import combine, safe_scores

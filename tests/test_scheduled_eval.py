@@ -15,13 +15,13 @@ import torch
 from datasets import Dataset
 from mlflow import MlflowClient
 
-from configs.schema import ModelConfig, SFTConfig, TrainConfig
+from configs.supervised import ModelConfig, SFTConfig, TrainConfig
 from flows.evaluate_registered import artifact_key, parse_model_uri, registered_model
+from models.saved import save_model
 from preference.model import build_reward_model
 from problems.loader import write_problems
 from problems.types import Problem
 from stages import sft
-from stages.refs import save_model
 from stages.tracking import NullTracker
 from storage import eval_history
 from storage.eval_history import regressions

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from configs.loader import ConfigError, load_profile
-from configs.schema import CurationConfig, FilterConfig
+from configs.supervised import CurationConfig, FilterConfig
+from contracts.answer_format import is_well_formed
 from curation.filters import apply_filters
 from curation.solutions import solution_traces
 from problems.answers import worked_solution
@@ -14,7 +15,6 @@ from problems.loader import load_problems, read_problems, write_problems
 from problems.solutions import reasoning_text, solution_trace
 from problems.types import Problem
 from rewards.accuracy import grade
-from rewards.format import is_well_formed
 from stages.curation import candidate_traces
 
 GSM8K = (

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from configs.schema import TrainConfig
+from configs.supervised import TrainConfig
 from models.chat import render_completion, render_prompt
 from tests.tiny_models import TEXTS, make_tokenizer, tiny_model
 from training.examples import IGNORE, lm_examples, sft_examples

@@ -9,7 +9,8 @@ and differ before it. Greedy tokens alone could agree by chance on a small rando
 import pytest
 import torch
 
-from configs.schema import ModelConfig, SamplerConfig
+from configs.reinforcement import SamplerConfig
+from configs.supervised import ModelConfig
 from models.chat import render_prompt
 from models.loading import build_model
 from rl.rollouts import build_batch, completion_logprobs

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from configs.schema import GRPOConfig, SamplerConfig
+from configs.reinforcement import GRPOConfig, SamplerConfig
 from models.chat import stop_token_ids
 from rl.trainer import GRPOTrainer
 from sampling import vllm as vllm_module

@@ -9,7 +9,7 @@ import contextlib
 import pytest
 import torch
 
-from configs.schema import ModelConfig
+from configs.supervised import ModelConfig
 from models.loading import build_model
 from sampling.weight_sync import (
     WeightSync,

@@ -1,7 +1,9 @@
 """A byte-level tokenizer, a one-layer Qwen2 model small enough to train in a test, and the small
 GRPO and on-policy distillation settings the trainer tests share."""
 
-from configs.schema import GRPOConfig, ModelConfig, OnPolicyDistillConfig, RewardTerm
+from configs.reinforcement import GRPOConfig, RewardTerm
+from configs.schema import OnPolicyDistillConfig
+from configs.supervised import ModelConfig
 from models.loading import build_model
 from models.tokenizer import train_tokenizer
 from problems.types import Problem

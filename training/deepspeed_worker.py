@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from configs.schema import SFTConfig, TrainConfig
+from configs.supervised import SFTConfig, TrainConfig
 from training import PROGRESS
 from training.distributed import WorkerSpec, rank_share, target_count, zero_config
 from training.engines import full_state_dict
@@ -173,7 +173,7 @@ def save_full_model(state: dict[str, torch.Tensor], spec: WorkerSpec, tokenizer:
     """Save the trained weights where the single-process stage saves its model; returns the
     parameter count."""
     from models.loading import load_model
-    from stages.refs import save_model
+    from models.saved import save_model
 
     model = load_model(spec.base)
     model.load_state_dict(state)
@@ -191,7 +191,7 @@ def run(spec: WorkerSpec) -> None:
     import torch.distributed as dist
 
     from models.loading import load_model, load_tokenizer
-    from stages.sft import dataset_examples
+    from training.examples import dataset_examples
 
     rank, world = init_distributed()
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from configs.schema import EngineConfig, TrainConfig
+from configs.supervised import EngineConfig, TrainConfig
 from training.engines import deepspeed_config
 from training.examples import IGNORE, Example
 from training.finite import NonFiniteLossError

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from configs.schema import EngineConfig
+from configs.supervised import EngineConfig
 from sampling.weight_sync import chunks, zero3_gather
 from training.checkpoints import load_checkpoint, save_checkpoint
 from training.finite import LossGuard

@@ -10,8 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from datasets import load_from_disk
 from transformers import PreTrainedTokenizerBase
+
+from models.chat import render_completions, render_prompt
 
 IGNORE = -100  # label that the loss skips
 
@@ -99,3 +103,17 @@ def sft_examples(
         else:
             dropped += 1
     return Examples(examples, Cuts(len(prompt_ids), cut, dropped, tokens_cut, max_length))
+
+
+def dataset_examples(
+    tokenizer: PreTrainedTokenizerBase, dataset_path: Path, max_length: int
+) -> Examples:
+    """The SFT examples of a saved dataset: the rendered question as context, the rendered
+    completion as the target."""
+    rows = load_from_disk(str(dataset_path))
+    return sft_examples(
+        tokenizer,
+        [render_prompt(tokenizer, q) for q in rows["question"]],
+        render_completions(tokenizer, rows["completion"]),
+        max_length,
+    )

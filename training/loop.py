@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from configs.schema import TrainConfig
+from configs.supervised import TrainConfig
 from training import PROGRESS
 from training.checkpoints import load_checkpoint, save_checkpoint
 from training.examples import IGNORE, Example

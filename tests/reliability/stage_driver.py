@@ -29,18 +29,15 @@ from typing import Any, NoReturn
 import pyarrow as pa
 import torch
 
-from configs.schema import (
-    FunnelConfig,
-    RejectionConfig,
-    RewardTerm,
-    TrainConfig,
-)
+from configs.reinforcement import RewardTerm
+from configs.schema import FunnelConfig, RejectionConfig
+from configs.supervised import TrainConfig
 from models.chat import render_prompt
+from models.saved import ModelRef
 from problems.types import Problem
 from rl.distill import OnPolicyDistiller
 from rl.trainer import GRPOTrainer
 from stages import rejection
-from stages.refs import ModelRef
 from stages.tracking import NullTracker
 from storage import rollouts
 from tests.tiny_models import (

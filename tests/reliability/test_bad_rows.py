@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from configs.schema import DataConfig, FilesConfig
+from configs.data import DataConfig, FilesConfig
 from problems.loader import ProblemFileError, read_problems
 from stages import problems as problems_stage
 

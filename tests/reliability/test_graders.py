@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from configs.schema import RewardTerm
+from configs.reinforcement import RewardTerm
 from graders import GraderFileError, load_grader, load_spec, make_sample, passed
 from graders.build import build_grader
 from graders.formula import Formula, FormulaError, compile_formula, evaluate

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import preference.training as rm_training
-from configs.schema import ModelConfig, TrainConfig
+from configs.supervised import ModelConfig, TrainConfig
 from models.chat import render_prompt
 from preference.model import build_reward_model
 from preference.training import EncodedPair, train_reward_model

@@ -26,7 +26,7 @@ import duckdb
 import pytest
 import torch
 
-from stages.refs import save_model
+from models.saved import save_model
 from tests.reliability import stage_driver as driver
 from tests.tiny_models import make_tokenizer, tiny_model
 from training.checkpoints import checkpoint_file, load_checkpoint, save_checkpoint

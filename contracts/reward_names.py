@@ -1,0 +1,26 @@
+"""The reward names a config may use. `rewards.registry` provides a function for each and checks
+at import that it provides exactly these; configs check names against this list without loading
+any reward."""
+
+from __future__ import annotations
+
+# Rule rewards: pure functions of the completion and its problem's columns.
+RULE_REWARDS = (
+    "accuracy",
+    "countdown",
+    "format",
+    "tag_count",
+    "language",
+    "overlong",
+    "repetition",
+)
+# Rewards built from their params when a config's rewards are built.
+BUILT_REWARDS = ("grader", "code")
+# Rewards that need a trained model, which only exists at run time: the stage that has it
+# supplies the function.
+PREFERENCE = "preference"
+RUNTIME_REWARDS = {PREFERENCE: "the reward model's score (where general data trains one)"}
+
+
+def known_rewards() -> list[str]:
+    return sorted([*RULE_REWARDS, *BUILT_REWARDS, *RUNTIME_REWARDS])
