@@ -28,10 +28,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
-from configs.loader import load_profile  # noqa: E402
+from configs.profiles import load_profile  # noqa: E402
 from rewards.steps import check_steps  # noqa: E402
 from stages import bootstrap, evaluate, problems  # noqa: E402
-from stages.tracking import NullTracker  # noqa: E402
+from stages.tracker import NullTracker  # noqa: E402
 
 _NUMBER = re.compile(r"\d+")
 

@@ -31,7 +31,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from configs.loader import load_profile  # noqa: E402
+from configs.profiles import load_profile  # noqa: E402
 from models.loading import build_model  # noqa: E402
 from models.tokenizer import train_tokenizer  # noqa: E402
 from problems.corpus import build_corpus  # noqa: E402

@@ -44,7 +44,7 @@ from models.loading import load_model, load_tokenizer  # noqa: E402
 from problems.loader import load_problems  # noqa: E402
 from rl.trainer import GRPOTrainer  # noqa: E402
 from sampling.hf import HFSampler  # noqa: E402
-from sampling.types import SamplingParams  # noqa: E402
+from sampling.interface import SamplingParams  # noqa: E402
 from training.examples import sft_examples  # noqa: E402
 
 ROWS = ("generation vllm", "generation hf", "generation vllm / hf", "training sft")

@@ -25,7 +25,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 from configs.schema import FunnelConfig
-from storage.rollouts import export_kept, insert_rollouts, run_funnel  # noqa: E402
+from storage.funnel import export_kept, run_funnel
+from storage.rollout_store import insert_rollouts
 
 MODEL = "model_2"
 VOCABULARY = (

@@ -31,8 +31,8 @@ from models.chat import render_prompt  # noqa: E402
 from models.loading import load_model, load_tokenizer  # noqa: E402
 from problems.loader import load_problems  # noqa: E402
 from sampling.hf import HFSampler  # noqa: E402
+from sampling.interface import Completion, SamplingParams  # noqa: E402
 from sampling.reference import GenerateSampler  # noqa: E402
-from sampling.types import Completion, SamplingParams  # noqa: E402
 
 Generate = Callable[[list[str], int, SamplingParams], list[list[Completion]]]
 

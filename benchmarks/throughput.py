@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from problems.types import Problem
 from rl.trainer import GRPOTrainer
 from sampling.factory import Sampler
-from sampling.types import SamplingParams
+from sampling.interface import SamplingParams
 from training.examples import Example
 from training.loop import collate
 

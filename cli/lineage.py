@@ -18,8 +18,8 @@ from rich.text import Text
 from rich.tree import Tree
 
 from storage.lineage import LineageError, LineageNode, LineageRow, chain, latest_rows, produced_by
+from storage.model_registry import RegistryError, ResolvedModel, parse_model, resolve
 from storage.paths import StatePaths
-from storage.registry import RegistryError, ResolvedModel, parse_model, resolve
 
 # A stage run's own model digest, when a run sets it; the lineage row is looked up by run id first.
 MODEL_DIGEST_TAG = "model.digest"

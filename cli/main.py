@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return lineage_command(args.model, args.state_dir, args.json)
     paths = prepare_environment(args.state_dir)
-    from configs.loader import ConfigError, load_profile, profile_path
     from configs.preflight import MissingInputsError, check_inputs
+    from configs.profiles import ConfigError, load_profile, profile_path
 
     try:
         config = load_profile(args.profile, args.overrides)

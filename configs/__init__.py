@@ -1,6 +1,6 @@
 """Profiles (YAML beside this file) and the pydantic models that validate them."""
 
-from configs.loader import ConfigError, load_profile
+from configs.profiles import ConfigError, load_profile
 from configs.schema import PipelineConfig
 
 __all__ = ["ConfigError", "PipelineConfig", "load_profile"]

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from configs.base import Strict
+from configs.strict import Strict
 
 
 class MathWorld(Strict):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from configs.base import Family, Strict
+from configs.strict import Family, Strict
 from configs.supervised import EngineConfig, ModelConfig, TrainConfig
 from contracts.reward_names import known_rewards
 

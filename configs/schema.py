@@ -12,7 +12,6 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from configs.base import Strict, hub_id_field
 from configs.data import DataConfig
 from configs.reinforcement import (
     EvalConfig,
@@ -22,6 +21,7 @@ from configs.reinforcement import (
     SamplerConfig,
     verifier_terms,
 )
+from configs.strict import Strict, hub_id_field
 from configs.supervised import (
     BootstrapConfig,
     CurationConfig,
@@ -34,7 +34,7 @@ from contracts.reward_names import PREFERENCE
 
 
 class FunnelConfig(Strict):
-    """Stage 4's SQL filters over the stored rollouts (storage.rollouts), in this order.
+    """Stage 4's SQL filters over the stored rollouts (storage.rollout_store), in this order.
 
     None (or False) disables a filter; a disabled filter still appears in the funnel, with
     rows_in == rows_out.

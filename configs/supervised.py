@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from configs.base import Strict, hub_id_field
+from configs.strict import Strict, hub_id_field
 
 
 class ModelConfig(Strict):

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prefect import flow, task
+from prefect import flow
 
-from configs.loader import load_profile
+from configs.profiles import load_profile
 from configs.schema import PipelineConfig
 from evaluation.metrics import EvalReport
-from models.loading import load_model, parameter_count
 from models.saved import ModelRef
 from problems.types import ProblemSet
-from storage import registry
-from storage.digests import tree_digest
+from storage import model_registry
 from storage.tracking import alias_for
 from tasks.context import RunContext, StageResult
 from tasks.distill import distill_student, rl_only_twin, student_base
@@ -27,20 +25,8 @@ from tasks.pipeline import (
     open_pipeline_run,
 )
 from tasks.problems import prepare_problems
+from tasks.registered import as_stage_result, registered_model
 from tasks.rejection import rejection_sample
-
-
-@task(name="registered-model", retries=1)
-def registered_model(ctx: RunContext, uri: str, stage: str) -> StageResult[ModelRef]:
-    """A registered model as a stage result: its files, its digest and the run that made it."""
-    client = ctx.client()
-    model = registry.resolve(client, registry.parse_model(uri))
-    path = registry.download(client, model, ctx.paths.root / "registry")
-    tags = client.get_run(model.run_id).data.tags
-    digest = tags.get("model.digest") or tree_digest(path)
-    notes = {"model": f"{model.spec.uri} (v{model.version})"}
-    ref = ModelRef(path, parameter_count(load_model(path)))
-    return StageResult(stage, model.run_id, ref, 0.0, digest, notes)
 
 
 def distil_students(
@@ -90,11 +76,18 @@ def distill(
     ctx = open_pipeline_run(config, flow="distill")
     problems = prepare_problems(config.data, ctx)
     general = prepare_general(config.data.general, ctx) if config.data.general else None
-    spec = registry.parse_model(teacher)
-    model = registered_model(ctx, teacher, "teacher")
-    base = registered_model(ctx, f"models:/{spec.name}@{alias_for('bootstrap')}", "bootstrap")
-    reward_uri = f"models:/{spec.name}@{alias_for('reward_model')}"
-    rm = registered_model(ctx, reward_uri, "reward_model") if general else None
+    name = model_registry.parse_model(teacher).name
+
+    def registered(uri: str, stage: str) -> StageResult[ModelRef]:
+        return as_stage_result(registered_model(ctx.paths, uri), stage)
+
+    model = registered(teacher, "teacher")
+    base = registered(f"models:/{name}@{alias_for('bootstrap')}", "bootstrap")
+    rm = (
+        registered(f"models:/{name}@{alias_for('reward_model')}", "reward_model")
+        if general
+        else None
+    )
 
     def evaluate(stage: StageResult) -> EvalReport:
         return evaluate_model(config.evaluation, ctx, stage, problems, general, rm)

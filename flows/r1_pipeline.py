@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from configs.loader import load_profile
+from configs.profiles import load_profile
 from configs.schema import PipelineConfig
 from flows.distill import distil_students
 from tasks.bootstrap import bootstrap_base

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from configs.loader import load_profile
+from configs.profiles import load_profile
 from configs.schema import PipelineConfig
 from tasks.bootstrap import bootstrap_base
 from tasks.evaluation import evaluate_model

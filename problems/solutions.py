@@ -2,8 +2,8 @@
 
 GSM8K's calculator annotations (`48/2 = <<48/2=24>>24`) are tool-use markup, not reasoning, and
 go; its `#### 72` line is the answer. A MATH solution states its answer in `\\boxed{}` and keeps
-it. Curation makes cold-start traces of these (curation.solutions); the bootstrap, for real data
-from scratch, makes its corpus and tokenizer texts of them (problems.corpus).
+it. Curation makes cold-start traces of these (curation.reference_traces); the bootstrap, for real
+data from scratch, makes its corpus and tokenizer texts of them (problems.corpus).
 """
 
 from __future__ import annotations

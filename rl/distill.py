@@ -38,7 +38,7 @@ from configs.schema import OnPolicyDistillConfig
 from rl.rollouts import PolicyBatch, build_batch
 from rl.trainer import prompt_order
 from sampling.hf import HFSampler
-from sampling.types import Completion, SamplingParams
+from sampling.interface import Completion, SamplingParams
 from training import PROGRESS
 from training.checkpoints import load_checkpoint, save_checkpoint
 from training.finite import LossGuard

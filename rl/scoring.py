@@ -13,7 +13,7 @@ import torch
 from problems.types import Problem
 from rewards.registry import RewardSet, combine, safe_scores
 from rl.advantages import EPS, group_advantages, zero_spread_groups
-from sampling.types import Completion
+from sampling.interface import Completion
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from rl.losses import AGGREGATIONS, grpo_loss
 from rl.rollouts import build_batch, completion_logprobs, token_ends
 from rl.scoring import RankRollouts, ScoredGroups, kind_metrics, masked_advantages, score
 from sampling.factory import Sampler, policy_sampler
-from sampling.types import Completion, SamplingParams
+from sampling.interface import Completion, SamplingParams
 from sampling.weight_sync import SyncsWeights
 from training import PROGRESS
 from training.collective import Collective, Solo

@@ -4,6 +4,6 @@
 `sampling.factory.make_sampler` picks one by name.
 """
 
-from sampling.types import Completion, SamplingParams
+from sampling.interface import Completion, SamplingParams
 
 __all__ = ["Completion", "SamplingParams"]

@@ -4,7 +4,7 @@
 logits processors and stopping criteria each step, rebuilds the attention mask and grows its
 cache by concatenation. On a small model on CPU that overhead is most of the time. This loop does
 one forward per step on the rows still running, with the 4D mask passed in, the cache written in
-place (sampling/cache.py) and one-query attention in two matmuls (sampling/attention.py); it
+place (sampling/kv_cache.py) and one-query attention in two matmuls (sampling/attention.py); it
 samples with plain tensor ops and drops a row from the cache, mask and positions at the step it
 stops. Randomness comes only from the row keys passed in (sampling/streams.py): a row's draws
 depend on its key and the step, not on the rows decoded beside it.
@@ -29,7 +29,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from sampling.attention import NAME as MATMUL_DECODE
 from sampling.attention import matmul_decoding
-from sampling.cache import GrowingLayer, growing_cache
+from sampling.kv_cache import GrowingLayer, growing_cache
 from sampling.streams import uniforms
 
 # Most likely tokens searched first for the top-p nucleus (see `nucleus`).

@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from configs.reinforcement import SamplerConfig
-from sampling.types import Completion, SamplingParams
+from sampling.interface import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from models.chat import stop_token_ids
 from sampling.decode import Decoded, decode
+from sampling.interface import Completion, SamplingParams
 from sampling.streams import row_keys
-from sampling.types import Completion, SamplingParams
 
 
 class HFSampler:

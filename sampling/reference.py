@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from sampling.types import Completion, SamplingParams
+from sampling.interface import Completion, SamplingParams
 
 
 class GenerateSampler:

@@ -36,7 +36,7 @@ import torch
 
 from configs.reinforcement import SamplerConfig
 from models.chat import stop_token_ids
-from sampling.types import Completion, SamplingParams
+from sampling.interface import Completion, SamplingParams
 from sampling.vllm_worker import EXTENSION, LOAD_METHOD
 from sampling.watchdog import Deadline, EngineThread
 from sampling.weight_sync import Gather, SyncReport, WeightSync

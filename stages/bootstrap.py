@@ -34,7 +34,7 @@ from problems.loader import load_problems
 from problems.solutions import solution_trace, traceable
 from problems.types import ProblemSet
 from stages.fingerprint import fingerprint
-from stages.tracking import Tracker
+from stages.tracker import Tracker
 from training.examples import Examples, lm_examples
 from training.loop import train
 

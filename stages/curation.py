@@ -1,7 +1,7 @@
 """Stage 1: cold-start curation of long chain-of-thought traces.
 
 The teacher writes traces for the training problems (or, with `source: solutions`, the data
-set's reference solutions become them: curation.solutions); the filters keep the well-formed,
+set's reference solutions become them: curation.reference_traces); the filters keep the well-formed,
 readable, single-language, correct, length-bounded, distinct ones and count what each removed.
 The kept set is saved as a Hugging Face dataset; every candidate, with the filter that removed
 it, is saved as Parquet for the record.
@@ -18,14 +18,14 @@ from datasets import Dataset
 from configs.supervised import CurationConfig
 from curation.curated import CuratedSet
 from curation.filters import ExampleBound, apply_filters
-from curation.solutions import solution_traces
+from curation.reference_traces import solution_traces
 from curation.teacher import Trace, write_traces
 from models.chat import render_completions, render_prompt
 from models.loading import load_tokenizer
 from models.saved import ModelRef
 from problems.loader import load_problems
 from problems.types import Problem, ProblemSet
-from stages.tracking import Tracker
+from stages.tracker import Tracker
 
 COLUMNS = ("problem_id", "question", "answer", "language", "family", "completion")
 

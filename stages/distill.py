@@ -25,7 +25,7 @@ from rewards.registry import RewardFn
 from rl.distill import OnPolicyDistiller
 from stages import reasoning_rl, sft
 from stages.fingerprint import fingerprint
-from stages.tracking import Tracker
+from stages.tracker import Tracker
 
 
 def check_smaller(student: ModelRef, teacher: ModelRef, name: str) -> None:

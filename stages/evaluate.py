@@ -25,8 +25,8 @@ from rewards.language import is_language_consistent
 from rewards.registry import RewardFn
 from rewards.verifiers import grade_all
 from sampling.factory import Sampler, open_sampler
-from sampling.types import SamplingParams
-from stages.tracking import Tracker
+from sampling.interface import SamplingParams
+from stages.tracker import Tracker
 
 
 def general_score(

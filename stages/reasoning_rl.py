@@ -20,13 +20,13 @@ from rewards.registry import RewardFn
 from rewards.verifiers import grade_all
 from rl.trainer import GRPOTrainer, ProbeFn
 from sampling.factory import Sampler
-from sampling.types import SamplingParams
+from sampling.interface import SamplingParams
 from stages.evaluate import verifiable
 from stages.fingerprint import fingerprint
-from stages.tracking import Tracker
+from stages.tracker import Tracker
 from training.distributed import WorkerSpec, require_deepspeed, run_workers
 
-GRPO_WORKER = "rl.deepspeed_worker"
+GRPO_WORKER = "rl.grpo_worker"
 
 
 def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
@@ -127,7 +127,7 @@ def run_deepspeed(
     extra_rewards: dict[str, RewardFn] | None,
     ckpt_fingerprint: str,
 ) -> ModelRef:
-    """The same GRPO in `config.engine.processes` DeepSpeed worker processes (rl.deepspeed_worker),
+    """The same GRPO in `config.engine.processes` DeepSpeed worker processes (rl.grpo_worker),
     each sampling and training on its share of every step's prompts; the model lands where `run`
     saves it, and a stopped run resumes from its last committed checkpoint."""
     require_deepspeed()

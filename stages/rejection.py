@@ -6,7 +6,8 @@ of its own and committed whole, so a run killed half-way and started again skips
 the store already holds and samples exactly the rest: nothing is lost and nothing doubled.
 The rows are keyed by the model's digest and the digest of every setting that shapes a sample or
 its stored scores (`rollouts_key`), so a run with other settings never takes rows sampled under
-earlier ones. Filtering is not done here: it is SQL over the stored rollouts (storage.rollouts).
+earlier ones. Filtering is not done here: it is SQL over the stored rollouts
+(storage.rollout_store).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet
 from rl.scoring import score
 from sampling.factory import open_sampler
-from sampling.types import Completion, SamplingParams
-from stages.tracking import Tracker
+from sampling.interface import Completion, SamplingParams
+from stages.tracker import Tracker
 from training import PROGRESS
 
 log = logging.getLogger(__name__)

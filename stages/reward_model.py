@@ -25,7 +25,7 @@ from preference.model import build_reward_model, encode, load_reward_model, pair
 from preference.training import EncodedPair, evaluate_pairs, train_reward_model
 from problems.general import PreferencePair, load_pairs
 from stages.fingerprint import fingerprint
-from stages.tracking import Tracker
+from stages.tracker import Tracker
 
 log = logging.getLogger(__name__)
 

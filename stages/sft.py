@@ -12,7 +12,7 @@ from configs.supervised import SFTConfig
 from models.loading import load_model, load_tokenizer
 from models.saved import ModelRef, save_model
 from stages.fingerprint import fingerprint
-from stages.tracking import Tracker
+from stages.tracker import Tracker
 from training.distributed import WorkerSpec, require_deepspeed, run_workers
 from training.examples import dataset_examples
 from training.loop import train

@@ -6,7 +6,6 @@ from configs.supervised import BootstrapConfig
 from models.saved import ModelRef
 from problems.types import ProblemSet
 from stages import bootstrap as bootstrap_stage
-from tasks.cache import stage_task
 from tasks.context import (
     RunContext,
     StageResult,
@@ -15,6 +14,7 @@ from tasks.context import (
     tag_checkpoint,
     tracked_stage,
 )
+from tasks.stage_cache import stage_task
 
 STAGE = "bootstrap"
 

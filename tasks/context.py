@@ -28,7 +28,7 @@ from storage.tracking import (
     stage_run,
     tracking_client,
 )
-from tasks.cache import KEY_LENGTH, current_stage_key, identity
+from tasks.stage_cache import KEY_LENGTH, current_stage_key, identity
 from training import PROGRESS
 
 T = TypeVar("T")
@@ -119,6 +119,26 @@ def record_model(
         ctx.paths.duckdb, str(model.path), "model", digest, stage, tracker.run_id, inputs
     )
     return digest, version
+
+
+def record_dataset(
+    ctx: RunContext,
+    tracker: MlflowTracker,
+    stage: str,
+    path: Path,
+    digest: str,
+    rows: int,
+    inputs: list[str | InputRef],
+    name: str | None = None,
+) -> InputRef:
+    """A dataset that a stage made and trains or samples on: logged as its MLflow run's training
+    input `name` (default: the stage's) under its content digest, its lineage recorded. Returns
+    it as an input of the stage's model."""
+    log_dataset(tracker.client, tracker.run_id, name or stage, digest, path, "training", rows)
+    store.record_lineage(
+        ctx.paths.duckdb, str(path), "dataset", digest, stage, tracker.run_id, inputs
+    )
+    return InputRef(digest, tracker.run_id)
 
 
 CHECKPOINT_TAG = "r1.checkpoint"  # the local folder a stage's model was taken from, untrained

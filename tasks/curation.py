@@ -11,8 +11,8 @@ from problems.types import ProblemSet
 from stages import curation as curation_stage
 from storage import store
 from storage.digests import rows_digest
-from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, log_problems, tracked_stage
+from tasks.stage_cache import stage_task
 
 STAGE = "cold_start_curation"
 

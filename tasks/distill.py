@@ -14,7 +14,6 @@ from stages import distill as distill_stage
 from stages.mixed import build_sft_set
 from stages.reward_model import RewardModelRef
 from storage.tracking import log_dataset
-from tasks.cache import stage_task
 from tasks.context import (
     RunContext,
     StageResult,
@@ -25,6 +24,7 @@ from tasks.context import (
 )
 from tasks.general import runtime_rewards, uses_reward_model
 from tasks.rejection import RejectionSet
+from tasks.stage_cache import stage_task
 
 
 def student_stage(prefix: str) -> Callable[[dict[str, Any]], str]:

@@ -13,9 +13,9 @@ from problems.types import ProblemSet
 from stages import evaluate as evaluate_stage
 from stages.reward_model import RewardModelRef
 from storage.tracking import MlflowTracker
-from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, log_problems
 from tasks.general import general_prompts, preference_reward
+from tasks.stage_cache import stage_task
 
 SAMPLE_ROWS = 50  # completions shown in the MLflow table; all of them stay in the Parquet file
 

@@ -18,8 +18,8 @@ from stages.reward_model import RewardModelRef
 from storage import store
 from storage.digests import file_digest
 from storage.tracking import log_dataset
-from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, record_model, tracked_stage
+from tasks.stage_cache import stage_task
 
 STAGE = "reward_model"
 

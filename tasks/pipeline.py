@@ -46,16 +46,24 @@ class PipelineResult:
     filter_counts: dict[str, int]
 
 
-@task(name="open-pipeline-run")
-def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunContext:
-    # every local checkpoint and data file the flow needs, before any store is touched
+def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StatePaths:
+    """Before any store is touched: every local checkpoint and data file the flow needs (and,
+    for a flow that trains, that its data fits the models), the thread count, and the state
+    folder with an MLflow store that answers (failing fast, naming it)."""
     check_inputs(config, flow)
-    check_data_fit(config, flow)
+    if trains:
+        check_data_fit(config, flow)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     paths = StatePaths.from_env()
-    check_tracking_store(paths)  # fail fast, naming the MLflow store, before any stage runs
+    check_tracking_store(paths)
     paths.ensure()
+    return paths
+
+
+@task(name="open-pipeline-run")
+def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunContext:
+    paths = open_state(config, flow)
     client = tracking_client(paths)
     flow_run_id = str(runtime.flow_run.id or "no-flow-run")
     experiment = experiment_id(client, config.name, paths)

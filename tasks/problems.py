@@ -6,8 +6,8 @@ from configs.data import DataConfig
 from problems.types import ProblemSet
 from stages import problems as problems_stage
 from storage import store
-from tasks.cache import stage_task
 from tasks.context import RunContext, log_problems
+from tasks.stage_cache import stage_task
 
 
 @stage_task("prepare-problems", retries=1)

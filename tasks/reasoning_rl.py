@@ -12,9 +12,9 @@ from problems.types import ProblemSet
 from stages import reasoning_rl
 from stages.reward_model import RewardModelRef
 from storage.digests import file_digest
-from tasks.cache import stage_task
 from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
 from tasks.general import general_prompts, runtime_rewards, uses_reward_model
+from tasks.stage_cache import stage_task
 
 
 @stage_task("grpo")

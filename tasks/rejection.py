@@ -16,12 +16,13 @@ from problems.loader import load_problems
 from problems.types import ProblemSet
 from stages import rejection as rejection_stage
 from stages.reward_model import RewardModelRef
-from storage import rollouts, store
+from storage import rollout_store
 from storage.digests import file_digest
-from storage.tracking import log_dataset
-from tasks.cache import stage_task
-from tasks.context import RunContext, StageResult, log_problems, tracked_stage
+from storage.funnel import Funnel, export_kept, run_funnel
+from storage.tracking import MlflowTracker
+from tasks.context import RunContext, StageResult, log_problems, record_dataset, tracked_stage
 from tasks.general import general_prompts, runtime_rewards
+from tasks.stage_cache import stage_task
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,10 @@ class DuckDBSink:
         self.model_id = model_id
 
     def stored(self) -> dict[str, set[int]]:
-        return rollouts.existing_samples(self.db, self.model_id)
+        return rollout_store.existing_samples(self.db, self.model_id)
 
     def insert(self, rows: pa.Table) -> int:
-        return rollouts.insert_rollouts(self.db, rows)
+        return rollout_store.insert_rollouts(self.db, rows)
 
 
 @stage_task("rejection-sampling")
@@ -80,44 +81,17 @@ def rejection_sample(
             runtime_rewards(reward_model),
             stage,
         )
-        funnel = rollouts.run_funnel(ctx.paths.duckdb, key, config.funnel, tracker.run_id)
+        funnel = run_funnel(ctx.paths.duckdb, key, config.funnel, tracker.run_id)
         out = ctx.stage_dir(stage)
-        digest = rollouts.export_kept(
+        digest = export_kept(
             ctx.paths.duckdb, tracker.run_id, out / "kept.parquet", out / "dataset"
         )
-        steps = [(s.name, s.rows_in, s.rows_out) for s in funnel.filters]
-        tracker.log_metrics({f"funnel/{name}": float(n_out) for name, _, n_out in steps})
-        tracker.client.log_table(
-            tracker.run_id,
-            {
-                "filter": [s[0] for s in steps],
-                "rows_in": [s[1] for s in steps],
-                "rows_out": [s[2] for s in steps],
-            },
-            "funnel.json",
-        )
+        steps = log_funnel(tracker, funnel)
         tracker.log_artifact(out / "kept.parquet", "dataset")
-        log_dataset(
-            tracker.client,
-            tracker.run_id,
-            stage,
-            digest,
-            out / "kept.parquet",
-            "training",
-            funnel.kept,
-        )
-        store.record_lineage(
-            ctx.paths.duckdb,
-            str(out / "kept.parquet"),
-            "dataset",
-            digest,
-            stage,
-            tracker.run_id,
-            [policy.ref, train_digest]
-            + ([file_digest(general.rl_prompts_path)] if general else [])
-            + ([reward_model.ref] if reward_model else []),
-        )
-        n_rollouts = steps[0][1] if steps else 0
+        inputs = [policy.ref, train_digest]
+        inputs += [file_digest(general.rl_prompts_path)] if general else []
+        inputs += [reward_model.ref] if reward_model else []
+        record_dataset(ctx, tracker, stage, out / "kept.parquet", digest, funnel.kept, inputs)
         get_run_logger().info(
             "%s: %d prompts, sampled %d (skipped %d stored chunks); funnel %s",
             stage,
@@ -126,8 +100,20 @@ def rejection_sample(
             report.chunks_skipped,
             " -> ".join(f"{name} {n_out}" for name, _, n_out in steps),
         )
+    n_rollouts = steps[0][1] if steps else 0
     result = RejectionSet(out / "dataset", out / "kept.parquet", n_rollouts, funnel.kept, steps)
     notes: dict[str, object] = {"kept": f"{funnel.kept}/{n_rollouts}"}
     if report.chunks_skipped:
         notes["resumed"] = f"{report.chunks_skipped}/{report.chunks} chunks stored"
     return StageResult(stage, tracker.run_id, result, timing["seconds"], digest, notes)
+
+
+def log_funnel(tracker: MlflowTracker, funnel: Funnel) -> list[tuple[str, int, int]]:
+    """The SQL funnel on the stage's run: rows kept per filter as metrics and as a table;
+    returns its steps as (filter, rows in, rows out)."""
+    steps = [(s.name, s.rows_in, s.rows_out) for s in funnel.filters]
+    tracker.log_metrics({f"funnel/{name}": float(n_out) for name, _, n_out in steps})
+    columns = ("filter", "rows_in", "rows_out")
+    table = {column: [s[i] for s in steps] for i, column in enumerate(columns)}
+    tracker.client.log_table(tracker.run_id, table, "funnel.json")
+    return steps

@@ -11,13 +11,11 @@ from models.saved import ModelRef
 from problems.general import GeneralFiles
 from stages import sft as sft_stage
 from stages.mixed import build_sft_set
-from storage import store
 from storage.digests import file_digest, rows_digest
-from storage.lineage import InputRef
 from storage.tracking import log_dataset
-from tasks.cache import stage_task
-from tasks.context import RunContext, StageResult, record_model, tracked_stage
+from tasks.context import RunContext, StageResult, record_dataset, record_model, tracked_stage
 from tasks.rejection import RejectionSet
+from tasks.stage_cache import stage_task
 
 STAGE = "cold_start_sft"
 
@@ -71,22 +69,12 @@ def mixed_sft(
             rejected.output.dataset_path, general_sft, ctx.stage_dir(stage), config.train.seed
         )
         digest = rows_digest(load_from_disk(str(data)))
-        log_dataset(
-            tracker.client,
-            tracker.run_id,
-            "mixed-sft",
-            digest,
-            data,
-            "training",
-            sum(counts.values()),
-        )
         sources = [rejected.ref] + ([file_digest(general.sft_path)] if general else [])
-        store.record_lineage(
-            ctx.paths.duckdb, str(data), "dataset", digest, stage, tracker.run_id, sources
-        )
+        rows = sum(counts.values())
+        mixed = record_dataset(ctx, tracker, stage, data, digest, rows, sources, "mixed-sft")
         tracker.log_metrics({f"data/{kind}": float(n) for kind, n in counts.items()})
         model = sft_stage.run(config, base.output, data, ctx.stage_dir(stage), tracker, desc=stage)
-        inputs = [base.ref, rejected.ref, InputRef(digest, tracker.run_id)]
+        inputs = [base.ref, rejected.ref, mixed]
         model_digest, version = record_model(ctx, tracker, stage, model, inputs)
     notes = {"data": ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))}
     notes["model"] = f"v{version}"

@@ -27,7 +27,7 @@ from transformers import (
 from configs.supervised import TrainConfig
 from models.chat import render_completions, render_prompt
 from models.tokenizer import train_bpe
-from stages.tracking import NullTracker
+from stages.tracker import NullTracker
 from training.examples import lm_examples
 from training.loop import train
 

@@ -1,7 +1,7 @@
 import pytest
 
 from configs import ConfigError, PipelineConfig, load_profile
-from configs.loader import known_profiles
+from configs.profiles import known_profiles
 
 
 def test_shipped_profiles_load():

@@ -205,10 +205,10 @@ def test_launch_commands_run_the_worker_module_with_this_interpreter(tmp_path):
     torchrun = launch_command(EngineConfig(kind="deepspeed", processes=4), spec, 29555)
     assert torchrun[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert torchrun[torchrun.index("--nproc_per_node") + 1] == "4"
-    assert torchrun[-3:] == ["-m", "training.deepspeed_worker", str(spec)]
+    assert torchrun[-3:] == ["-m", "training.sft_worker", str(spec)]
     launcher = launch_command(EngineConfig(kind="deepspeed", launcher="deepspeed"), spec, 29555)
     assert launcher[:3] == [sys.executable, "-m", "deepspeed.launcher.runner"]
-    assert launcher[-3:] == ["--module", "training.deepspeed_worker", str(spec)]
+    assert launcher[-3:] == ["--module", "training.sft_worker", str(spec)]
 
 
 def test_the_target_count_is_what_the_causal_lm_loss_averages_over():

@@ -24,7 +24,7 @@ from rl.distill import (
     sampled_kl_loss,
 )
 from rl.rollouts import build_batch
-from sampling.types import Completion
+from sampling.interface import Completion
 from tests.tiny_models import TEXTS, distill_config, make_tokenizer
 
 QUESTIONS = [f"What is {a} + {b}?" for a in range(10) for b in range(10)]

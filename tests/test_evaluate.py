@@ -3,7 +3,7 @@ a Llama-templated student's prompt would otherwise reach a Qwen-templated judge 
 
 from problems.types import Problem
 from sampling.hf import HFSampler
-from sampling.types import SamplingParams
+from sampling.interface import SamplingParams
 from stages.evaluate import general_score
 from tests.real_checkpoints import decoder, llama_style_tokenizer
 

@@ -22,8 +22,8 @@ import yaml
 from datasets import load_from_disk
 from mlflow import MlflowClient
 
-from configs.loader import PROFILES_DIR, validate
 from configs.preflight import MissingInputsError
+from configs.profiles import PROFILES_DIR, validate
 from configs.schema import PipelineConfig
 from models.chat import end_of_turn
 from models.loading import load_tokenizer
@@ -300,7 +300,7 @@ def test_r1_run_exits_at_once_naming_every_missing_input(tmp_path):
 
 CHECK_ALONE = """
 import json, sys
-from configs.loader import load_profile
+from configs.profiles import load_profile
 from configs.preflight import MissingInputsError, check_inputs
 try:
     check_inputs(load_profile(sys.argv[1]))

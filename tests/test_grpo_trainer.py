@@ -9,7 +9,7 @@ from rl.advantages import group_advantages
 from rl.rollouts import token_ends
 from rl.scoring import masked_advantages
 from rl.trainer import GRPOTrainer, kind_prompt_order, prompt_order
-from sampling.types import Completion
+from sampling.interface import Completion
 from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
 
 

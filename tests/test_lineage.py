@@ -11,8 +11,8 @@ from cli.lineage import MODEL_DIGEST_TAG
 from cli.main import main
 from storage import store
 from storage.lineage import InputRef, LineageError, LineageNode, chain
+from storage.model_registry import ModelSpec, parse_model
 from storage.paths import StatePaths
-from storage.registry import ModelSpec, parse_model
 from storage.tracking import (
     alias_for,
     experiment_id,

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from configs.loader import load_profile
 from configs.preflight import (
     MissingInputsError,
     check_inputs,
@@ -15,6 +14,7 @@ from configs.preflight import (
     model_folder_problems,
     required_inputs,
 )
+from configs.profiles import load_profile
 from models.checkpoint import CheckpointError, check_checkpoint
 from storage.digests import tree_digest
 from tests.real_checkpoints import decoder, llama_style_tokenizer, save_checkpoint

@@ -10,8 +10,8 @@ from configs.schema import FunnelConfig, RejectionConfig
 from models.saved import ModelRef, save_model
 from problems.types import Problem
 from stages import rejection
-from stages.tracking import NullTracker
-from storage import rollouts
+from stages.tracker import NullTracker
+from storage import rollout_store
 from tests.tiny_models import make_tokenizer, tiny_model
 
 G = 3
@@ -40,10 +40,10 @@ class DuckDBSink:
         self.db, self.model_id, self.crash_after, self.inserts = db, model_id, crash_after, 0
 
     def stored(self):
-        return rollouts.existing_samples(self.db, self.model_id)
+        return rollout_store.existing_samples(self.db, self.model_id)
 
     def insert(self, rows: pa.Table) -> int:
-        new = rollouts.insert_rollouts(self.db, rows)
+        new = rollout_store.insert_rollouts(self.db, rows)
         self.inserts += 1
         if self.crash_after is not None and self.inserts >= self.crash_after:
             raise Crash(f"killed after chunk {self.inserts}")
@@ -81,14 +81,14 @@ def test_a_killed_run_resumes_without_duplicates_or_gaps(model, tmp_path):
         rejection.run(
             CONFIG, model, "m", prompts, DuckDBSink(killed_db, "m", crash_after=2), NullTracker()
         )
-    assert rollouts.count_rollouts(killed_db, "m") == 8 * G  # two chunks survived the kill
+    assert rollout_store.count_rollouts(killed_db, "m") == 8 * G  # two chunks survived the kill
     resumed = rejection.run(CONFIG, model, "m", prompts, DuckDBSink(killed_db, "m"), NullTracker())
     assert (resumed.chunks_skipped, resumed.sampled, resumed.inserted) == (2, 4 * G, 4 * G)
     assert stored_rows(killed_db) == stored_rows(whole_db)  # the same rollouts, each once
 
     again = rejection.run(CONFIG, model, "m", prompts, DuckDBSink(killed_db, "m"), NullTracker())
     assert (again.chunks_skipped, again.sampled) == (3, 0)
-    assert rollouts.count_rollouts(killed_db, "m") == 12 * G
+    assert rollout_store.count_rollouts(killed_db, "m") == 12 * G
 
 
 def test_rewards_are_routed_by_prompt_kind(model, tmp_path):

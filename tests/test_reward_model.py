@@ -21,7 +21,7 @@ from preference.model import (
 from preference.reward import PreferenceReward
 from problems.general import GeneralConfig, load_pairs, sft_rows, write_general_sets
 from stages.reward_model import RewardModelConfig, run
-from stages.tracking import NullTracker
+from stages.tracker import NullTracker
 from tests.tiny_models import make_tokenizer
 
 RM_CONFIG = RewardModelConfig(

@@ -16,16 +16,13 @@ from pydantic import ValidationError
 
 from configs.schema import FunnelConfig
 from storage.digests import rows_digest
-from storage.rollouts import (
-    FILTERS,
-    NORMALISED_COMPLETION,
+from storage.funnel import FILTERS, NORMALISED_COMPLETION, export_kept, run_funnel
+from storage.rollout_store import (
     MissingRewardColumn,
     count_rollouts,
     existing_samples,
-    export_kept,
     insert_rollouts,
     missing_samples,
-    run_funnel,
 )
 
 MODEL = "model_2"
@@ -153,7 +150,7 @@ def test_a_process_killed_mid_chunk_leaves_nothing(tmp_path: Path) -> None:
         f"""
         import datetime, os, pyarrow as pa
         from pathlib import Path
-        from storage.rollouts import connect, transaction
+        from storage.rollout_store import connect, transaction
         rows = pa.Table.from_pylist({[rollout("p1", i) for i in range(4)]!r})
         rows = rows.append_column("created_at", pa.array([datetime.datetime(2025, 1, 1)] * 4))
         with connect(Path({str(db)!r})) as con, transaction(con):

@@ -13,13 +13,13 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 import sampling.decode as decode_module
 from rl.rollouts import build_batch, completion_logprobs
 from sampling.attention import matmul_decode_attention
-from sampling.cache import growing_cache
 from sampling.decode import choose_tokens, decode, draw, nucleus
 from sampling.factory import make_sampler
 from sampling.hf import HFSampler
+from sampling.interface import SamplingParams
+from sampling.kv_cache import growing_cache
 from sampling.reference import GenerateSampler
 from sampling.streams import row_keys, uniforms
-from sampling.types import SamplingParams
 from sampling.vllm import completion_from_vllm, completions_from_request, request_seeds
 from tests.tiny_models import make_tokenizer, tiny_model
 

@@ -16,17 +16,17 @@ from datasets import Dataset
 from mlflow import MlflowClient
 
 from configs.supervised import ModelConfig, SFTConfig, TrainConfig
-from flows.evaluate_registered import artifact_key, parse_model_uri, registered_model
+from evaluation.verdict import artifact_key
 from models.saved import save_model
 from preference.model import build_reward_model
 from problems.loader import write_problems
 from problems.types import Problem
 from stages import sft
-from stages.tracking import NullTracker
+from stages.tracker import NullTracker
 from storage import eval_history
 from storage.eval_history import regressions
+from storage.model_registry import ModelSpec, RegistryError, fetch, parse_alias_uri
 from storage.paths import StatePaths
-from storage.registry import RegistryError
 from storage.tracking import experiment_id, finish_run, register_model, tracking_client
 from tests.tiny_models import make_tokenizer, tiny_model
 
@@ -68,8 +68,8 @@ def test_each_watched_metric_is_judged_and_missing_ones_are_skipped():
 
 
 def test_a_model_uri_names_a_registered_model_and_an_alias():
-    assert parse_model_uri("models:/r1-tiny@final") == ("r1-tiny", "final")
-    assert parse_model_uri("models:/r1-tiny@student-qwen") == ("r1-tiny", "student-qwen")
+    assert parse_alias_uri("models:/r1-tiny@final") == ModelSpec("r1-tiny", alias="final")
+    assert parse_alias_uri("models:/r1-tiny@student-qwen") == ModelSpec("r1-tiny", "student-qwen")
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_a_model_uri_names_a_registered_model_and_an_alias():
 )
 def test_anything_but_models_name_at_alias_is_refused(uri):
     with pytest.raises(ValueError, match=r"not of the form models:/NAME@ALIAS"):
-        parse_model_uri(uri)
+        parse_alias_uri(uri)
 
 
 def test_artifact_keys_are_what_prefect_accepts():
@@ -305,9 +305,9 @@ def test_an_unknown_alias_or_model_is_a_clear_error(evaluations):
     paths = evaluations["paths"]
     client = tracking_client(paths)
     with pytest.raises(RegistryError, match=r"no alias 'nope' \(aliases: final, reward-model\)"):
-        registered_model(client, paths, NAME, "nope")
+        fetch(client, ModelSpec(NAME, alias="nope"), paths.root / "registry")
     with pytest.raises(RegistryError, match=r"no registered model 'r1-other'"):
-        registered_model(client, paths, "r1-other", "final")
+        fetch(client, ModelSpec("r1-other", alias="final"), paths.root / "registry")
 
 
 def test_the_flow_refuses_a_bad_uri_before_touching_the_stores(evaluations):
@@ -369,14 +369,15 @@ def test_missing_data_files_stop_the_evaluation_before_it_starts(evaluations, tm
 def test_the_regression_message_names_each_evaluations_own_run(tmp_path):
     from datetime import UTC, datetime
 
-    from flows.evaluate_registered import RegisteredModel, Verdict, regression_message
+    from evaluation.verdict import EvaluationVerdict, regression_message
     from storage.eval_history import Evaluation
+    from storage.model_registry import RegisteredModel
 
     model = RegisteredModel("r1-tiny", "final", "3", "source-run", tmp_path, "d" * 64)
     earlier = Evaluation(
         datetime.now(UTC), "r1-tiny", "final", "2", "c" * 64, "old-eval-run", "src", {}
     )
-    verdict = Verdict(model, "new-eval-run", {}, earlier, ["pass_at_1 0.70 -> 0.60"])
+    verdict = EvaluationVerdict(model, "new-eval-run", {}, earlier, ["pass_at_1 0.70 -> 0.60"])
     message = regression_message(verdict)
     assert "version 3 (this evaluation: MLflow run new-eval-run)" in message
     assert "against version 2 (its evaluation: MLflow run old-eval-run)" in message

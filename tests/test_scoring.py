@@ -4,7 +4,7 @@ import torch
 
 from problems.types import Problem
 from rl.scoring import RankRollouts, ScoredGroups
-from sampling.types import Completion
+from sampling.interface import Completion
 
 
 def rank(first: int, rewards: list[list[float]], zero: list[bool], seen: int, right: int):

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from configs.loader import ConfigError, load_profile
+from configs.profiles import ConfigError, load_profile
 from configs.supervised import CurationConfig, FilterConfig
 from contracts.answer_format import is_well_formed
 from curation.filters import apply_filters
-from curation.solutions import solution_traces
+from curation.reference_traces import solution_traces
 from problems.answers import worked_solution
 from problems.loader import load_problems, read_problems, write_problems
 from problems.solutions import reasoning_text, solution_trace

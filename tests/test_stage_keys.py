@@ -3,9 +3,9 @@
 from pathlib import Path
 
 from configs.schema import StudentConfig
-from tasks.cache import stage_key
 from tasks.context import RunContext
 from tasks.distill import student_stage
+from tasks.stage_cache import stage_key
 
 
 def context(fail_at: str | None) -> RunContext:

@@ -14,7 +14,7 @@ from configs.supervised import ModelConfig
 from models.chat import render_prompt
 from models.loading import build_model
 from rl.rollouts import build_batch, completion_logprobs
-from sampling.types import SamplingParams
+from sampling.interface import SamplingParams
 from tests.tiny_models import make_tokenizer
 
 pytestmark = pytest.mark.gpu

@@ -17,7 +17,7 @@ from rl.trainer import GRPOTrainer
 from sampling import vllm as vllm_module
 from sampling.factory import open_sampler
 from sampling.hf import HFSampler
-from sampling.types import SamplingParams
+from sampling.interface import SamplingParams
 from sampling.vllm import VLLMSampler, engine_args, launcher_env, request_seeds
 from sampling.vllm_worker import EXTENSION
 from sampling.watchdog import EngineStuckError, EngineThread, SamplerTimeoutError

@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO training for a stage (`engine.kind: deepspeed`): the launch of the worker
 processes from the stage's own process, and what the two sides share.
 
-The stage writes a spec file into a run folder and launches `training.deepspeed_worker` under
+The stage writes a spec file into a run folder and launches `training.sft_worker` under
 torchrun (or the DeepSpeed launcher) as a child process. Rank 0 of the workers appends each logged
 step to `metrics.jsonl`, which the stage forwards to its tracker while the workers run, and
 writes `result.json` at the end (or the non-finite value that stopped it). The workers' output
@@ -36,7 +36,7 @@ from training.finite import NonFiniteLossError
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "training.deepspeed_worker"
+WORKER_MODULE = "training.sft_worker"
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_HINT = (
     "install it with the dev extra (`pip install -c constraints/cpu.txt -e '.[dev]'`, which "

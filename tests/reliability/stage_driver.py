@@ -38,8 +38,9 @@ from problems.types import Problem
 from rl.distill import OnPolicyDistiller
 from rl.trainer import GRPOTrainer
 from stages import rejection
-from stages.tracking import NullTracker
-from storage import rollouts
+from stages.tracker import NullTracker
+from storage import rollout_store
+from storage.funnel import run_funnel
 from tests.tiny_models import (
     PROBLEMS,
     TEXTS,
@@ -141,10 +142,10 @@ class MarkedSink:
         self.db, self.marker = db, marker
 
     def stored(self) -> dict[str, set[int]]:
-        return rollouts.existing_samples(self.db, MODEL_ID)
+        return rollout_store.existing_samples(self.db, MODEL_ID)
 
     def insert(self, rows: pa.Table) -> int:
-        new = rollouts.insert_rollouts(self.db, rows)
+        new = rollout_store.insert_rollouts(self.db, rows)
         with self.marker.open("a") as f:
             f.write(f"{new}\n")
         return new
@@ -156,7 +157,7 @@ def run_rejection(folder: Path, model_dir: Path | None) -> None:
     sink = MarkedSink(db, folder / f"chunks-{os.getpid()}.txt")
     prompts = rejection.select_prompts(REJECTION, REASONING, GENERAL)
     report = rejection.run(REJECTION, ModelRef(model_dir), MODEL_ID, prompts, sink, NullTracker())
-    funnel = rollouts.run_funnel(db, MODEL_ID, REJECTION.funnel, run_id="kill-test")
+    funnel = run_funnel(db, MODEL_ID, REJECTION.funnel, run_id="kill-test")
     result = {
         "chunks": report.chunks,
         "chunks_skipped": report.chunks_skipped,

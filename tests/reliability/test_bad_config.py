@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from configs.loader import ConfigError, load_profile
+from configs.profiles import ConfigError, load_profile
 from storage import store, tracking
 from storage.paths import StatePaths
 

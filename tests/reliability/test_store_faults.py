@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import rollouts, store
+from storage import rollout_store, store
 from storage.paths import StatePaths
 from storage.tracking import TIMEOUT_ENV, TrackingStoreError, check_tracking_store
 
@@ -82,7 +82,7 @@ def test_a_duckdb_file_held_by_another_process_is_refused_naming_file_and_pid(
     monkeypatch.setenv(store.LOCK_WAIT_ENV, "1")
     for call in (
         lambda: store.record_lineage(db, "a", "model", "d", "stage", "run", []),
-        lambda: rollouts.existing_samples(db, "m"),  # the rollout store opens it the same way
+        lambda: rollout_store.existing_samples(db, "m"),  # the rollout store opens it the same way
     ):
         seconds, err = elapsed(call)
         assert isinstance(err, store.StoreLockedError), err

@@ -1,5 +1,5 @@
 """One rank of an SFT stage under DeepSpeed ZeRO (`engine.kind: deepspeed`); the stage launches
-it (training.distributed) as `python -m torch.distributed.run ... -m training.deepspeed_worker
+it (training.distributed) as `python -m torch.distributed.run ... -m training.sft_worker
 SPEC`.
 
 Every rank builds the same examples and batch order as the single-process loop and takes its
@@ -34,7 +34,7 @@ from training.finite import LossGuard, NonFiniteLossError
 from training.loop import batch_inputs, batch_order, lr_lambda
 from training.varlen import packed_attention
 
-log = logging.getLogger("training.deepspeed_worker")
+log = logging.getLogger("training.sft_worker")
 
 
 def quiet_libraries() -> None:

@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from storage.digests import tree_digest
+
 _FORMS = (
     re.compile(r"models:/(?P<name>[^/@]+)@(?P<alias>[^/@]+)"),
     re.compile(r"(?P<name>[^/@:]+)@(?P<alias>[^/@]+)"),
     re.compile(r"models:/(?P<name>[^/@]+)/(?P<version>\d+)"),
 )
+_ALIAS_URI = re.compile(r"models:/(?P<name>[A-Za-z0-9][\w.\-]*)@(?P<alias>[A-Za-z0-9][\w\-]*)")
 
 
 class RegistryError(LookupError):
@@ -96,3 +99,47 @@ def download(client: Any, model: ResolvedModel, root: Path) -> Path:
     fetched.rename(dest)
     shutil.rmtree(partial, ignore_errors=True)
     return dest
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    """A registered model version, its files fetched into the state folder."""
+
+    name: str
+    alias: str | None
+    version: str
+    source_run_id: str  # the stage run that logged it
+    path: Path
+    digest: str  # the model's content digest, as its stage recorded it
+
+    @property
+    def uri(self) -> str:
+        return ModelSpec(self.name, self.alias, None if self.alias else self.version).uri
+
+
+def parse_alias_uri(uri: str) -> ModelSpec:
+    """`models:/NAME@ALIAS` only (what an alias's evaluation history is kept by); anything else
+    (a version number, a run URI, a path) is refused with a message saying what is expected."""
+    match = _ALIAS_URI.fullmatch(uri.strip()) if isinstance(uri, str) else None
+    if match is None:
+        raise ValueError(
+            f"model {uri!r} is not of the form models:/NAME@ALIAS (for example "
+            f"models:/r1-tiny@final); a version number, run URI or path is not accepted"
+        )
+    return ModelSpec(match["name"], alias=match["alias"])
+
+
+def fetch(client: Any, spec: ModelSpec, root: Path) -> RegisteredModel:
+    """The version `spec` names, its files fetched once under `root` (shared by every flow that
+    uses registered models). A clear error when the name, alias or version is unknown, or when
+    the version holds no saved model."""
+    resolved = resolve(client, spec)
+    path = download(client, resolved, root)
+    if not (path / "config.json").exists():
+        raise RegistryError(
+            f"{spec.uri} (version {resolved.version}) holds no saved model "
+            f"(no config.json in {path})"
+        )
+    tags = client.get_run(resolved.run_id).data.tags
+    digest = tags.get("model.digest") or tree_digest(path)
+    return RegisteredModel(spec.name, spec.alias, resolved.version, resolved.run_id, path, digest)

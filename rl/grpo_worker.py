@@ -1,5 +1,5 @@
 """One rank of a GRPO stage under DeepSpeed ZeRO (`engine.kind: deepspeed`); the stage launches
-it (training.distributed) as `python -m torch.distributed.run ... -m rl.deepspeed_worker SPEC`.
+it (training.distributed) as `python -m torch.distributed.run ... -m rl.grpo_worker SPEC`.
 
 Every rank runs the same GRPOTrainer as the single-process stage, with a DeepSpeed engine for
 its update and torch.distributed for what the ranks exchange: each rank samples and trains on its
@@ -24,7 +24,10 @@ from problems.loader import load_problems
 from rewards.registry import RewardFn
 from rl.trainer import GRPOTrainer, frozen
 from training.collective import TorchCollective
-from training.deepspeed_worker import (
+from training.distributed import WorkerSpec
+from training.engines import DeepSpeedEngine
+from training.finite import NonFiniteLossError
+from training.sft_worker import (
     MetricsFile,
     init_distributed,
     quiet_libraries,
@@ -32,11 +35,8 @@ from training.deepspeed_worker import (
     worker_main,
     write_result,
 )
-from training.distributed import WorkerSpec
-from training.engines import DeepSpeedEngine
-from training.finite import NonFiniteLossError
 
-log = logging.getLogger("rl.deepspeed_worker")
+log = logging.getLogger("rl.grpo_worker")
 
 REWARD_MODEL = "reward_model"  # spec.extras: the preference reward model's folder, if any
 

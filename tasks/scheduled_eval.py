@@ -1,0 +1,219 @@
+"""The tasks of a scheduled evaluation of a registered model: its MLflow run, the regenerated
+held-out data, the evaluation itself, and the verdict against the previous evaluation of the
+same alias (recorded in DuckDB's `eval_history`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from mlflow import MlflowClient
+from prefect import get_run_logger, runtime, task
+from prefect.artifacts import create_markdown_artifact
+
+from configs.data import DataConfig
+from configs.reinforcement import EvalConfig
+from evaluation.metrics import EvalReport
+from evaluation.verdict import EvaluationVerdict, artifact_key, verdict_markdown
+from models.saved import ModelRef
+from preference.reward import PreferenceReward
+from problems.general import write_general_sets
+from problems.loader import load_problems
+from problems.types import ProblemSet
+from stages import evaluate as evaluate_stage
+from stages import problems as problems_stage
+from storage import eval_history, store
+from storage.digests import file_digest
+from storage.lineage import InputRef
+from storage.model_registry import RegisteredModel
+from storage.paths import StatePaths
+from storage.tracking import (
+    FLOW_RUN_TAG,
+    STAGE_TAG,
+    MlflowTracker,
+    experiment_id,
+    finish_run,
+    log_dataset,
+    tracking_client,
+)
+
+log = logging.getLogger(__name__)
+
+EVALUATION_STAGE = "evaluation"
+SAMPLE_ROWS = 50  # completions shown in the MLflow table; all of them stay in the Parquet file
+
+
+@dataclass(frozen=True)
+class EvalData:
+    """The regenerated held-out suites of one evaluation."""
+
+    problems: ProblemSet
+    general_prompts_path: Path | None
+    digests: dict[str, str]
+
+
+def evaluation_dir(paths: StatePaths, run_id: str) -> Path:
+    """Where one evaluation keeps its regenerated data and its samples."""
+    return paths.root / "evaluations" / run_id
+
+
+def model_tags(model: RegisteredModel, flow_run_id: str) -> dict[str, str]:
+    """The tags that link an evaluation run to the registered version it evaluated."""
+    return {
+        "model.name": model.name,
+        "model.alias": model.alias or "",
+        "model.version": model.version,
+        "model.source_run_id": model.source_run_id,
+        "model.digest": model.digest,
+        FLOW_RUN_TAG: flow_run_id,
+        STAGE_TAG: EVALUATION_STAGE,
+    }
+
+
+@task(name="open-evaluation-run")
+def open_evaluation_run(
+    paths: StatePaths, model: RegisteredModel, settings: dict[str, Any], config: EvalConfig
+) -> str:
+    """An MLflow run in `NAME-evaluation`, tagged with the model; returns its id."""
+    client = tracking_client(paths)
+    flow_run_id = str(runtime.flow_run.id or "no-flow-run")
+    experiment = experiment_id(client, f"{model.name}-evaluation", paths)
+    run = client.create_run(
+        experiment,
+        run_name=f"{model.alias}-v{model.version}-{flow_run_id[:8]}",
+        tags=model_tags(model, flow_run_id),
+    )
+    run_id = run.info.run_id
+    for key, value in settings.items():
+        client.log_param(run_id, key, value)
+    client.log_dict(run_id, config.model_dump(mode="json"), "config.json")
+    get_run_logger().info("MLflow evaluation run %s in %s", run_id, paths.tracking_uri)
+    return run_id
+
+
+@task(name="prepare-heldout-data")
+def prepare_data(config: DataConfig, paths: StatePaths, run_id: str) -> EvalData:
+    """Regenerate the profile's held-out problems and general prompts (the same seeds give the
+    same files the pipeline evaluated on) and record them as the run's inputs."""
+    out = evaluation_dir(paths, run_id)
+    problems = problems_stage.run(config, out / "problems")
+    general = write_general_sets(config.general, out / "general") if config.general else None
+    inputs = {"problems-heldout": (problems.heldout_path, problems.n_heldout)}
+    if general is not None:
+        inputs["general-eval_prompts"] = (
+            general.eval_prompts_path,
+            general.counts.get("eval_prompts", 0),
+        )
+    client = tracking_client(paths)
+    digests = {}
+    for dataset, (path, rows) in inputs.items():
+        digests[dataset] = file_digest(path)
+        log_dataset(client, run_id, dataset, digests[dataset], path, "eval", rows)
+        client.set_tag(run_id, f"data.{dataset}.digest", digests[dataset])
+    return EvalData(problems, None if general is None else general.eval_prompts_path, digests)
+
+
+@task(name="evaluate-registered-model")
+def evaluate_registered_model(
+    config: EvalConfig,
+    paths: StatePaths,
+    model: RegisteredModel,
+    data: EvalData,
+    reward_model: RegisteredModel | None,
+    run_id: str,
+) -> EvalReport:
+    """The pipeline's held-out evaluation of the downloaded version, logged as `eval/*`."""
+    client = tracking_client(paths)
+    tracker = MlflowTracker(client, run_id)
+    general = load_problems(data.general_prompts_path) if data.general_prompts_path else []
+    report = evaluate_stage.run(
+        config,
+        ModelRef(model.path),
+        data.problems,
+        evaluation_dir(paths, run_id) / "eval",
+        tracker,
+        general=general,
+        scorer=None if reward_model is None else PreferenceReward(reward_model.path),
+    )
+    tracker.log_artifact(report.samples_path, "eval")
+    samples = pq.read_table(report.samples_path).slice(0, SAMPLE_ROWS).to_pylist()
+    client.log_table(run_id, {k: [r[k] for r in samples] for k in samples[0]}, "eval/samples.json")
+    if reward_model is not None:
+        client.set_tag(run_id, "reward_model.version", reward_model.version)
+    store.record_lineage(
+        paths.duckdb,
+        str(report.samples_path),
+        "eval",
+        file_digest(report.samples_path),
+        EVALUATION_STAGE,
+        run_id,
+        [InputRef(model.digest, model.source_run_id), *data.digests.values()],
+    )
+    get_run_logger().info(
+        "%s v%s: %s",
+        model.uri,
+        model.version,
+        ", ".join(f"{k}={v:.3f}" for k, v in report.metrics.items()),
+    )
+    return report
+
+
+@task(name="record-evaluation")
+def record_evaluation(
+    paths: StatePaths,
+    model: RegisteredModel,
+    run_id: str,
+    metrics: dict[str, float],
+    max_drop: dict[str, float],
+) -> EvaluationVerdict:
+    """Append to the history, compare with the previous evaluation of the alias, publish the
+    verdict, and close the MLflow run (FAILED on a regression)."""
+    alias = model.alias or ""
+    eval_history.append(
+        paths.duckdb,
+        model.name,
+        alias,
+        model.version,
+        model.digest,
+        run_id,
+        model.source_run_id,
+        metrics,
+    )
+    earlier = eval_history.latest_before(paths.duckdb, model.name, alias, run_id)
+    lines = [] if earlier is None else eval_history.regressions(earlier.metrics, metrics, max_drop)
+    verdict = EvaluationVerdict(model, run_id, metrics, earlier, lines)
+    close_evaluation_run(tracking_client(paths), verdict)
+    create_markdown_artifact(
+        key=artifact_key(alias),
+        markdown=verdict_markdown(verdict, max_drop, paths.tracking_uri),
+        description=f"evaluation of {model.uri} against its previous evaluation",
+    )
+    return verdict
+
+
+def close_evaluation_run(client: MlflowClient, verdict: EvaluationVerdict) -> None:
+    """Tag the run with what it was compared with and its verdict, and end it."""
+    run_id = verdict.mlflow_run_id
+    if verdict.previous is not None:
+        client.set_tag(run_id, "previous.run_id", verdict.previous.mlflow_run_id)
+        client.set_tag(run_id, "previous.version", verdict.previous.version)
+    client.set_tag(run_id, "verdict", "regression" if verdict.regressions else "ok")
+    if verdict.regressions:
+        client.set_tag(run_id, "regression", "\n".join(verdict.regressions))
+    finish_run(client, run_id, failed=bool(verdict.regressions))
+
+
+def mark_evaluation_failed(flow, flow_run, state) -> None:
+    """Flow failure hook: close this flow run's evaluation run as FAILED if it is still open."""
+    client = tracking_client(StatePaths.from_env())
+    runs = client.search_runs(
+        experiment_ids=[e.experiment_id for e in client.search_experiments()],
+        filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run.id}' "
+        f"AND tags.`{STAGE_TAG}` = '{EVALUATION_STAGE}' AND attributes.status = 'RUNNING'",
+    )
+    for run in runs:
+        finish_run(client, run.info.run_id, failed=True)
+        log.error("evaluation run %s marked FAILED: %s", run.info.run_id, state.message)
