@@ -37,8 +37,8 @@ from models.tokenizer import train_tokenizer  # noqa: E402
 from problems.corpus import build_corpus  # noqa: E402
 from problems.world import split_world  # noqa: E402
 from stages.bootstrap import corpus_examples, tokenizer_texts  # noqa: E402
+from training.batches import batch_order, collate, pack  # noqa: E402
 from training.examples import Example  # noqa: E402
-from training.loop import batch_order, collate, pack  # noqa: E402
 from training.varlen import packed_attention  # noqa: E402
 
 Layout = Callable[[list[Example], int], dict[str, torch.Tensor]]

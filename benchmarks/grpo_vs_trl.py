@@ -34,7 +34,7 @@ from problems.world import split_world  # noqa: E402
 from rewards.registry import get_reward  # noqa: E402
 from rl.trainer import GRPOTrainer  # noqa: E402
 from training.examples import lm_examples  # noqa: E402
-from training.loop import train as train_lm  # noqa: E402
+from training.supervised import train as train_lm  # noqa: E402
 
 REWARDS = ("accuracy", "format")
 

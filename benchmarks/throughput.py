@@ -28,8 +28,8 @@ from problems.types import Problem
 from rl.trainer import GRPOTrainer
 from sampling.factory import Sampler
 from sampling.interface import SamplingParams
+from training.batches import collate
 from training.examples import Example
-from training.loop import collate
 
 # Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, TFLOP/s; first match
 # of the device name wins, so the more specific names come first.

@@ -2,31 +2,30 @@
 
 Each step scores the chosen and the rejected responses of a batch of pairs in one forward pass
 (2B rows) and pushes their margin up. Batch order, warm-up and cosine schedule and checkpoints
-are those of the SFT loop (training/loop.py), so a killed run resumes at its last checkpoint.
+are those of SFT, run by the shared loop (training/loop.py), so a killed run resumes at its last
+checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from configs.supervised import TrainConfig
 from preference.bradley_terry import bt_loss, pairwise_accuracy
 from preference.model import pad_batch, score_ids, sequence_scores
-from training.checkpoints import load_checkpoint, save_checkpoint
+from training.batches import batch_order, lr_lambda, step_count
+from training.engines import LocalEngine, UpdateEngine
 from training.finite import LossGuard
-from training.loop import batch_order, lr_lambda
+from training.loop import LoopPlan, MetricsFn, run_loop
 
 log = logging.getLogger(__name__)
-
-MetricsFn = Callable[[dict[str, float], int], None]
 
 
 @dataclass(frozen=True)
@@ -70,6 +69,35 @@ def _step_loss(
     return bt_loss(chosen, rejected), pairwise_accuracy(chosen.detach(), rejected.detach())
 
 
+class RewardModelStepper:
+    """One step of the reward model in the shared loop (training.loop)."""
+
+    def __init__(
+        self, engine: UpdateEngine, pairs: Sequence[EncodedPair], cfg: TrainConfig, pad_id: int
+    ):
+        self.engine, self.pairs, self.pad_id = engine, pairs, pad_id
+        self.guard = LossGuard("reward model")
+        self.order = batch_order(len(pairs), cfg)
+
+    def start(self, resumed_from: int) -> None:
+        self.engine.module.train()
+
+    def run_step(self, step: int) -> dict[str, float]:
+        batch = [self.pairs[i] for i in self.order[step]]
+        loss, accuracy = _step_loss(self.engine.forward_model, batch, self.pad_id)
+        loss_value = self.guard.check("loss", loss)
+        self.engine.backward(loss)
+        self.engine.step(self.guard)
+        lr = self.engine.learning_rate()
+        return {"train/loss": loss_value, "train/accuracy": accuracy, "train/lr": lr}
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        return None
+
+
 def train_reward_model(
     model: PreTrainedModel,
     pairs: Sequence[EncodedPair],
@@ -80,59 +108,23 @@ def train_reward_model(
     pad_id: int,
     show_progress: bool = True,
 ) -> RMTrainReport:
-    """Train `model` in place on `pairs` (AdamW); resume from `ckpt_dir` if it holds this run.
-
-    A NaN or infinite loss or gradient norm stops the run with NonFiniteLossError before the
-    update, keeping the last checkpoint.
-    """
+    """Train `model` in place on `pairs` (AdamW, the SFT schedule); resume from `ckpt_dir` if it
+    holds this run. The logged accuracy is the mean over the steps since the last log."""
     if not pairs:
         raise ValueError("reward model: no training pairs")
-    order = batch_order(len(pairs), cfg)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+    steps = step_count(len(pairs), cfg)
+    engine = LocalEngine(
+        model, cfg.learning_rate, cfg.max_grad_norm, cfg.weight_decay, lr_lambda(cfg, steps)
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, len(order)))
-    start = _resume(model, optimizer, scheduler, ckpt_dir, fingerprint)
-    guard = LossGuard("reward model", ckpt_dir, checkpoint_step=start)
-    model.train()
-    loss_value, accs, began = float("nan"), [], time.perf_counter()
-    bar = tqdm(total=len(order), initial=start, desc="reward model", leave=False)
-    bar.disable = bar.disable or not show_progress
-    for step in range(start, len(order)):
-        guard.step = step + 1
-        loss, acc = _step_loss(model, [pairs[i] for i in order[step]], pad_id)
-        loss_value = guard.check("loss", loss)
-        loss.backward()
-        guard.check(
-            "gradient norm", torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-        )
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        accs.append(acc)
-        bar.update(1)
-        done = step + 1
-        if done % cfg.log_every == 0 or done == len(order):
-            metrics = {"train/loss": loss_value, "train/accuracy": sum(accs) / len(accs)}
-            log_metrics(metrics | {"train/lr": scheduler.get_last_lr()[0]}, done)
-            accs = []
-        if done % cfg.checkpoint_every == 0 or done == len(order):
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-            state |= {"scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()}
-            save_checkpoint(ckpt_dir, state | {"step": done, "fingerprint": fingerprint})
-            guard.checkpoint_step = done
-    bar.close()
-    model.eval()
-    return RMTrainReport(len(order), start, loss_value, time.perf_counter() - began)
-
-
-def _resume(model, optimizer, scheduler, ckpt_dir: Path, fingerprint: str) -> int:
-    state = load_checkpoint(ckpt_dir, fingerprint)
-    if state is None:
-        return 0
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"])
-    log.info("reward model: resuming from step %d", state["step"])
-    return state["step"]
+    plan = LoopPlan(
+        desc="reward model",
+        steps=steps,
+        checkpoint_every=cfg.checkpoint_every,
+        log_every=cfg.log_every,
+        window_mean=("train/accuracy",),
+        show_progress=show_progress,
+    )
+    stepper = RewardModelStepper(engine, pairs, cfg, pad_id)
+    report = run_loop(stepper, plan, ckpt_dir, fingerprint, log_metrics)
+    final_loss = report.last.get("train/loss", float("nan"))
+    return RMTrainReport(report.steps, report.resumed_from, final_loss, report.seconds)

@@ -109,11 +109,12 @@ def grpo_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     kl_estimator: str = "k3",
-    aggregation: str = "sequence_mean",
+    aggregation: str | Aggregation = "sequence_mean",
     max_len: int | None = None,
     denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The negated GRPO objective -(surrogate - beta * KL), aggregated, and its statistics.
+    """The negated GRPO objective -(surrogate - beta * KL), aggregated (by name, or the
+    aggregation itself), and its statistics.
 
     `denominator` replaces the aggregation's own (a data-parallel rank passes the sum over all
     ranks' batches, so that the ranks' losses add up to the loss of the whole batch).
@@ -129,7 +130,7 @@ def grpo_loss(
         kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp)
         per_token = per_token + beta * kl
         stats["kl"] = float((kl.detach() * m).sum() / n)
-    reduce = AGGREGATIONS[aggregation]
+    reduce = AGGREGATIONS[aggregation] if isinstance(aggregation, str) else aggregation
     if denominator is None:
         loss = reduce(per_token, m, max_len or logp.shape[1])
     else:

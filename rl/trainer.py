@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from configs.reinforcement import GRPOConfig
@@ -34,10 +33,10 @@ from rl.scoring import RankRollouts, ScoredGroups, kind_metrics, masked_advantag
 from sampling.factory import Sampler, policy_sampler
 from sampling.interface import Completion, SamplingParams
 from sampling.weight_sync import SyncsWeights
-from training import PROGRESS
 from training.collective import Collective, Solo
 from training.engines import LocalEngine, UpdateEngine
 from training.finite import LossGuard
+from training.loop import LoopPlan, run_loop
 
 log = logging.getLogger(__name__)
 
@@ -149,56 +148,60 @@ class GRPOTrainer:
         """Train on `problems`, resuming from `ckpt_dir`; a NaN or infinite loss or gradient norm
         stops training with NonFiniteLossError before the update, keeping the last checkpoint."""
         cfg = self.cfg
-        self.guard.ckpt_dir = ckpt_dir
+        self.problems = problems
         if cfg.general_per_step is None:
-            order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, cfg.seed)
+            self.order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, cfg.seed)
         else:
             kinds = [p.kind for p in problems]
-            order = kind_prompt_order(
+            self.order = kind_prompt_order(
                 kinds, cfg.steps, cfg.prompts_per_step, cfg.general_per_step, cfg.seed
             )
-        report = GRPOReport(steps=cfg.steps, resumed_from=self._resume(ckpt_dir, fingerprint))
+        self._history = []
+        plan = LoopPlan(
+            desc="grpo",
+            steps=cfg.steps,
+            checkpoint_every=cfg.checkpoint_every,
+            postfix=("reward", "reward/mean"),
+            show_progress=self.show_progress,
+            out_of_time=self._out_of_time,
+        )
+        loop = run_loop(self, plan, ckpt_dir, fingerprint, self.log_metrics)
+        report = GRPOReport(steps=loop.steps, resumed_from=loop.resumed_from)
         report.history = self._history
-        if report.resumed_from:
-            self.log_metrics({"train/resumed_from_step": float(report.resumed_from)}, 0)
-        if synced := self._sync_sampler():  # the engine may hold other weights than a resume's
-            self.log_metrics(synced, report.resumed_from)
-        if report.resumed_from == 0 and self._probing():
+        report.seconds = loop.seconds
+        self._warn_if_untrained()
+        return report
+
+    # ---- the shared loop's stepper (training.loop) ---------------------------------------------
+
+    def start(self, resumed_from: int) -> None:
+        """Bring the sampler to the engine's weights (a resume may have changed them), and probe
+        the held-out pass@1 before the first step."""
+        if synced := self._sync_sampler():
+            self.log_metrics(synced, resumed_from)
+        if resumed_from == 0 and self._probing():
             before = self._probe()
             self._history.append({"step": 0.0, **before})
             self.log_metrics(before, 0)
-        began = time.perf_counter()
-        bar = tqdm(
-            total=cfg.steps,
-            initial=report.resumed_from,
-            desc="grpo",
-            unit="step",
-            leave=False,
-            disable=not self.show_progress,
-        )
-        for step in range(report.resumed_from, cfg.steps):
-            if self._out_of_time(began):
-                log.info("grpo: time budget of %.0f s spent after %d steps", cfg.max_seconds, step)
-                self._checkpoint(ckpt_dir, fingerprint, step)
-                report.steps = step
-                break
-            self.guard.step = step + 1
-            metrics = self.step(step, [problems[i] for i in order[step]])
-            if self._probing() and ((step + 1) % cfg.probe.every == 0 or step + 1 == cfg.steps):
-                metrics |= self._probe()
-            self._history.append({"step": float(step + 1), **metrics})
-            self.log_metrics(metrics | {PROGRESS: (step + 1) / cfg.steps}, step + 1)
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
-            if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:
-                self.reference.load_state_dict(self.engine.sampling_model().state_dict())
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-                self._checkpoint(ckpt_dir, fingerprint, step + 1)
-        bar.close()
-        self.model.eval()
-        report.seconds = time.perf_counter() - began
-        self._warn_if_untrained()
-        return report
+
+    def run_step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        metrics = self.step(step, [self.problems[i] for i in self.order[step]])
+        if self._probing() and ((step + 1) % cfg.probe.every == 0 or step + 1 == cfg.steps):
+            metrics |= self._probe()
+        self._history.append({"step": float(step + 1), **metrics})
+        if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:
+            self.reference.load_state_dict(self.engine.sampling_model().state_dict())
+        return metrics
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        reference = self.reference.state_dict() if self.reference is not None else None
+        return {"reference": reference, "history": list(self._history)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if self.reference is not None and state["reference"] is not None:
+            self.reference.load_state_dict(state["reference"])
+        self._history = list(state["history"])
 
     def _warn_if_untrained(self) -> None:
         """Say so when no step of this run trained a single sample: the model leaves unchanged."""
@@ -223,12 +226,13 @@ class GRPOTrainer:
             figures = self.probe(self.sampler)
         return {f"heldout/{name}": value for name, value in figures.items()}
 
-    def _out_of_time(self, began: float) -> bool:
-        """Whether the time budget is spent; the ranks stop together, when any one is out."""
+    def _out_of_time(self, seconds: float) -> bool:
+        """Whether the time budget is spent after `seconds`; the ranks stop together, when any
+        one is out."""
         budget = self.cfg.max_seconds
         if budget is None:
             return False
-        spent = float(time.perf_counter() - began >= budget)
+        spent = float(seconds >= budget)
         return self.collective.sum([spent])[0] > 0
 
     def step(self, step: int, batch: Sequence[Problem]) -> dict[str, float]:
@@ -392,7 +396,7 @@ class GRPOTrainer:
                 eps_low=cfg.eps_low,
                 eps_high=cfg.eps_high,
                 kl_estimator=cfg.kl_estimator,
-                aggregation=cfg.aggregation,
+                aggregation=aggregation,
                 max_len=cfg.max_new_tokens,
                 denominator=denominator,
             )
@@ -454,35 +458,6 @@ class GRPOTrainer:
             }
             for i, c in enumerate(flat)
         ]
-
-    # ---- checkpoints ---------------------------------------------------------------------------
-
-    def _checkpoint(self, ckpt_dir: Path, fingerprint: str, step: int) -> None:
-        self.engine.save(
-            ckpt_dir,
-            {
-                "reference": self.reference.state_dict() if self.reference is not None else None,
-                "rng": torch.get_rng_state(),
-                "step": step,
-                "history": list(self._history),
-                "fingerprint": fingerprint,
-            },
-        )
-        self.guard.checkpoint_step = step
-
-    def _resume(self, ckpt_dir: Path, fingerprint: str) -> int:
-        self._history = []
-        self.guard.checkpoint_step = 0
-        state = self.engine.load(ckpt_dir, fingerprint)
-        if state is None:
-            return 0
-        if self.reference is not None and state["reference"] is not None:
-            self.reference.load_state_dict(state["reference"])
-        torch.set_rng_state(state["rng"])
-        self._history = list(state["history"])
-        self.guard.checkpoint_step = state["step"]
-        log.info("grpo: resuming from step %d of %d", state["step"], self.cfg.steps)
-        return state["step"]
 
 
 def frozen(model: PreTrainedModel) -> PreTrainedModel:

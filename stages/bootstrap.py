@@ -36,7 +36,7 @@ from problems.types import ProblemSet
 from stages.fingerprint import fingerprint
 from stages.tracker import Tracker
 from training.examples import Examples, lm_examples
-from training.loop import train
+from training.supervised import train
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from models.saved import ModelRef, save_model
 from problems.loader import load_problems
 from problems.types import ProblemSet
 from rewards.registry import RewardFn
-from rl.distill import OnPolicyDistiller
+from rl.on_policy import OnPolicyDistiller
 from stages import reasoning_rl, sft
 from stages.fingerprint import fingerprint
 from stages.tracker import Tracker

@@ -15,7 +15,7 @@ from stages.fingerprint import fingerprint
 from stages.tracker import Tracker
 from training.distributed import WorkerSpec, require_deepspeed, run_workers
 from training.examples import dataset_examples
-from training.loop import train
+from training.supervised import train
 
 
 def run(
@@ -58,7 +58,7 @@ def run_deepspeed(
     desc: str = "sft",
 ) -> ModelRef:
     """The same fine-tuning under DeepSpeed ZeRO in `config.engine.processes` worker processes;
-    the model lands where `run` saves it. It does not resume: a stopped run starts over."""
+    the model lands where `run` saves it, and a stopped run resumes from its last checkpoint."""
     require_deepspeed()
     examples = dataset_examples(load_tokenizer(base.path), dataset_path, config.train.max_length)
     examples.cuts.report(tracker.log_metrics, desc)  # the workers build the same examples

@@ -29,7 +29,7 @@ from models.chat import render_completions, render_prompt
 from models.tokenizer import train_bpe
 from stages.tracker import NullTracker
 from training.examples import lm_examples
-from training.loop import train
+from training.supervised import train
 
 QWEN_TEMPLATE = (
     "{% for message in messages %}"

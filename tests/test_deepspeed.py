@@ -26,7 +26,7 @@ from training.distributed import (
 )
 from training.examples import Example, dataset_examples
 from training.finite import NonFiniteLossError
-from training.loop import train
+from training.supervised import train
 
 needs_deepspeed = pytest.mark.skipif(
     not distributed.deepspeed_installed(),
@@ -181,6 +181,26 @@ def test_a_failing_tracker_stops_the_workers(world, tmp_path):
     with pytest.raises(RuntimeError, match="at step 3"):
         sft.run(cfg, ModelRef(world["base"]), world["data"], tmp_path, StopAtStep3())
     assert not (tmp_path / "model").exists()
+
+
+@needs_deepspeed
+def test_a_stopped_zero_sft_stage_resumes_from_its_checkpoint(world, tmp_path):
+    """The tracker stops the stage at step 3 (the workers, running ahead, are stopped wherever
+    they are); the rerun resumes from the last committed checkpoint and ends with the weights of
+    an uninterrupted run. 24 steps, so the workers never reach the end before they are stopped."""
+    cfg = deepspeed_config(train_cfg=TRAIN.model_copy(update={"epochs": 6, "checkpoint_every": 2}))
+    base = ModelRef(world["base"])
+    straight = sft.run(cfg, base, world["data"], tmp_path / "straight", Recorder())
+    with pytest.raises(RuntimeError, match="at step 3"):
+        sft.run(cfg, base, world["data"], tmp_path / "resumed", StopAtStep3())
+    recorder = Recorder()
+    resumed = sft.run(cfg, base, world["data"], tmp_path / "resumed", recorder)
+    first = min(recorder.steps)
+    assert 3 <= first <= 24 and first % 2 == 1  # resumed after an even, committed step
+    assert max(recorder.steps) == 24
+    trained = load_model(resumed.path).state_dict()
+    for name, weight in load_model(straight.path).state_dict().items():
+        assert torch.allclose(trained[name], weight, atol=WEIGHT_ATOL), name
 
 
 def test_without_deepspeed_the_stage_names_the_install(world, monkeypatch, tmp_path):

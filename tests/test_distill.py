@@ -14,14 +14,12 @@ from configs.supervised import ModelConfig
 from models.chat import EOS, IM_END, PAD, render_prompt
 from models.loading import build_model
 from models.tokenizer import train_tokenizer
-from rl.distill import (
+from rl.kl_losses import full_kl_loss, reverse_kl, sampled_kl_loss
+from rl.on_policy import (
     OnPolicyDistiller,
     TokenizerMismatchError,
     completion_log_probs,
-    full_kl_loss,
     measure_reverse_kl,
-    reverse_kl,
-    sampled_kl_loss,
 )
 from rl.rollouts import build_batch
 from sampling.interface import Completion
@@ -258,7 +256,7 @@ def test_update_counts_eos_and_truncated_tokens_and_not_padding(tokenizer, teach
             model, teacher, tokenizer, config(micro_batch_size=micro), lambda m, s: None, False
         )
         # plain SGD: the step is the gradient itself, which Adam's sign-like first step hides
-        distiller.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        distiller.engine.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         kls.append(distiller._update(prompts, completions)["reverse_kl"])
         models.append(model)
     fresh = student(tokenizer)

@@ -191,7 +191,7 @@ def test_killed_run_resumes_to_the_same_weights_and_metrics(tokenizer, tmp_path)
         run(tokenizer, tmp_path / "b", cfg, on_step=die_at_4)
     resumed, _, report_b, records_b = run(tokenizer, tmp_path / "b", cfg)
     assert report_b.resumed_from == 2
-    assert records_b[0] == (0, {"train/resumed_from_step": 2.0})
+    assert records_b[0] == (2, {"train/resumed_from_step": 2.0})
     records_b = records_b[1:]
     assert [s for s, _ in records_b] == [3, 4, 5]
     for (_, a), (_, b) in zip(records_a[2:], records_b, strict=True):

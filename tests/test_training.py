@@ -4,8 +4,9 @@ import torch
 from configs.supervised import TrainConfig
 from models.chat import render_completion, render_prompt
 from tests.tiny_models import TEXTS, make_tokenizer, tiny_model
+from training.batches import batch_order
 from training.examples import IGNORE, lm_examples, sft_examples
-from training.loop import batch_order, train
+from training.supervised import train
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,6 +49,10 @@ class UpdateEngine(Protocol):
         raises through `guard` before the update."""
         ...
 
+    def learning_rate(self) -> float:
+        """The learning rate of the next update (after the schedule, if any)."""
+        ...
+
     def sampling_model(self) -> torch.nn.Module:
         """A model with whole weights to sample from in this process."""
         ...
@@ -66,13 +71,29 @@ class UpdateEngine(Protocol):
         ...
 
 
-class LocalEngine:
-    """AdamW in this process; checkpoints through training.checkpoints."""
+Schedule = Callable[[int], float]  # the learning rate's factor at each step (LambdaLR)
 
-    def __init__(self, model: torch.nn.Module, learning_rate: float, max_grad_norm: float):
+
+class LocalEngine:
+    """AdamW in this process, with an optional learning-rate schedule; checkpoints through
+    training.checkpoints."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        learning_rate: float,
+        max_grad_norm: float,
+        weight_decay: float = 0.0,
+        schedule: Schedule | None = None,
+    ):
         self._model = model
         self.max_grad_norm = max_grad_norm
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=learning_rate, weight_decay=weight_decay
+        )
+        self.scheduler = (
+            torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule) if schedule else None
+        )
 
     @property
     def forward_model(self) -> torch.nn.Module:
@@ -91,8 +112,15 @@ class LocalEngine:
             torch.nn.utils.clip_grad_norm_(self._model.parameters(), self.max_grad_norm),
         )
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def learning_rate(self) -> float:
+        if self.scheduler is not None:
+            return self.scheduler.get_last_lr()[0]
+        return self.optimizer.param_groups[0]["lr"]
 
     def sampling_model(self) -> torch.nn.Module:
         return self._model
@@ -102,6 +130,8 @@ class LocalEngine:
 
     def save(self, ckpt_dir: Path, state: dict[str, Any]) -> None:
         payload = {"model": self._model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.scheduler is not None:
+            payload["scheduler"] = self.scheduler.state_dict()
         save_checkpoint(ckpt_dir, payload | state)
 
     def load(self, ckpt_dir: Path, fingerprint: str) -> dict[str, Any] | None:
@@ -110,6 +140,8 @@ class LocalEngine:
             return None
         self._model.load_state_dict(state.pop("model"))
         self.optimizer.load_state_dict(state.pop("optimizer"))
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state.pop("scheduler"))
         return state
 
 
@@ -155,21 +187,38 @@ class DeepSpeedEngine:
         max_grad_norm: float,
         engine: EngineConfig,
         world: int,
+        weight_decay: float = 0.0,
+        schedule: Schedule | None = None,
+        sizes: tuple[int, int] | None = None,
+        sampling_copy: bool = True,
     ):
+        """`sizes`: the global and per-rank batch sizes DeepSpeed is told (by default nominal
+        ones: the trainer feeds the engine batches of its own); `sampling_copy`: under ZeRO-3,
+        keep a whole copy of the weights to sample from (a trainer that never samples needs
+        none)."""
         import deepspeed
 
         self.zero_stage = engine.zero_stage
         self.world = world
-        self._copy = copy.deepcopy(model).eval() if self.zero_stage == 3 else None
+        keep_copy = sampling_copy and self.zero_stage == 3
+        self._copy = copy.deepcopy(model).eval() if keep_copy else None
         if self._copy is not None:
             for p in self._copy.parameters():
                 p.requires_grad_(False)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
-        self.engine, _, _, _ = deepspeed.initialize(
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=learning_rate, weight_decay=weight_decay
+        )
+
+        def lambda_lr(wrapped: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+            assert schedule is not None
+            return torch.optim.lr_scheduler.LambdaLR(wrapped, schedule)
+
+        batch_size, micro_batch_size = sizes or (world, 1)
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
-            # the trainer feeds the engine batches of its own, of varying size: nominal sizes
-            config=deepspeed_config(engine, max_grad_norm, batch_size=world, micro_batch_size=1),
+            lr_scheduler=lambda_lr if schedule is not None else None,
+            config=deepspeed_config(engine, max_grad_norm, batch_size, micro_batch_size),
         )
         self.device = self.engine.device  # the engine moved the model to its rank's device
         if self._copy is not None:
@@ -190,6 +239,11 @@ class DeepSpeedEngine:
         self.engine.step()  # ZeRO clips to gradient_clipping; a non-finite norm skips the update
         norm = self.engine.get_global_grad_norm()
         return guard.check("gradient norm", norm) if norm is not None else float("nan")
+
+    def learning_rate(self) -> float:
+        if self.scheduler is not None:
+            return self.scheduler.get_last_lr()[0]
+        return self.engine.optimizer.param_groups[0]["lr"]
 
     def sampling_model(self) -> torch.nn.Module:
         return self._copy if self._copy is not None else self.engine.module
@@ -250,16 +304,3 @@ def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | N
     if engine.global_rank != 0:
         return None
     return {key: value.detach().cpu() for key, value in engine.module.state_dict().items()}
-
-
-def make_engine(
-    model: torch.nn.Module,
-    learning_rate: float,
-    max_grad_norm: float,
-    engine: EngineConfig | None = None,
-    world: int = 1,
-) -> UpdateEngine:
-    """The engine `engine.kind` names; `single` (or none) trains in this process."""
-    if engine is None or engine.kind == "single":
-        return LocalEngine(model, learning_rate, max_grad_norm)
-    return DeepSpeedEngine(model, learning_rate, max_grad_norm, engine, world)

@@ -2,12 +2,13 @@
 it (training.distributed) as `python -m torch.distributed.run ... -m training.sft_worker
 SPEC`.
 
-Every rank builds the same examples and batch order as the single-process loop and takes its
-share of each global batch. Its loss is the sum over its target tokens divided by the target
-tokens of the whole global batch, times the world size (DeepSpeed averages gradients over the
-ranks), so each update is the one the single-process loop makes on the whole batch. Gradient
-clipping is ZeRO's (`gradient_clipping`), the learning-rate schedule the loop's LambdaLR, stepped
-by the engine. No checkpoints are written: a run that stops starts over.
+Every rank builds the same examples and batch order as the single-process stage and runs the
+same stepper (training.supervised) through the same loop (training.loop), over a DeepSpeed
+engine: each rank takes its share of each global batch, its loss the sum over its target tokens
+divided by the target tokens of the whole batch (the engine scales it by the world size, as
+DeepSpeed averages the ranks' gradients), so each update is the single-process one. Gradient
+clipping is ZeRO's (`gradient_clipping`), the learning-rate schedule the stage's LambdaLR,
+stepped by the engine. Checkpoints are DeepSpeed's own, so a stopped run resumes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import json
 import logging
 import os
 import sys
-import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
-from configs.supervised import SFTConfig, TrainConfig
-from training import PROGRESS
-from training.distributed import WorkerSpec, rank_share, target_count, zero_config
-from training.engines import full_state_dict
-from training.examples import Example
-from training.finite import LossGuard, NonFiniteLossError
-from training.loop import batch_inputs, batch_order, lr_lambda
-from training.varlen import packed_attention
+from configs.supervised import SFTConfig
+from training.batches import lr_lambda, step_count
+from training.collective import TorchCollective
+from training.distributed import WorkerSpec
+from training.engines import DeepSpeedEngine
+from training.finite import NonFiniteLossError
+from training.loop import run_loop
+from training.supervised import SFTStepper, sft_plan
 
 log = logging.getLogger("training.sft_worker")
 
@@ -65,49 +65,6 @@ def init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def build_engine(model: torch.nn.Module, config: SFTConfig, world: int, total_steps: int):
-    """The DeepSpeed engine over `model` with the loop's AdamW and learning-rate schedule;
-    returns (engine, scheduler)."""
-    import deepspeed
-
-    cfg = config.train
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
-    )
-
-    def schedule(wrapped: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-        return torch.optim.lr_scheduler.LambdaLR(wrapped, lr_lambda(cfg, total_steps))
-
-    engine, _, _, scheduler = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        lr_scheduler=schedule,
-        config=zero_config(config.engine, cfg, world),
-    )
-    return engine, scheduler
-
-
-def share_loss(
-    engine: Any, batch: list[Example], cfg: TrainConfig, pad_id: int, rank: int, world: int
-):
-    """This rank's loss on its share of `batch`, scaled so that DeepSpeed's average of the ranks'
-    gradients is the gradient of the whole batch's token-mean loss."""
-    inputs = batch_inputs(cfg)(rank_share(batch, rank, world), pad_id)
-    inputs = {key: value.to(engine.device) for key, value in inputs.items()}
-    with packed_attention(engine):
-        loss = engine(**inputs, num_items_in_batch=target_count(batch), use_cache=False).loss
-    return loss * world
-
-
-def global_loss(share: torch.Tensor, world: int) -> torch.Tensor:
-    """The whole batch's loss (the same on every rank): the mean of the scaled shares."""
-    import torch.distributed as dist
-
-    total = share.detach().clone()
-    dist.all_reduce(total)
-    return total / world
-
-
 class MetricsFile:
     """Rank 0's logged steps, one JSON line each, for the stage to forward to its tracker."""
 
@@ -119,54 +76,9 @@ class MetricsFile:
             handle.write(json.dumps({"step": step, "metrics": metrics}) + "\n")
 
 
-def train_zero(
-    model: torch.nn.Module,
-    examples: list[Example],
-    config: SFTConfig,
-    pad_id: int,
-    spec: WorkerSpec,
-    rank: int,
-    world: int,
-) -> tuple[Any, dict[str, float]]:
-    """Train as `training.loop.train` does on one process, logging the same metrics at the same
-    steps; returns the engine and a report (steps, final loss, tokens per second, seconds)."""
-    cfg = config.train
-    order = batch_order(len(examples), cfg, [len(e.input_ids) for e in examples])
-    engine, scheduler = build_engine(model, config, world, len(order))
-    guard = LossGuard(spec.desc)
-    metrics = MetricsFile(spec.metrics_path) if rank == 0 else None
-    log.info(
-        "%s: ZeRO-%d, %d ranks, %d steps", spec.desc, config.engine.zero_stage, world, len(order)
-    )
-    engine.train()
-    loss_value, tokens, began = float("nan"), 0, time.perf_counter()
-    for step, indices in enumerate(order):
-        guard.step = done = step + 1
-        batch = [examples[i] for i in indices]
-        loss = share_loss(engine, batch, cfg, pad_id, rank, world)
-        loss_value = guard.check("loss", global_loss(loss, world))  # every rank stops together
-        engine.backward(loss)
-        engine.step()  # a non-finite gradient norm makes DeepSpeed skip the update
-        grad_norm = engine.get_global_grad_norm()
-        if grad_norm is not None:
-            guard.check("gradient norm", grad_norm)
-        tokens += sum(len(e.input_ids) for e in batch)
-        if metrics is not None and (done % cfg.log_every == 0 or done == len(order)):
-            lr = scheduler.get_last_lr()[0]
-            metrics.log(
-                {"train/loss": loss_value, "train/lr": lr, PROGRESS: done / len(order)}, done
-            )
-            if done % (cfg.log_every * 10) == 0:
-                log.info("%s: step %d/%d loss %.4f", spec.desc, done, len(order), loss_value)
-    seconds = time.perf_counter() - began
-    log.info("%s: %d steps in %.1f s, final loss %.4f", spec.desc, len(order), seconds, loss_value)
-    report = {
-        "steps": len(order),
-        "final_loss": loss_value,
-        "tokens_per_second": tokens / max(seconds, 1e-9),
-        "seconds": seconds,
-    }
-    return engine, report
+def rank_metrics(spec: WorkerSpec, rank: int) -> Callable[[dict[str, float], int], None]:
+    """Where this rank logs: rank 0 to the metrics file the stage reads, the others nowhere."""
+    return MetricsFile(spec.metrics_path).log if rank == 0 else lambda metrics, step: None
 
 
 def save_full_model(state: dict[str, torch.Tensor], spec: WorkerSpec, tokenizer: Any) -> int:
@@ -197,24 +109,53 @@ def run(spec: WorkerSpec) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
     quiet_libraries()
     config = SFTConfig.model_validate(spec.config)
+    cfg = config.train
     tokenizer = load_tokenizer(spec.base)
-    examples = dataset_examples(tokenizer, Path(spec.dataset), config.train.max_length)
+    examples = dataset_examples(tokenizer, Path(spec.dataset), cfg.max_length)
     if not examples:
         raise ValueError(f"{spec.desc}: no training examples")
-    model = load_model(spec.base)
+    steps = step_count(len(examples), cfg)
+    engine = DeepSpeedEngine(
+        load_model(spec.base),
+        cfg.learning_rate,
+        cfg.max_grad_norm,
+        config.engine,
+        world,
+        cfg.weight_decay,
+        lr_lambda(cfg, steps),
+        sizes=(cfg.batch_size, cfg.batch_size // world),  # the global batch split evenly
+        sampling_copy=False,
+    )
+    pad_id = tokenizer.pad_token_id
+    stepper = SFTStepper(engine, examples, cfg, pad_id, spec.desc, TorchCollective(), rank, world)
+    log.info("%s: ZeRO-%d, %d ranks, %d steps", spec.desc, config.engine.zero_stage, world, steps)
+    plan = sft_plan(cfg, steps, spec.desc, show_progress=False)
     try:
-        engine, report = train_zero(
-            model, examples, config, tokenizer.pad_token_id, spec, rank, world
+        report = run_loop(
+            stepper,
+            plan,
+            Path(spec.out_dir) / "checkpoints",
+            spec.fingerprint,
+            rank_metrics(spec, rank),
         )
     except NonFiniteLossError as error:
         if rank == 0:
             bad = {"step": error.step, "what": error.what, "value": error.value}
             write_result(spec, {"non_finite": bad})
         raise
-    state = full_state_dict(engine, config.engine.zero_stage)
+    log.info("%s: %d steps in %.1f s", spec.desc, report.steps, report.seconds)
+    state = engine.full_state_dict()
     if rank == 0:
         assert state is not None
-        write_result(spec, {**report, "parameters": save_full_model(state, spec, tokenizer)})
+        result = {
+            "steps": report.steps,
+            "resumed_from": report.resumed_from,
+            "final_loss": report.last.get("train/loss", float("nan")),
+            "tokens_per_second": stepper.tokens / max(report.seconds, 1e-9),
+            "seconds": report.seconds,
+            "parameters": save_full_model(state, spec, tokenizer),
+        }
+        write_result(spec, result)
     dist.barrier()
     dist.destroy_process_group()
 

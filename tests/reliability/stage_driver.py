@@ -35,7 +35,7 @@ from configs.supervised import TrainConfig
 from models.chat import render_prompt
 from models.saved import ModelRef
 from problems.types import Problem
-from rl.distill import OnPolicyDistiller
+from rl.on_policy import OnPolicyDistiller
 from rl.trainer import GRPOTrainer
 from stages import rejection
 from stages.tracker import NullTracker
@@ -50,7 +50,7 @@ from tests.tiny_models import (
     tiny_model,
 )
 from training.examples import lm_examples
-from training.loop import train
+from training.supervised import train
 
 FINGERPRINT = "kill-test"
 MODEL_ID = "m"

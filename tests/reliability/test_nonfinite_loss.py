@@ -19,7 +19,7 @@ from models.chat import render_prompt
 from preference.model import build_reward_model
 from preference.training import EncodedPair, train_reward_model
 from rl import trainer as grpo_module
-from rl.distill import OnPolicyDistiller
+from rl.on_policy import OnPolicyDistiller
 from rl.trainer import GRPOTrainer
 from tests.tiny_models import (
     PROBLEMS,
@@ -32,7 +32,7 @@ from tests.tiny_models import (
 from training.checkpoints import load_checkpoint
 from training.examples import lm_examples
 from training.finite import NonFiniteLossError
-from training.loop import train
+from training.supervised import train
 
 NAN, INF = float("nan"), float("inf")
 

@@ -2,20 +2,10 @@
 the student minimises the per-token reverse KL(student || teacher) on the states it visits.
 
 Unlike SFT on teacher traces (stage 7 of the R1 paper), the student learns where its own mistakes
-take it; unlike RL, every token gets a dense signal. Two estimators, by name:
-
-- "full": the exact KL over the whole vocabulary at each completion position,
-  sum_v p_s(v) (log p_s(v) - log p_t(v)); lowest variance, needs both models' full logits.
-- "sampled": log p_s(x_t) - log p_t(x_t) of the sampled token only, used as a negative per-token
-  advantage in a policy-gradient loss (as in Thinking Machines' on-policy distillation); unbiased
-  for the gradient of the same per-position KL, with more variance.
-
-By default each position's KL is minimised as if the states were fixed (discount 0, as GKD and
-Thinking Machines do). `discount` > 0 also charges each sampled token the KLs of the positions it
-leads to; at 1 the expected gradient is that of the sequence-level reverse KL, which (every token
-costing KL >= 0) also rewards ending sooner. The KL is taken at temperature 1 whatever the
-sampling temperature: that is the distribution the student ships with; sampling at temperature 1
-(the default) keeps the update exactly on-policy.
+take it; unlike RL, every token gets a dense signal. The losses and their two estimators are in
+rl.kl_losses. The KL is taken at temperature 1 whatever the sampling temperature: that is the
+distribution the student ships with; sampling at temperature 1 (the default) keeps the update
+exactly on-policy.
 
 The per-token KL on the student's own samples is not monotone in training: as the student moves
 it visits other states, often ones where the teacher is sharper. Both the per-token and the
@@ -29,19 +19,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from configs.schema import OnPolicyDistillConfig
+from rl.kl_losses import DISTILL_LOSSES, masked_mean, reverse_kl
 from rl.rollouts import PolicyBatch, build_batch
 from rl.trainer import prompt_order
 from sampling.hf import HFSampler
 from sampling.interface import Completion, SamplingParams
-from training import PROGRESS
-from training.checkpoints import load_checkpoint, save_checkpoint
+from training.engines import LocalEngine
 from training.finite import LossGuard
+from training.loop import LoopPlan, run_loop
 
 log = logging.getLogger(__name__)
 
@@ -59,82 +50,6 @@ class DistillReport:
     resumed_from: int
     kl_curve: list[float] = field(default_factory=list)  # mean per-token reverse KL per step
     seconds: float = 0.0
-
-
-# ---- pure losses -------------------------------------------------------------------------------
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over the tokens that count, so every completion token weighs the same."""
-    m = mask.to(values.dtype)
-    return (values * m).sum() / m.sum().clamp(min=1)
-
-
-def reverse_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
-    """Exact KL(student || teacher) at each position, (B, T), from log-probabilities (B, T, V)."""
-    return (student_logp.exp() * (student_logp - teacher_logp)).sum(dim=-1)  # (B, T)
-
-
-def future_sum(values: torch.Tensor, mask: torch.Tensor, discount: float) -> torch.Tensor:
-    """sum_{t' > t} discount^(t' - t) values_t' over the tokens that count, (B, T); zero at
-    discount 0. What a token's choice costs later in its sequence."""
-    values = values * mask.to(values.dtype)  # (B, T)
-    out = torch.zeros_like(values)
-    if discount == 0.0:
-        return out
-    running = torch.zeros_like(values[:, 0])  # (B,)
-    for t in range(values.shape[1] - 2, -1, -1):
-        running = discount * (values[:, t + 1] + running)
-        out[:, t] = running
-    return out
-
-
-def full_kl_loss(
-    student_logp: torch.Tensor,  # (B, T, V)
-    teacher_logp: torch.Tensor,  # (B, T, V)
-    targets: torch.Tensor,  # (B, T) sampled tokens; needed only when discount > 0
-    mask: torch.Tensor,  # (B, T)
-    discount: float = 0.0,
-) -> torch.Tensor:
-    """Mean per-token exact reverse KL; the gradient reaches the student only.
-
-    With discount > 0 each sampled token also carries, as a policy-gradient term, the exact KLs
-    of the positions its choice leads to; at discount 1 the expected gradient is that of the
-    sequence-level reverse KL sum_t KL_t (per token of the batch).
-    """
-    kl = reverse_kl(student_logp, teacher_logp.detach())  # (B, T)
-    if discount == 0.0:
-        return masked_mean(kl, mask)
-    s_tok = student_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    later = future_sum(kl.detach(), mask, discount)  # (B, T)
-    return masked_mean(kl + later * s_tok, mask)
-
-
-def sampled_kl_loss(
-    student_logp: torch.Tensor,  # (B, T, V)
-    teacher_logp: torch.Tensor,  # (B, T, V)
-    targets: torch.Tensor,  # (B, T)
-    mask: torch.Tensor,  # (B, T)
-    discount: float = 0.0,
-) -> torch.Tensor:
-    """Policy gradient with per-token advantage -(log p_s(x_t) - log p_t(x_t)).
-
-    With x_t drawn from the student, E[(log p_s - log p_t) grad log p_s] is the gradient of the
-    per-position reverse KL (the score function has mean zero), so this is unbiased for the same
-    update as `full_kl_loss`, seeing one token of the teacher's distribution instead of all.
-    With discount > 0 the advantage is the discounted return of these costs from t on.
-    """
-    index = targets.unsqueeze(-1)
-    s_tok = student_logp.gather(-1, index).squeeze(-1)  # (B, T)
-    t_tok = teacher_logp.gather(-1, index).squeeze(-1)  # (B, T)
-    cost = (s_tok - t_tok).detach()  # (B, T): -advantage at discount 0
-    return masked_mean((cost + future_sum(cost, mask, discount)) * s_tok, mask)
-
-
-DistillLoss = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
-]
-DISTILL_LOSSES: dict[str, DistillLoss] = {"full": full_kl_loss, "sampled": sampled_kl_loss}
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -251,9 +166,7 @@ class OnPolicyDistiller:
         self.log_metrics = log_metrics
         self.show_progress = show_progress
         self.loss_fn = DISTILL_LOSSES[cfg.estimator]
-        self.optimizer = torch.optim.AdamW(
-            student.parameters(), lr=cfg.learning_rate, weight_decay=0.0
-        )
+        self.engine = LocalEngine(student, cfg.learning_rate, cfg.max_grad_norm)
         self.sampler = HFSampler(
             student,
             tokenizer,
@@ -268,34 +181,34 @@ class OnPolicyDistiller:
         checkpoint in `ckpt_dir` that carries `fingerprint`. A NaN or infinite loss or gradient
         norm stops training with NonFiniteLossError before the update, keeping that checkpoint."""
         cfg = self.cfg
-        self.guard.ckpt_dir = ckpt_dir
-        order = prompt_order(len(prompts), cfg.steps, cfg.prompts_per_step, cfg.seed)
-        report = DistillReport(steps=cfg.steps, resumed_from=self._resume(ckpt_dir, fingerprint))
-        if report.resumed_from:
-            self.log_metrics({"train/resumed_from_step": float(report.resumed_from)}, 0)
-        began = time.perf_counter()
-        bar = tqdm(
-            total=cfg.steps,
-            initial=report.resumed_from,
+        self.prompts = prompts
+        self.order = prompt_order(len(prompts), cfg.steps, cfg.prompts_per_step, cfg.seed)
+        self._curve = []
+        plan = LoopPlan(
             desc="distill",
-            unit="step",
-            leave=False,
-            disable=not self.show_progress,
+            steps=cfg.steps,
+            checkpoint_every=cfg.checkpoint_every,
+            postfix=("kl", "reverse_kl"),
+            show_progress=self.show_progress,
         )
-        for step in range(report.resumed_from, cfg.steps):
-            self.guard.step = step + 1
-            metrics = self.step(step, [prompts[i] for i in order[step]])
-            self._curve.append(metrics["reverse_kl"])
-            self.log_metrics(metrics | {PROGRESS: (step + 1) / cfg.steps}, step + 1)
-            bar.update(1)
-            bar.set_postfix(kl=f"{metrics['reverse_kl']:.4f}")
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-                self._checkpoint(ckpt_dir, fingerprint, step + 1)
-        bar.close()
-        self.student.eval()
-        report.kl_curve = list(self._curve)
-        report.seconds = time.perf_counter() - began
-        return report
+        loop = run_loop(self, plan, ckpt_dir, fingerprint, self.log_metrics)
+        return DistillReport(loop.steps, loop.resumed_from, list(self._curve), loop.seconds)
+
+    # ---- the shared loop's stepper (training.loop) ---------------------------------------------
+
+    def start(self, resumed_from: int) -> None:
+        return None
+
+    def run_step(self, step: int) -> dict[str, float]:
+        metrics = self.step(step, [self.prompts[i] for i in self.order[step]])
+        self._curve.append(metrics["reverse_kl"])
+        return metrics
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"curve": list(self._curve)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._curve = list(state["curve"])
 
     def step(self, step: int, prompts: Sequence[str]) -> dict[str, float]:
         """Sample from the student, then one update on every sampled completion."""
@@ -342,19 +255,14 @@ class OnPolicyDistiller:
             weight = float(mask.sum()) / total
             loss = self.loss_fn(student_logp, teacher_logp, targets, mask, cfg.discount) * weight
             loss_sum += self.guard.check("loss", loss)
-            loss.backward()
+            self.engine.backward(loss)
             with torch.no_grad():
                 m = mask.float()
                 kl_sum += float((reverse_kl(student_logp, teacher_logp) * m).sum())
                 index = targets.unsqueeze(-1)
                 gap = student_logp.gather(-1, index) - teacher_logp.gather(-1, index)  # (n, C, 1)
                 sampled_sum += float((gap.squeeze(-1) * m).sum())
-        grad_norm = self.guard.check(
-            "gradient norm",
-            torch.nn.utils.clip_grad_norm_(self.student.parameters(), cfg.max_grad_norm),
-        )
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = self.engine.step(self.guard)
         return {
             "reverse_kl": kl_sum / total,
             "reverse_kl/per_sequence": kl_sum / len(completions),  # length shifts show here
@@ -362,38 +270,6 @@ class OnPolicyDistiller:
             "loss": loss_sum,
             "grad_norm": float(grad_norm),
         }
-
-    # ---- checkpoints ---------------------------------------------------------------------------
-
-    def _checkpoint(self, ckpt_dir: Path, fingerprint: str, step: int) -> None:
-        save_checkpoint(
-            ckpt_dir,
-            {
-                "model": self.student.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "rng": torch.get_rng_state(),
-                "step": step,
-                "curve": list(self._curve),
-                "fingerprint": fingerprint,
-            },
-        )
-        self.guard.checkpoint_step = step
-
-    def _resume(self, ckpt_dir: Path, fingerprint: str) -> int:
-        """Weights, optimizer, RNG and the step; the prompt order is a pure function of the seed,
-        so the step is the data cursor."""
-        self._curve = []
-        self.guard.checkpoint_step = 0
-        state = load_checkpoint(ckpt_dir, fingerprint)
-        if state is None:
-            return 0
-        self.student.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        self._curve = list(state["curve"])
-        self.guard.checkpoint_step = state["step"]
-        log.info("distill: resuming from step %d of %d", state["step"], self.cfg.steps)
-        return state["step"]
 
 
 def completion_metrics(flat: Sequence[Completion]) -> dict[str, float]:

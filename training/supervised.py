@@ -1,0 +1,127 @@
+"""Pretraining and SFT as a stepper of the one loop (training.loop): token-level cross-entropy
+on each batch of examples, in this process or as one rank of a DeepSpeed run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from configs.supervised import TrainConfig
+from training.batches import batch_inputs, batch_order, lr_lambda, step_count
+from training.collective import Collective, Solo
+from training.distributed import rank_share, target_count
+from training.engines import LocalEngine, UpdateEngine
+from training.examples import Example
+from training.finite import LossGuard
+from training.loop import LoopPlan, MetricsFn, run_loop
+from training.varlen import packed_attention
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    steps: int
+    resumed_from: int
+    final_loss: float
+    tokens_per_second: float
+    seconds: float
+
+
+class SFTStepper:
+    """One step: the batch's loss over its target tokens, backward, one update through the
+    engine. As one of `world` data-parallel ranks it takes its share of each batch, with the loss
+    scaled by the whole batch's target tokens, so the ranks' update is the one-process update."""
+
+    def __init__(
+        self,
+        engine: UpdateEngine,
+        examples: Sequence[Example],
+        cfg: TrainConfig,
+        pad_id: int,
+        desc: str,
+        collective: Collective | None = None,
+        rank: int = 0,
+        world: int = 1,
+    ):
+        self.engine, self.examples, self.cfg, self.pad_id = engine, examples, cfg, pad_id
+        self.guard = LossGuard(desc)
+        self.collective = collective or Solo()
+        self.rank, self.world = rank, world
+        self.order = batch_order(len(examples), cfg, [len(e.input_ids) for e in examples])
+        self.lay_out = batch_inputs(cfg)
+        self.tokens = 0  # the tokens this call of the loop has trained on
+
+    def start(self, resumed_from: int) -> None:
+        self.engine.module.train()
+
+    def run_step(self, step: int) -> dict[str, float]:
+        rows = [self.examples[i] for i in self.order[step]]
+        loss = self._loss(rows)
+        whole = self.collective.sum([float(loss.detach())])[0] if self.world > 1 else loss
+        loss_value = self.guard.check("loss", whole)  # every rank stops together
+        self.engine.backward(loss)
+        self.engine.step(self.guard)
+        self.tokens += sum(len(e.input_ids) for e in rows)
+        return {"train/loss": loss_value, "train/lr": self.engine.learning_rate()}
+
+    def _loss(self, rows: list[Example]) -> torch.Tensor:
+        if self.world == 1:
+            with packed_attention(self.engine.forward_model):
+                return self.engine.forward_model(
+                    **self.lay_out(rows, self.pad_id), use_cache=False
+                ).loss
+        inputs = self.lay_out(rank_share(rows, self.rank, self.world), self.pad_id)
+        device = getattr(self.engine, "device", None)
+        inputs = {key: value.to(device) for key, value in inputs.items()}
+        with packed_attention(self.engine.forward_model):
+            # this rank's target tokens over the whole batch's: the ranks' losses add up to it
+            return self.engine.forward_model(
+                **inputs, num_items_in_batch=target_count(rows), use_cache=False
+            ).loss
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        return None
+
+
+def sft_plan(cfg: TrainConfig, steps: int, desc: str, show_progress: bool = True) -> LoopPlan:
+    return LoopPlan(
+        desc=desc,
+        steps=steps,
+        checkpoint_every=cfg.checkpoint_every,
+        log_every=cfg.log_every,
+        postfix=("loss", "train/loss"),
+        show_progress=show_progress,
+        log_line_every=cfg.log_every * 10,
+    )
+
+
+def train(
+    model: PreTrainedModel,
+    examples: list[Example],
+    cfg: TrainConfig,
+    ckpt_dir: Path,
+    fingerprint: str,
+    log_metrics: MetricsFn,
+    pad_id: int,
+    desc: str = "train",
+) -> TrainReport:
+    """Train `model` in place on `examples` (AdamW, linear warm-up then cosine decay); resume
+    from `ckpt_dir` if it holds this run's state."""
+    if not examples:
+        raise ValueError(f"{desc}: no training examples")
+    steps = step_count(len(examples), cfg)
+    engine = LocalEngine(
+        model, cfg.learning_rate, cfg.max_grad_norm, cfg.weight_decay, lr_lambda(cfg, steps)
+    )
+    stepper = SFTStepper(engine, examples, cfg, pad_id, desc)
+    report = run_loop(stepper, sft_plan(cfg, steps, desc), ckpt_dir, fingerprint, log_metrics)
+    final_loss = report.last.get("train/loss", float("nan"))
+    rate = stepper.tokens / max(report.seconds, 1e-9)
+    return TrainReport(report.steps, report.resumed_from, final_loss, rate, report.seconds)
