@@ -51,7 +51,7 @@ class TrainConfig(Strict):
         0,
         ge=0,
         description="batches per stretch sorted by length (0 or 1: plain random batches); for "
-        "data of one kind: on a mixture, like lengths put like kinds together (README)",
+        "data of one kind: on a mixture, like lengths put like kinds together (docs/benchmarks.md)",
     )
     packing: bool = Field(
         True,

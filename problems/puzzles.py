@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator
-from fractions import Fraction
 
 from configs.data import LogicWorld
 from problems.scripts import to_script
@@ -57,17 +56,6 @@ def puzzle_expression(numbers: tuple[int, ...], ops: Try) -> str:
     if ops[0] in "+-" and ops[1] in "*/":
         inner = f"({inner})"
     return f"{inner} {ops[1]} {c}"
-
-
-def exact_value(numbers: tuple[int, ...], ops: Try) -> Fraction:
-    a, b, c = (Fraction(n) for n in numbers)
-    table = {
-        "+": lambda x, y: x + y,
-        "-": lambda x, y: x - y,
-        "*": lambda x, y: x * y,
-        "/": lambda x, y: x / y,
-    }
-    return table[ops[1]](table[ops[0]](a, b), c)
 
 
 def _wording(rng: random.Random, numbers: tuple[int, ...], target: int, script: str) -> str:

@@ -23,7 +23,8 @@ from models.loading import load_tokenizer, parameter_count
 from models.saved import ModelRef
 from preference.model import build_reward_model, encode, load_reward_model, pair_texts
 from preference.training import EncodedPair, evaluate_pairs, train_reward_model
-from problems.general import PreferencePair, load_pairs
+from problems.general import PreferencePair
+from problems.general_files import load_pairs
 from stages.fingerprint import fingerprint
 from stages.tracker import Tracker
 

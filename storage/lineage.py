@@ -164,16 +164,6 @@ def latest_rows(db: Path) -> dict[str, LineageRow]:
     return all_rows(db).latest
 
 
-def latest_row(db: Path, digest: str) -> LineageRow | None:
-    """The most recent row recorded for `digest`, by any run."""
-    rows = _query(
-        db,
-        f"SELECT {_COLUMNS} FROM lineage WHERE digest = ? ORDER BY created_at DESC LIMIT 1",
-        [digest],
-    )
-    return rows[0] if rows else None
-
-
 def produced_by(db: Path, run_id: str, kind: str = "model") -> LineageRow | None:
     """The latest `kind` row a stage run recorded (a stage run registers one model)."""
     rows = _query(

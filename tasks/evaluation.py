@@ -8,7 +8,7 @@ from prefect import get_run_logger
 from configs.reinforcement import EvalConfig
 from evaluation.metrics import EvalReport
 from models.saved import ModelRef
-from problems.general import GeneralFiles
+from problems.general_files import GeneralFiles
 from problems.types import ProblemSet
 from stages import evaluate as evaluate_stage
 from stages.reward_model import RewardModelRef

@@ -9,7 +9,7 @@ from configs.reinforcement import GRPOConfig, RewardModelConfig
 from contracts.reward_names import PREFERENCE
 from models.saved import ModelRef
 from preference.reward import PreferenceReward
-from problems.general import GeneralFiles, write_general_sets
+from problems.general_files import GeneralFiles, write_general_sets
 from problems.loader import load_problems
 from problems.types import Problem
 from rewards.registry import RewardFn

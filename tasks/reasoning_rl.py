@@ -7,7 +7,7 @@ from pathlib import Path
 
 from configs.reinforcement import GRPOConfig
 from models.saved import ModelRef
-from problems.general import GeneralFiles
+from problems.general_files import GeneralFiles
 from problems.types import ProblemSet
 from stages import reasoning_rl
 from stages.reward_model import RewardModelRef

@@ -11,7 +11,7 @@ from prefect import get_run_logger
 
 from configs.schema import RejectionConfig
 from models.saved import ModelRef
-from problems.general import GeneralFiles
+from problems.general_files import GeneralFiles
 from problems.loader import load_problems
 from problems.types import ProblemSet
 from stages import rejection as rejection_stage

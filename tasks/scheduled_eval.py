@@ -20,7 +20,7 @@ from evaluation.metrics import EvalReport
 from evaluation.verdict import EvaluationVerdict, artifact_key, verdict_markdown
 from models.saved import ModelRef
 from preference.reward import PreferenceReward
-from problems.general import write_general_sets
+from problems.general_files import write_general_sets
 from problems.loader import load_problems
 from problems.types import ProblemSet
 from stages import evaluate as evaluate_stage

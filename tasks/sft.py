@@ -8,7 +8,7 @@ from datasets import load_from_disk
 from configs.supervised import SFTConfig
 from curation.curated import CuratedSet
 from models.saved import ModelRef
-from problems.general import GeneralFiles
+from problems.general_files import GeneralFiles
 from stages import sft as sft_stage
 from stages.mixed import build_sft_set
 from storage.digests import file_digest, rows_digest

@@ -4,18 +4,17 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
+from configs.data import GeneralConfig
 from contracts.answer_format import answer_block, is_well_formed
 from problems.general import (
     KINDS,
     REJECTIONS,
-    GeneralConfig,
     general_problems,
     in_script,
-    load_pairs,
     preference_pairs,
     sft_rows,
-    write_general_sets,
 )
+from problems.general_files import load_pairs, write_general_sets
 from problems.loader import load_problems
 from problems.scripts import dominant_script, script_share
 from rewards.repetition import repeated_ngram_share

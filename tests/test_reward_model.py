@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from configs.data import GeneralConfig
 from configs.supervised import ModelConfig, TrainConfig
 from models.chat import render_completion, render_prompt
 from models.loading import build_model, load_model
@@ -19,7 +20,8 @@ from preference.model import (
     sequence_scores,
 )
 from preference.reward import PreferenceReward
-from problems.general import GeneralConfig, load_pairs, sft_rows, write_general_sets
+from problems.general import sft_rows
+from problems.general_files import load_pairs, write_general_sets
 from stages.reward_model import RewardModelConfig, run
 from stages.tracker import NullTracker
 from tests.tiny_models import make_tokenizer

@@ -29,8 +29,7 @@ from typing import Any
 
 import torch
 
-from configs.supervised import EngineConfig, TrainConfig
-from training.engines import deepspeed_config
+from configs.supervised import EngineConfig
 from training.examples import IGNORE, Example
 from training.finite import NonFiniteLossError
 
@@ -265,14 +264,6 @@ def _first_error(spec: WorkerSpec) -> str:
 
 
 # --- what the workers share with the stage ------------------------------------------------------
-
-
-def zero_config(engine: EngineConfig, train: TrainConfig, world: int) -> dict[str, Any]:
-    """The DeepSpeed config of an SFT run: the global batch split evenly over the ranks, the
-    loop's gradient clipping."""
-    return deepspeed_config(
-        engine, train.max_grad_norm, train.batch_size, train.batch_size // world
-    )
 
 
 def rank_share(batch: list[Example], rank: int, world: int) -> list[Example]:
