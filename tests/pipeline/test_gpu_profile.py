@@ -30,7 +30,7 @@ from models.loading import load_tokenizer
 from storage.digests import tree_digest
 from tests.real_checkpoints import make_stand_ins
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GPU_PROFILE = PROFILES_DIR / "gpu-qwen.yaml"
 TRAIN = {
     "epochs": 1,

@@ -25,6 +25,7 @@ from storage.rollout_store import (
     missing_samples,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 MODEL = "model_2"
 # Every filter off: a test switches on the one it is about.
 OFF = dict(
@@ -160,7 +161,7 @@ def test_a_process_killed_mid_chunk_leaves_nothing(tmp_path: Path) -> None:
             os._exit(9)  # killed after the write, before the commit
         """
     )
-    done = subprocess.run([sys.executable, "-c", killed], cwd=Path(__file__).parents[1])
+    done = subprocess.run([sys.executable, "-c", killed], cwd=REPO)
     assert done.returncode == 9
     assert stored_keys(db) == [("p0", 0, MODEL)]
 

@@ -16,7 +16,7 @@ from configs.supervised import ModelConfig
 from models.loading import build_model
 from tests.tiny_models import make_tokenizer, tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_data(path: Path, rows: int = 6) -> Path:

@@ -3,7 +3,7 @@
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOT_INSTALLED = {"tests", "benchmarks"}  # run from a checkout, not from the installed package
 
 

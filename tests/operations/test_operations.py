@@ -21,7 +21,7 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CRASH_REPORT_SECONDS = 15
 FAULT = "reasoning_rl@2"  # micro's stage 3 checkpoints every step and runs 2
