@@ -1,14 +1,9 @@
-import os
-
 import pytest
 
 from cli.main import main
 
-
-@pytest.fixture(autouse=True)
-def private_environment(monkeypatch):
-    """`r1` points the process environment at its state folder; keep that inside each test."""
-    monkeypatch.setattr(os, "environ", os.environ.copy())
+# `r1` points the process environment at its state folder: each test gets its own copy.
+pytestmark = pytest.mark.usefixtures("private_environment")
 
 
 def test_config_prints_the_validated_profile(capsys, tmp_path):

@@ -130,14 +130,6 @@ def test_the_history_gives_the_latest_earlier_evaluation_of_the_alias(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
-@pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Problem files (every held-out answer is 7), an untrained tiny model, the same model
     fine-tuned on the constant answer, and an untrained reward model."""

@@ -11,12 +11,6 @@ from models.loading import build_model, cut_layers, load_model
 from models.saved import save_model
 from problems.types import ProblemSet
 from stages.bootstrap import pretrain_student
-from tests.tiny_models import make_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
 
 
 def _spec(architecture: str = "qwen2", num_layers: int = 3, hidden_size: int = 32) -> ModelConfig:

@@ -138,14 +138,6 @@ def stand_ins(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
-@pytest.fixture(scope="module")
 def gpu_run(prefect_server, stand_ins, tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
     mp = pytest.MonkeyPatch()

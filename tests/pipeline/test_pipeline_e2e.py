@@ -46,14 +46,6 @@ MODEL_STAGES = (
 
 
 @pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
-@pytest.fixture(scope="module")
 def micro_run(prefect_server, tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
     mp = pytest.MonkeyPatch()

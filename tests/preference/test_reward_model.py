@@ -22,7 +22,6 @@ from preference.reward import PreferenceReward
 from problems.general import GeneralConfig, load_pairs, sft_rows, write_general_sets
 from stages.reward_model import RewardModelConfig, run
 from stages.tracker import NullTracker
-from tests.tiny_models import make_tokenizer
 
 RM_CONFIG = RewardModelConfig(
     init="base",
@@ -74,11 +73,6 @@ def test_pairwise_accuracy_counts_ties_as_half():
 def test_fit_length_keeps_the_prompt_and_the_end():
     assert fit_length(list(range(10)), 20) == list(range(10))
     assert fit_length(list(range(10)), 6) == [0, 1, 2, 7, 8, 9]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
 
 
 def test_prompts_are_rendered_once(tokenizer):

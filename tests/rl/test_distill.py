@@ -25,14 +25,9 @@ from rl.distill import (
 )
 from rl.rollouts import build_batch
 from sampling.interface import Completion
-from tests.tiny_models import TEXTS, distill_config, make_tokenizer
+from tests.tiny_models import TEXTS, distill_config
 
 QUESTIONS = [f"What is {a} + {b}?" for a in range(10) for b in range(10)]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
 
 
 def decoder(tokenizer, architecture: str, hidden: int, layers: int, seed: int):

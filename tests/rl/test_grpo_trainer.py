@@ -10,12 +10,7 @@ from rl.rollouts import token_ends
 from rl.scoring import masked_advantages
 from rl.trainer import GRPOTrainer, kind_prompt_order, prompt_order
 from sampling.interface import Completion
-from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
+from tests.tiny_models import PROBLEMS, grpo_config, tiny_model
 
 
 def config(**overrides) -> GRPOConfig:

@@ -21,14 +21,9 @@ from sampling.kv_cache import growing_cache
 from sampling.reference import GenerateSampler
 from sampling.streams import row_keys, uniforms
 from sampling.vllm import completion_from_vllm, completions_from_request, request_seeds
-from tests.tiny_models import make_tokenizer, tiny_model
+from tests.tiny_models import tiny_model
 
 PROMPTS = ["What is 1 + 2?", "What is 3 + 4? The answer", "7", "What is 9 + 9? The answer is 1"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
 
 
 @pytest.fixture(scope="module", params=["sdpa", "eager"])

@@ -21,15 +21,10 @@ from sampling.interface import SamplingParams
 from sampling.vllm import VLLMSampler, engine_args, launcher_env, request_seeds
 from sampling.vllm_worker import EXTENSION
 from sampling.watchdog import EngineStuckError, EngineThread, SamplerTimeoutError
-from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
+from tests.tiny_models import PROBLEMS, grpo_config, tiny_model
 from tests.vllm_standin import Behaviour, StandInLLM, max_difference, standin_api
 
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
 
 
 @pytest.fixture(scope="module")

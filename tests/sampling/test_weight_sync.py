@@ -22,13 +22,8 @@ from sampling.weight_sync import (
     no_gather,
     zero3_gather,
 )
-from tests.tiny_models import make_tokenizer, tiny_model
+from tests.tiny_models import tiny_model
 from tests.vllm_standin import EngineModel, max_difference
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
 
 
 class Recorder:

@@ -1,7 +1,6 @@
 """The lineage chain over the DuckDB table, and `r1 lineage` on a real MLflow registry."""
 
 import json
-import os
 from pathlib import Path
 
 import duckdb
@@ -21,6 +20,9 @@ from storage.tracking import (
     start_pipeline_run,
     tracking_client,
 )
+
+# `r1` points the process environment at its state folder: each test gets its own copy.
+pytestmark = pytest.mark.usefixtures("private_environment")
 
 PROBLEMS, GENERAL, BASE, CURATED, SFT, RL, LOST = (
     f"{name:0<64}" for name in ("aa", "bb", "cc", "dd", "ee", "ff", "99")
@@ -162,11 +164,6 @@ def test_other_model_forms_are_refused(text):
 
 
 # -- `r1 lineage` on a registry ------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def private_environment(monkeypatch):
-    monkeypatch.setattr(os, "environ", os.environ.copy())
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,10 @@ import torch
 from configs.supervised import ModelConfig, TrainConfig
 from models.loading import build_model
 from rl.rollouts import build_batch, completion_logprobs, pack_policy_batch
-from tests.tiny_models import make_tokenizer
 from training.distributed import target_count
 from training.examples import IGNORE, Example
 from training.loop import collate, pack, train
 from training.varlen import NAME, packed_attention, sequence_lengths
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
 
 
 def _model(tokenizer, architecture: str):

@@ -3,14 +3,9 @@ import torch
 
 from configs.supervised import TrainConfig
 from models.chat import render_completion, render_prompt
-from tests.tiny_models import TEXTS, make_tokenizer, tiny_model
+from tests.tiny_models import TEXTS, tiny_model
 from training.examples import IGNORE, lm_examples, sft_examples
 from training.loop import batch_order, train
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
 
 
 def test_tokenizer_keeps_tags_whole_and_splits_digits(tokenizer):
