@@ -231,6 +231,7 @@ def history_rows(paths: StatePaths) -> list[tuple]:
         ).fetchall()
 
 
+@pytest.mark.heavy
 def test_an_evaluation_records_a_run_linked_to_the_registered_version(evaluations):
     paths, first = evaluations["paths"], evaluations["first"]
     client = MlflowClient(paths.tracking_uri)
@@ -256,6 +257,7 @@ def test_an_evaluation_records_a_run_linked_to_the_registered_version(evaluation
     assert {v for _, v, _, _ in rows} == {str(version.version)}
 
 
+@pytest.mark.heavy
 def test_the_same_model_again_shows_no_regression(evaluations):
     first, second = evaluations["first"], evaluations["second"]
     assert second["previous_run_id"] == first["mlflow_run_id"]
@@ -263,6 +265,7 @@ def test_the_same_model_again_shows_no_regression(evaluations):
     assert second["regressions"] == []
 
 
+@pytest.mark.heavy
 def test_a_worse_version_fails_the_flow_run_and_is_still_recorded(evaluations):
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
@@ -293,6 +296,7 @@ def test_a_worse_version_fails_the_flow_run_and_is_still_recorded(evaluations):
     assert "**Regression**" in report.data and "| pass_at_1 | 0.000 | 1.000 |" in report.data
 
 
+@pytest.mark.heavy
 def test_an_unknown_alias_or_model_is_a_clear_error(evaluations):
     paths = evaluations["paths"]
     client = tracking_client(paths)
@@ -302,6 +306,7 @@ def test_an_unknown_alias_or_model_is_a_clear_error(evaluations):
         fetch(client, ModelSpec("r1-other", alias="final"), paths.root / "registry")
 
 
+@pytest.mark.heavy
 def test_the_flow_refuses_a_bad_uri_before_touching_the_stores(evaluations):
     from flows.evaluate_registered import evaluate_registered
 
@@ -310,6 +315,7 @@ def test_the_flow_refuses_a_bad_uri_before_touching_the_stores(evaluations):
     assert state.is_failed() and "models:/NAME@ALIAS" in state.message
 
 
+@pytest.mark.heavy
 def test_a_version_without_a_model_is_refused(evaluations, tmp_path):
     from flows.evaluate_registered import evaluate_registered
 
@@ -322,6 +328,7 @@ def test_a_version_without_a_model_is_refused(evaluations, tmp_path):
     assert state.is_failed() and "holds no saved model (no config.json" in state.message
 
 
+@pytest.mark.heavy
 def test_an_evaluation_that_breaks_leaves_a_failed_mlflow_run(evaluations, tmp_path):
     from flows.evaluate_registered import evaluate_registered
 
@@ -341,6 +348,7 @@ def test_an_evaluation_that_breaks_leaves_a_failed_mlflow_run(evaluations, tmp_p
     assert len({r[0] for r in history_rows(paths)}) == 3  # nothing recorded
 
 
+@pytest.mark.heavy
 def test_missing_data_files_stop_the_evaluation_before_it_starts(evaluations, tmp_path):
     from flows.evaluate_registered import evaluate_registered
 

@@ -40,6 +40,9 @@ from storage.tracking import (
     tracking_client,
 )
 
+# Heavy: an MLflow server and headless Chromium.
+pytestmark = pytest.mark.heavy
+
 MODEL = "r1-micro"
 STAGE = "all_scenarios_rl"
 DATASET = "rejection-kept"

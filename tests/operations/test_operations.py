@@ -21,6 +21,9 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
+# Heavy: a Prefect server and worker (scripts/serve.sh) and deployment runs of the pipeline.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CRASH_REPORT_SECONDS = 15

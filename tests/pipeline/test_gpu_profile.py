@@ -180,6 +180,7 @@ def test_the_profile_validates_as_written():
     }
 
 
+@pytest.mark.heavy
 def test_the_run_completes_on_the_stand_ins(gpu_run):
     _, result = gpu_run
     stages = [r.stage for r in result.rows]
@@ -192,6 +193,7 @@ def test_the_run_completes_on_the_stand_ins(gpu_run):
     assert by_stage["bootstrap"].note.endswith("checkpoint Qwen/Qwen2.5-1.5B-Instruct")
 
 
+@pytest.mark.heavy
 def test_the_base_is_the_checkpoint_untrained(gpu_run, stand_ins):
     state, result = gpu_run
     run = stage_runs(state, result)["bootstrap"]
@@ -203,6 +205,7 @@ def test_the_base_is_the_checkpoint_untrained(gpu_run, stand_ins):
     assert run.data.metrics["model/embedding_rows"] > run.data.metrics["model/tokenizer_tokens"]
 
 
+@pytest.mark.heavy
 def test_curation_took_the_data_sets_solutions(gpu_run):
     state, result = gpu_run
     run = stage_runs(state, result)["cold_start_curation"]
@@ -226,6 +229,7 @@ def test_curation_took_the_data_sets_solutions(gpu_run):
         assert row["completion"].endswith(f"<answer> The answer is {row['answer']}. </answer>")
 
 
+@pytest.mark.heavy
 def test_the_students_came_from_their_paths(gpu_run, stand_ins):
     state, result = gpu_run
     runs = stage_runs(state, result)
@@ -246,6 +250,7 @@ def test_the_students_came_from_their_paths(gpu_run, stand_ins):
         assert end_of_turn(load_tokenizer(artifact)) == end
 
 
+@pytest.mark.heavy
 def test_the_flow_stops_at_once_naming_what_is_missing(
     prefect_server, stand_ins, tmp_path, monkeypatch
 ):

@@ -12,6 +12,9 @@ from mlflow import MlflowClient
 from configs import load_profile
 from storage.tracking import alias_for
 
+# Heavy: the whole micro pipeline on a Prefect test server.
+pytestmark = pytest.mark.heavy
+
 ROW_STAGES = [
     "bootstrap",
     "reward_model",

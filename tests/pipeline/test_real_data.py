@@ -95,6 +95,7 @@ def test_bare_answers_from_scratch_need_a_checkpoint(data):
     assert data_fit_problems(load_profile("micro")) == []  # the tiny world
 
 
+@pytest.mark.heavy
 def test_gsm8k_files_run_through_every_stage_from_scratch(data, tmp_path, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
 

@@ -5,6 +5,9 @@ Run with `bash scripts/test.sh -m slow`.
 
 import pytest
 
+# Heavy: the whole tiny pipeline on a Prefect test server (and slow: deselected by default).
+pytestmark = pytest.mark.heavy
+
 
 @pytest.mark.slow
 def test_tiny_profile_meets_its_promises(tmp_path, monkeypatch):

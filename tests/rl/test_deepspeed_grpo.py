@@ -93,6 +93,7 @@ def single(world):
     return run_stage(world, config(None), "single")
 
 
+@pytest.mark.heavy
 @needs_deepspeed
 @pytest.mark.parametrize("zero_stage", [2, 3])
 def test_zero_grpo_follows_the_single_process_stage(world, single, zero_stage):
@@ -116,6 +117,7 @@ def test_zero_grpo_follows_the_single_process_stage(world, single, zero_stage):
     assert any(p.parent.name == "samples" for p in recorder.artifacts)
 
 
+@pytest.mark.heavy
 @needs_deepspeed
 def test_bf16_mixed_precision_follows_the_fp32_stage(world, single):
     """`engine.precision: bf16` (the GPU setting) on the CPU accelerator: the first step's samples
@@ -140,6 +142,7 @@ class StopAtStep3(Recorder):
             raise RuntimeError("tracker stops the stage at step 3")
 
 
+@pytest.mark.heavy
 @needs_deepspeed
 def test_a_stopped_zero_grpo_stage_resumes_from_its_checkpoint(world):
     """The tracker stops the stage at step 3 (the workers, running ahead, are stopped wherever

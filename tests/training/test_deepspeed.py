@@ -104,6 +104,7 @@ def single(world) -> tuple[Recorder, dict[str, torch.Tensor]]:
     return recorder, model.state_dict()
 
 
+@pytest.mark.heavy
 @needs_deepspeed
 @pytest.mark.parametrize("zero_stage", [2, 3])
 def test_zero_sft_follows_the_single_process_curve(world, single, zero_stage):
@@ -128,6 +129,7 @@ def test_zero_sft_follows_the_single_process_curve(world, single, zero_stage):
     assert load_tokenizer(ref.path).pad_token_id is not None
 
 
+@pytest.mark.heavy
 @needs_deepspeed
 def test_distillation_sft_trains_under_the_engine_switch(world, single, tmp_path):
     """Stage 7's SFT of a student on traces takes `distillation.engine`: the student trained by
@@ -154,6 +156,7 @@ def test_distillation_sft_trains_under_the_engine_switch(world, single, tmp_path
         assert torch.allclose(trained[name], weight, atol=WEIGHT_ATOL), name
 
 
+@pytest.mark.heavy
 @needs_deepspeed
 @pytest.mark.slow
 def test_a_nan_loss_under_deepspeed_stops_the_stage(world, tmp_path):
@@ -174,6 +177,7 @@ class StopAtStep3(Recorder):
             raise RuntimeError("tracker stops the stage at step 3")
 
 
+@pytest.mark.heavy
 @needs_deepspeed
 @pytest.mark.slow
 def test_a_failing_tracker_stops_the_workers(world, tmp_path):
