@@ -22,6 +22,7 @@ from preference.reward import PreferenceReward
 from problems.general import GeneralConfig, load_pairs, sft_rows, write_general_sets
 from stages.reward_model import RewardModelConfig, run
 from stages.tracker import NullTracker
+from training.loop import batch_order
 
 RM_CONFIG = RewardModelConfig(
     init="base",
@@ -171,15 +172,32 @@ def test_preference_reward_prefers_chosen_on_heldout_pairs(trained):
     assert reward([], []) == []
 
 
+class Recorder(NullTracker):
+    """A tracker that keeps every (step, metrics) it is given."""
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[int | None, dict[str, float]]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.logged.append((step, dict(metrics)))
+
+
 def test_a_rerun_resumes_from_the_last_checkpoint(trained):
+    """The finished run left its last checkpoint: a rerun trains no step (it logs no training
+    metrics) and reports the held-out accuracy of the finished model at the last step."""
     base, files, ref, _ = trained
+    recorder = Recorder()
     again = run(
         RM_CONFIG,
         base,
         files.pairs_train_path,
         files.pairs_heldout_path,
         ref.path.parent,
-        NullTracker(),
+        recorder,
     )
     assert again.heldout_accuracy == ref.heldout_accuracy
-    assert again.train_seconds < ref.train_seconds / 5
+    assert [step for step, m in recorder.logged if "train/loss" in m] == []  # no step trained
+    last_step = len(batch_order(ref.n_pairs, RM_CONFIG.train))
+    key = "heldout/accuracy"
+    heldout = {step: m[key] for step, m in recorder.logged if key in m}
+    assert heldout == {0: again.accuracy_before, last_step: ref.heldout_accuracy}

@@ -7,8 +7,6 @@ tiny transformers model. These tests check our side of the contract; the contrac
 vLLM behaves as the stand-in does) is checked by the GPU tests (`-m gpu`).
 """
 
-import time
-
 import pytest
 
 from configs.reinforcement import GRPOConfig, SamplerConfig
@@ -100,19 +98,11 @@ def test_generate_sends_token_ids_and_maps_outputs_in_prompt_order(policy_dir, t
     assert sampler.generate([], 3, params) == []
 
 
-def timed(fn):
-    began = time.perf_counter()
-    try:
-        fn()
-    finally:
-        timed.seconds = time.perf_counter() - began
-
-
 def test_an_engine_start_that_hangs_fails_with_a_clear_error(policy_dir, standin):
     standin.behaviour.hang["start"] = 30
     with pytest.raises(SamplerTimeoutError) as info:
-        timed(lambda: VLLMSampler(str(policy_dir), vllm_config(start_timeout_s=0.2)))
-    assert timed.seconds < 5
+        VLLMSampler(str(policy_dir), vllm_config(start_timeout_s=0.2))
+    assert standin.behaviour.ended == []  # given up at the limit, not waited out
     message = str(info.value)
     assert "engine start" in message and "0.2 s" in message and "start_timeout_s" in message
     assert "NCCL" in message and "gpu_memory_utilization" in message
@@ -123,8 +113,9 @@ def test_a_generate_that_hangs_fails_and_the_engine_refuses_more_calls(policy_di
     sampler = VLLMSampler(str(policy_dir), vllm_config(generate_timeout_s=0.2))
     standin.behaviour.hang["generate"] = 30
     with pytest.raises(SamplerTimeoutError, match="generate_timeout_s") as info:
-        timed(lambda: sampler.generate(["What is 1 + 2?"], 2, SamplingParams(max_new_tokens=4)))
-    assert timed.seconds < 5 and info.value.operation == "generate"
+        sampler.generate(["What is 1 + 2?"], 2, SamplingParams(max_new_tokens=4))
+    assert standin.behaviour.ended == []  # given up at the limit, not waited out
+    assert info.value.operation == "generate"
     with pytest.raises(EngineStuckError, match="earlier generate"):
         sampler.generate(["What is 1 + 2?"], 2, SamplingParams(max_new_tokens=4))
 
@@ -133,8 +124,8 @@ def test_a_weight_sync_that_hangs_fails_with_its_key(policy_dir, tokenizer, stan
     sampler = VLLMSampler(str(policy_dir), vllm_config(sync_timeout_s=0.2), weight_sync=True)
     standin.behaviour.hang["rpc"] = 30
     with pytest.raises(SamplerTimeoutError, match="sync_timeout_s"):
-        timed(lambda: sampler.sync_weights(tiny_model(tokenizer)))
-    assert timed.seconds < 5
+        sampler.sync_weights(tiny_model(tokenizer))
+    assert standin.behaviour.ended == []  # given up at the limit, not waited out
 
 
 def test_an_engine_error_propagates_unchanged(policy_dir, standin):
