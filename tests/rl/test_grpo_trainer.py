@@ -34,10 +34,12 @@ def run(tokenizer, tmp_path, cfg, log=None, on_step=None):
 def test_prompt_order_is_seeded_and_covers_problems():
     order = prompt_order(5, steps=5, per_step=2, seed=3)
     assert order == prompt_order(5, steps=5, per_step=2, seed=3)
-    assert (
-        sorted(i for step in order[:2] for i in step)[:4]
-        == sorted(set(i for s in order[:2] for i in s))[:4]
-    )
+    assert order != prompt_order(5, steps=5, per_step=2, seed=4)
+    assert [len(step) for step in order] == [2] * 5
+    # every problem once before any comes again: each run of 5 draws is a permutation
+    flat = [i for step in order for i in step]
+    assert sorted(flat[:5]) == sorted(flat[5:]) == [0, 1, 2, 3, 4]
+    assert flat[:5] != flat[5:]  # and the next pass is shuffled anew
 
 
 def test_kind_prompt_order_puts_a_fixed_number_of_general_prompts_in_each_step():
