@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 # Offline and quiet before any library is imported.
 for key, value in {
     "HF_HUB_OFFLINE": "1",
@@ -11,3 +13,33 @@ for key, value in {
     "TQDM_DISABLE": "1",
 }.items():
     os.environ.setdefault(key, value)
+
+
+# Fixtures shared by several rooms. Imports stay inside them, so that collecting a room that
+# does not use them loads no model library.
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The byte-level test tokenizer (tests/tiny_models.py), one per module: some tests change
+    its padding side or special tokens."""
+    from tests.tiny_models import make_tokenizer
+
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    """A temporary Prefect API server (Prefect's test harness) for the module's flow runs."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture
+def private_environment(monkeypatch):
+    """A copy of the process environment for one test: `r1` points the environment at its state
+    folder, which must not leak into the next test. Use with
+    `pytestmark = pytest.mark.usefixtures("private_environment")`."""
+    monkeypatch.setattr(os, "environ", os.environ.copy())

@@ -42,10 +42,13 @@ class Behaviour:
     hang: dict[str, float] = field(default_factory=dict)  # "start" | "generate" | "rpc" -> s
     errors: dict[str, BaseException] = field(default_factory=dict)
     release: threading.Event = field(default_factory=threading.Event)  # ends every hang early
+    ended: list[str] = field(default_factory=list)  # the calls whose hang ran its whole time
 
     def act(self, call: str) -> None:
-        if call in self.hang and self.release.wait(self.hang[call]):
-            raise Abandoned(call)  # the test is over: end here, touching nothing more
+        if call in self.hang:
+            if self.release.wait(self.hang[call]):
+                raise Abandoned(call)  # the test is over: end here, touching nothing more
+            self.ended.append(call)
         if call in self.errors:
             raise self.errors[call]
 

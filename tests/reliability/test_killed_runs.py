@@ -17,6 +17,9 @@ from mlflow import MlflowClient
 from storage.paths import StatePaths
 from storage.tracking import experiment_id, stage_run, start_pipeline_run, tracking_client
 
+# Heavy: real processes killed with SIGKILL.
+pytestmark = pytest.mark.heavy
+
 REPO = Path(__file__).resolve().parents[2]
 KEY = "k" * 64
 

@@ -26,7 +26,6 @@ from tests.tiny_models import (
     TEXTS,
     distill_config,
     grpo_config,
-    make_tokenizer,
     tiny_model,
 )
 from training.checkpoints import load_checkpoint
@@ -45,11 +44,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
 
 
 def no_log(metrics: dict[str, float], step: int) -> None:

