@@ -4,8 +4,8 @@ batches (`train.length_window`) padded per row, and plain batches packed in one 
 
 The bootstrap's corpus is where they were measured; the tiny profile trains it on plain batches,
 packed (grouping there gave a base that had not learnt its arithmetic; docs/benchmarks.md).
-Packing keeps each batch's examples and each example's loss (tests/test_packing.py) and drops all
-padding.
+Packing keeps each batch's examples and each example's loss (tests/training/test_packing.py) and
+drops all padding.
 
 Builds the profile's pretraining corpus and base model as the bootstrap does (a fresh tokenizer
 from the tiny world, the profile's model), then times training steps of each layout, alternating

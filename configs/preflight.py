@@ -43,7 +43,7 @@ def data_hint(question_field: str, answer_field: str) -> str:
     return (
         f"a JSONL or Parquet file with the columns {question_field!r} and {answer_field!r} "
         "(GSM8K `#### 42` or MATH `\\boxed{42}` answers); GSM8K as JSONL: "
-        'bash scripts/fetch_gpu_inputs.sh (docs/gpu.md)'
+        "bash scripts/fetch_gpu_inputs.sh (docs/gpu.md)"
     )
 
 
@@ -163,7 +163,7 @@ def describe(missing: list[MissingInput], source: str) -> str:
         ]
     lines.append(
         "The pipeline runs offline and downloads nothing: fetch these on a machine with hub "
-        'access (docs/gpu.md), or point the profile at local copies, e.g. '
+        "access (docs/gpu.md), or point the profile at local copies, e.g. "
         "--set bootstrap.path=/path/to/checkpoint"
     )
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Best effort: installs Debian's chromium for the MLflow UI test (tests/test_mlflow_ui.py) when it
+# Best effort: installs Debian's chromium for the MLflow UI test (tests/operations/test_mlflow_ui.py) when it
 # is missing. Never fails its caller: without a browser that test skips and says why.
 # Prints one line saying what happened. R1_BROWSER_TIMEOUT bounds each apt-get step (seconds;
 # the install took 20 s on a machine of this project's kind).

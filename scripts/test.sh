@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/browser.sh  # Chromium for tests/test_mlflow_ui.py; never fails, the test skips without it
+bash scripts/browser.sh  # Chromium for tests/operations/test_mlflow_ui.py; never fails, the test skips without it
 exec "${R1_VENV:-.venv}/bin/python" -m pytest "$@"

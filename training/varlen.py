@@ -6,8 +6,8 @@ transformers builds a causal mask the size of the whole row squared, block-diago
 kernel attends over all of it. Here each sequence's queries attend to its own keys only: the row's
 query, key and value are split at the restarts, each piece goes through SDPA with the causal
 mask built in, and the outputs are joined again. The loss and gradients are those of each
-sequence run alone (tests/test_packing.py); the attention costs the sum of the squared lengths,
-and no token is padding.
+sequence run alone (tests/training/test_packing.py); the attention costs the sum of the squared
+lengths, and no token is padding.
 
 `packed_attention(model)` switches an SDPA or eager model to this for the forward passes in its
 block and back after (the backward pass needs nothing of it). Models on other implementations

@@ -188,6 +188,7 @@ def test_a_failing_tracker_stops_the_workers(world, tmp_path):
 
 
 @needs_deepspeed
+@pytest.mark.heavy
 def test_a_stopped_zero_sft_stage_resumes_from_its_checkpoint(world, tmp_path):
     """The tracker stops the stage at step 3 (the workers, running ahead, are stopped wherever
     they are); the rerun resumes from the last committed checkpoint and ends with the weights of
