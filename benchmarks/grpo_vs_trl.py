@@ -3,10 +3,16 @@
 Same tiny model (one random initialisation, saved once and loaded by both), same prompts, same
 reward functions (ours; their signature is TRL's), same group size, prompts per step, completion
 length, sampling temperature, loss aggregation (per-sequence mean: TRL's "grpo"), learning rate,
-step count, and no KL term. Prints seconds per step, completion tokens per second and the final
-mean reward of each, and the ratio.
+step count, and no KL term. Like for like, ours trains every group (`dynamic_sampling` off), as
+TRL does.
 
-    python -m benchmarks.grpo_vs_trl --steps 10
+The peer runs at its best on this machine: `PEER_BEST` holds the settings a user of TRL would
+change from its defaults here (`--variants` measures each against TRL as shipped). The two sides
+run alternately, `--repeats` times, each on a fresh trainer; the script prints each side's median
+seconds per step with its spread, and the median and spread of the per-repeat ratio.
+
+    python -m benchmarks.grpo_vs_trl --steps 20 --max-tokens 96 --repeats 3
+    python -m benchmarks.grpo_vs_trl --steps 10 --variants    # each peer setting on its own
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -104,7 +112,22 @@ def run_ours(
     return summary(seconds, args.steps, sum(tokens), rewards)
 
 
-def run_trl(path: Path, problems: list, args: argparse.Namespace) -> dict[str, float]:
+# TRL's defaults that cost it time here, and what they are set to. Measured with --variants
+# (docs/benchmarks.md): gradient checkpointing (on by default in GRPOConfig) recomputes every
+# activation in the backward pass, which a model this small never needs.
+PEER_BEST: dict[str, Any] = {"gradient_checkpointing": False}
+# Further settings tried with --variants, each on top of PEER_BEST.
+PEER_TRIED: dict[str, dict[str, Any]] = {
+    "as shipped": {},
+    "no gradient checkpointing": PEER_BEST,
+    "+ static KV cache": PEER_BEST | {"cache_implementation": "static"},
+    "+ torch.compile": PEER_BEST | {"torch_compile": True},
+}
+
+
+def run_trl(
+    path: Path, problems: list, args: argparse.Namespace, settings: dict[str, Any] | None = None
+) -> dict[str, float]:
     from datasets import Dataset
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
@@ -140,6 +163,7 @@ def run_trl(path: Path, problems: list, args: argparse.Namespace) -> dict[str, f
             save_strategy="no",
             seed=args.seed,
             disable_tqdm=True,
+            **(PEER_BEST if settings is None else settings),
         )
         trainer = TRLTrainer(
             model=load_model(path),
@@ -165,6 +189,28 @@ def summary(seconds: float, steps: int, tokens: float, rewards: list[float]) -> 
     }
 
 
+Side = tuple[str, Callable[[], dict[str, float]]]
+
+
+def alternate(sides: list[Side], repeats: int) -> dict[str, list[dict[str, float]]]:
+    """Each side `repeats` times, the order turned by one each repeat so that no side always
+    runs first (or after the same neighbour)."""
+    results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in sides}
+    for repeat in range(repeats):
+        turn = repeat % len(sides)
+        for name, run in sides[turn:] + sides[:turn]:
+            results[name].append(run())
+            print(
+                f"  repeat {repeat + 1}: {name} {results[name][-1]['seconds_per_step']:.3f} s/step"
+            )
+    return results
+
+
+def spread(values: list[float]) -> str:
+    """Median and range, e.g. `0.292 (0.281-0.305)`."""
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
@@ -174,27 +220,61 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--variants", action="store_true", help="run TRL once with each setting in PEER_TRIED"
+    )
+    parser.add_argument(
+        "--dynamic", action="store_true", help="also run ours with dynamic sampling (its default)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as folder:
-        path, problems = make_model(Path(folder), args.seed)
-        results = {
-            "ours": run_ours(path, problems, args, dynamic_sampling=True),
-            "ours-all-groups": run_ours(path, problems, args, dynamic_sampling=False),
-            "TRL": run_trl(path, problems, args),
-        }
     print(
         f"GRPO, {args.steps} steps x {args.prompts} prompts x {args.group} completions, "
-        f"<= {args.max_tokens} tokens, {args.threads} threads. 'ours' drops groups with no reward "
-        "spread before any gradient work; 'ours-all-groups' trains on every group, as TRL does."
+        f"<= {args.max_tokens} tokens, {args.threads} threads"
     )
-    print(f"{'':20}" + "".join(f"{name:>17}" for name in results))
-    for key in ("seconds_per_step", "tokens_per_second", "final_reward"):
-        print(f"{key:20}" + "".join(f"{r[key]:17.3f}" for r in results.values()))
-    trl_step = results["TRL"]["seconds_per_step"]
-    for name in ("ours", "ours-all-groups"):
-        ratio = trl_step / results[name]["seconds_per_step"]
-        print(f"speed-up, TRL step time / {name} step time: {ratio:.2f}x")
+    with tempfile.TemporaryDirectory() as folder:
+        path, problems = make_model(Path(folder), args.seed)
+        if args.variants:
+            show_variants(path, problems, args)
+            return
+        sides: list[Side] = [
+            ("ours", lambda: run_ours(path, problems, args, dynamic_sampling=False)),
+            ("TRL", lambda: run_trl(path, problems, args)),
+        ]
+        if args.dynamic:
+            sides.append(
+                ("ours, dynamic", lambda: run_ours(path, problems, args, dynamic_sampling=True))
+            )
+        results = alternate(sides, args.repeats)
+    print(f"TRL with {PEER_BEST}; each side {args.repeats} times, alternating; median (range)")
+    print(f"{'':12}{'s/step':>24}{'tokens/s':>28}{'final reward':>28}")
+    for name, runs in results.items():
+        cells = [spread([r[key] for r in runs]) for key in SUMMARY_KEYS]
+        print(f"{name:12}" + "".join(f"{cell:>28}" for cell in cells))
+    ratios = [
+        trl["seconds_per_step"] / ours["seconds_per_step"]
+        for trl, ours in zip(results["TRL"], results["ours"], strict=True)
+    ]
+    print(f"speed-up, TRL s/step / ours s/step, per repeat: {spread(ratios)}x")
+
+
+SUMMARY_KEYS = ("seconds_per_step", "tokens_per_second", "final_reward")
+
+
+def show_variants(path: Path, problems: list, args: argparse.Namespace) -> None:
+    """TRL once with each setting tried, beside one run of ours, in one table."""
+    rows = {"ours": run_ours(path, problems, args, dynamic_sampling=False)}
+    for name, settings in PEER_TRIED.items():
+        try:
+            rows[f"TRL, {name}"] = run_trl(path, problems, args, settings)
+        except Exception as error:  # a setting this install cannot run is reported, not fatal
+            print(f"TRL, {name}: failed: {type(error).__name__}: {error}")
+    base = rows.get("TRL, as shipped", {}).get("seconds_per_step")
+    print(f"{'':36}{'s/step':>10}{'tokens/s':>12}{'vs shipped':>12}")
+    for name, row in rows.items():
+        gain = f"{base / row['seconds_per_step']:.2f}x" if base else "-"
+        print(f"{name:36}{row['seconds_per_step']:10.3f}{row['tokens_per_second']:12.1f}{gain:>12}")
 
 
 if __name__ == "__main__":
