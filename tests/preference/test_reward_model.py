@@ -24,7 +24,7 @@ from problems.general import sft_rows
 from problems.general_files import load_pairs, write_general_sets
 from stages.reward_model import RewardModelConfig, run
 from stages.tracker import NullTracker
-from training.loop import batch_order
+from training.batches import batch_order
 
 RM_CONFIG = RewardModelConfig(
     init="base",

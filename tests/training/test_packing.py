@@ -1,4 +1,4 @@
-"""Packed batches (`training.loop.pack`, `rl.rollouts.pack_policy_batch`) and the attention that
+"""Packed batches (`training.batches.pack`, `rl.rollouts.pack_policy_batch`) and the attention that
 runs them (`training.varlen`): each example keeps the loss it has in a row of its own."""
 
 import contextlib
