@@ -18,6 +18,7 @@ seconds per step with its spread, and the median and spread of the per-repeat ra
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import tempfile
@@ -54,7 +55,7 @@ def reward_fns() -> list:
     """Our rewards as TRL takes them: functions with a `__name__`."""
     fns = []
     for name, params in REWARDS.items():
-        fn = get_reward(name, **params)
+        fn = functools.partial(get_reward(name, **params))  # named here, not the shared function
         fn.__name__ = f"{name}_reward"
         fns.append(fn)
     return fns

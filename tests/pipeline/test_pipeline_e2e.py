@@ -10,7 +10,7 @@ from datasets import load_from_disk
 from mlflow import MlflowClient
 
 from configs import load_profile
-from storage.tracking import alias_for
+from storage.tracking import ATTEMPTS_TAG, STAGE_KEY_TAG, alias_for
 
 # Heavy: the whole micro pipeline on a Prefect test server.
 pytestmark = pytest.mark.heavy
@@ -103,12 +103,13 @@ def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
     )
     by_stage = {r.data.tags["r1.stage"]: r for r in children}
     assert set(by_stage) == STAGES and len(children) == len(STAGES)
-    seconds = {row.stage: row.seconds for row in result.rows}  # the stage table's
-    for stage, run in by_stage.items():
+    for run in by_stage.values():
         assert run.info.status == "FINISHED"
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert "config.json" in artifacts
-        assert run.data.metrics["stage/seconds"] == pytest.approx(seconds[stage])
+        assert "stage/seconds" in run.data.metrics  # what the stage table's time column reads
+        assert run.data.tags.get(ATTEMPTS_TAG, "1") == "1"  # started once: nothing retried
+        assert len(run.data.tags[STAGE_KEY_TAG]) == 64  # found again by its stage key
     for stage in MODEL_STAGES:
         metrics = by_stage[stage].data.metrics
         assert {
