@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("httpx", "alembic", "mlflow.store"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from cli.prefect_server import EarlyServer
+
+    server = EarlyServer.start(paths.prefect_home)  # comes up while the flow's modules import
     from rich.console import Console
 
     from cli.table import filter_table, stage_table
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from flows.r1_pipeline import r1_pipeline as flow
 
+    if server is not None:
+        server.wait()
     stop_on_termination()
     try:
         result = flow(config=config)

@@ -20,3 +20,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   "$venv/bin/python" -m pip install --quiet -c constraints/cpu.txt -e ".[dev]"
   echo "$wanted" > "$stamp"
 fi
+
+# A migrated empty Prefect database, once per Prefect version: a new state folder starts from a
+# copy of it instead of running Prefect's migrations (cli/prefect_server.py). Optional.
+"$venv/bin/python" -m cli.prefect_server > /dev/null \
+  || echo "setup: no Prefect database template; each new state folder migrates its own" >&2

@@ -1,0 +1,121 @@
+import re
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prefect.settings import (
+    PREFECT_API_DATABASE_CONNECTION_URL,
+    PREFECT_API_URL,
+    PREFECT_HOME,
+    PREFECT_SERVER_EPHEMERAL_ENABLED,
+    temporary_settings,
+)
+
+from cli import prefect_server
+from cli.prefect_server import DB_NAME, EarlyServer, build_template, seed_database, template_path
+
+pytestmark = pytest.mark.usefixtures("private_environment")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def home(tmp_path) -> Iterator[Path]:
+    """A state folder's Prefect home, in Prefect's settings (read from its context, as the flow's
+    client reads them)."""
+    home = tmp_path / "state" / "prefect"
+    home.mkdir(parents=True)
+    with temporary_settings(updates={PREFECT_HOME: home}):
+        yield home
+
+
+def _write_template(text: str) -> Path:
+    template = template_path()
+    template.parent.mkdir(parents=True, exist_ok=True)
+    template.write_text(text)
+    return template
+
+
+def test_the_template_is_kept_per_prefect_version_in_the_cache(cache):
+    from importlib.metadata import version
+
+    assert template_path() == cache / "r1-pipeline" / f"prefect-{version('prefect')}" / DB_NAME
+
+
+def test_a_new_state_folder_gets_a_copy_of_the_template(cache, home):
+    _write_template("migrated")
+    assert seed_database(home)
+    assert (home / DB_NAME).read_text() == "migrated"
+    assert not list(home.glob("*.seeding"))
+
+
+def test_an_existing_database_is_never_replaced(cache, home):
+    (home / DB_NAME).write_text("the runs so far")
+    _write_template("migrated")
+    assert not seed_database(home)
+    assert (home / DB_NAME).read_text() == "the runs so far"
+
+
+def test_without_a_template_prefect_migrates_as_before(cache, home):
+    assert not seed_database(home)
+    assert not (home / DB_NAME).exists()
+
+
+def test_a_database_other_than_the_default_file_is_left_to_prefect(cache, home, tmp_path):
+    _write_template("migrated")
+    other = f"sqlite+aiosqlite:///{tmp_path / 'other.db'}"
+    with temporary_settings(updates={PREFECT_API_DATABASE_CONNECTION_URL: other}):
+        assert not seed_database(home)
+    assert not (home / DB_NAME).exists()
+
+
+def test_no_early_server_when_a_prefect_server_is_named(home):
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        assert EarlyServer.start(home) is None
+    with temporary_settings(updates={PREFECT_SERVER_EPHEMERAL_ENABLED: False}):
+        assert EarlyServer.start(home) is None
+
+
+def test_a_failed_early_start_is_logged_and_left_to_prefect(caplog):
+    class Refuses:
+        def start(self):
+            raise RuntimeError("port taken")
+
+    early = EarlyServer(Refuses())
+    early._thread.start()
+    early.wait()
+    assert isinstance(early.error, RuntimeError)
+    assert "did not start early: port taken" in caplog.text
+
+
+def _newest_sqlite_revision() -> str:
+    """The revision of Prefect's SQLite migrations that no other revision follows."""
+    import prefect.server.database as database
+
+    versions = Path(database.__file__).parent / "_migrations" / "versions" / "sqlite"
+    revisions, followed = set(), set()
+    for path in versions.glob("*.py"):
+        text = path.read_text()
+        revisions |= set(re.findall(r'^revision = "(\w+)"', text, re.M))
+        followed |= set(re.findall(r'^down_revision = "(\w+)"', text, re.M))
+    (head,) = revisions - followed
+    return head
+
+
+@pytest.mark.heavy
+def test_the_template_is_prefect_s_own_schema_at_its_latest_revision(cache):
+    """Made by Prefect's migrations: its alembic revision is the head of Prefect's own, so a
+    server on a copy finds nothing to migrate."""
+    template = build_template()
+    with sqlite3.connect(template) as db:
+        (revision,) = db.execute("select version_num from alembic_version").fetchone()
+        tables = {name for (name,) in db.execute("select name from sqlite_master")}
+    assert revision == _newest_sqlite_revision()
+    assert {"flow", "flow_run", "task_run", "deployment"} <= tables
+    assert build_template() == template  # made once
+    assert prefect_server.template_path() == template
