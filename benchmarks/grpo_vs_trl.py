@@ -112,18 +112,18 @@ def run_ours(
         checkpoint_every=10_000,
         seed=args.seed,
     )
-    rewards, tokens = [], []
+    rewards, lengths = [], []
 
     def log(metrics: dict[str, float], step: int) -> None:
         rewards.append(metrics["reward/mean"])
-        tokens.append(metrics["completion/mean_tokens"] * args.prompts * args.group)
+        lengths.append(metrics["completion/mean_tokens"])
 
     trainer = GRPOTrainer(load_model(path), load_tokenizer(path), cfg, log, show_progress=False)
     with tempfile.TemporaryDirectory() as ckpt:
         began = time.perf_counter()
         trainer.train(problems, Path(ckpt), "bench")
         seconds = time.perf_counter() - began
-    return summary(seconds, args.steps, sum(tokens), rewards)
+    return summary(seconds, args, lengths, rewards)
 
 
 # TRL's defaults that cost it time here, and what they are set to. Measured with --variants
@@ -191,15 +191,20 @@ def run_trl(
         trainer.train()
         seconds = time.perf_counter() - began
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
-    tokens = sum(e["completions/mean_length"] * args.prompts * args.group for e in logs)
-    return summary(seconds, args.steps, tokens, [e["reward"] for e in logs])
+    lengths = [e["completions/mean_length"] for e in logs]
+    return summary(seconds, args, lengths, [e["reward"] for e in logs])
 
 
-def summary(seconds: float, steps: int, tokens: float, rewards: list[float]) -> dict[str, float]:
+def summary(
+    seconds: float, args: argparse.Namespace, lengths: list[float], rewards: list[float]
+) -> dict[str, float]:
+    """A run's figures from its seconds and each step's mean completion length and reward."""
     tail = rewards[-max(1, len(rewards) // 4) :]
     return {
-        "seconds_per_step": seconds / steps,
-        "tokens_per_second": tokens / seconds,
+        "seconds_per_step": seconds / args.steps,
+        "tokens_per_second": sum(lengths) * args.prompts * args.group / seconds,
+        "first_length": lengths[0],
+        "last_length": lengths[-1],
         "final_reward": statistics.fmean(tail),
     }
 
@@ -222,8 +227,10 @@ def alternate(sides: list[Side], repeats: int) -> dict[str, list[dict[str, float
 
 
 def spread(values: list[float]) -> str:
-    """Median and range, e.g. `0.292 (0.281-0.305)`."""
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+    """Median and range, e.g. `0.292 (0.281-0.305)` or `12690 (11370-12930)`."""
+    digits = 0 if max(values) >= 100 else 1 if max(values) >= 10 else 3
+    median, low, high = statistics.median(values), min(values), max(values)
+    return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
 def main() -> None:
@@ -263,18 +270,24 @@ def main() -> None:
             )
         results = alternate(sides, args.repeats)
     print(f"TRL with {PEER_BEST}; each side {args.repeats} times, alternating; median (range)")
-    print(f"{'':12}{'s/step':>24}{'tokens/s':>28}{'final reward':>28}")
+    print(f"{'':12}" + "".join(f"{title:>28}" for title in SUMMARY_KEYS.values()))
     for name, runs in results.items():
         cells = [spread([r[key] for r in runs]) for key in SUMMARY_KEYS]
         print(f"{name:12}" + "".join(f"{cell:>28}" for cell in cells))
-    ratios = [
-        trl["seconds_per_step"] / ours["seconds_per_step"]
-        for trl, ours in zip(results["TRL"], results["ours"], strict=True)
-    ]
-    print(f"speed-up, TRL s/step / ours s/step, per repeat: {spread(ratios)}x")
+    pairs = list(zip(results["TRL"], results["ours"], strict=True))
+    steps = [trl["seconds_per_step"] / ours["seconds_per_step"] for trl, ours in pairs]
+    tokens = [ours["tokens_per_second"] / trl["tokens_per_second"] for trl, ours in pairs]
+    print(f"speed-up, TRL s/step / ours s/step, per repeat: {spread(steps)}x")
+    print(f"speed-up, ours tokens/s / TRL tokens/s, per repeat: {spread(tokens)}x")
 
 
-SUMMARY_KEYS = ("seconds_per_step", "tokens_per_second", "final_reward")
+SUMMARY_KEYS = {
+    "seconds_per_step": "s/step",
+    "tokens_per_second": "tokens/s",
+    "first_length": "tokens, step 1",
+    "last_length": "tokens, last step",
+    "final_reward": "final reward",
+}
 
 
 def show_variants(path: Path, problems: list, args: argparse.Namespace) -> None:

@@ -8,6 +8,9 @@ the two runs side by side, and best against best.
 
     python -m benchmarks.sampler --model state/runs/cold_start_sft/KEY/model --prompts 256 --n 4
 
+Then it sets the decode loop's median run against this machine's limits for the model
+(benchmarks/roofline.py), and with `--profile` shows where one run's time goes, op by op.
+
 The model defaults to the newest `cold_start_sft/model` under `--state`, and the prompts to the
 held-out questions of that run (rendered with the chat template). The defaults for temperature,
 top-p, length and batch size are the tiny profile's evaluation settings.
@@ -27,6 +30,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from benchmarks.roofline import Shapes, decode_work, limits, report  # noqa: E402
 from models.chat import render_prompt  # noqa: E402
 from models.loading import load_model, load_tokenizer  # noqa: E402
 from problems.loader import load_problems  # noqa: E402
@@ -91,6 +95,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile one decode-loop run, ops by time"
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -112,11 +119,14 @@ def main() -> None:
     )
     seconds: dict[str, list[float]] = {name: [] for name in samplers}
     ratios: list[float] = []
+    decoded: list[list[Completion]] = []
     for repeat in range(args.repeats):
         order = list(samplers) if repeat % 2 == 0 else list(reversed(samplers))
         for name in order:  # alternate who goes first, so drifting load falls on both
             wall, cpu, tokens, groups = timed(samplers[name], prompts, args.n, params)
             seconds[name].append(wall)
+            if name == "decode loop":
+                decoded = groups
             print(
                 f"  repeat {repeat + 1} {name:>11}: {wall:7.2f} s ({cpu:7.2f} s CPU)  "
                 f"{tokens / wall:7.0f} tokens/s  ({summary(groups)})",
@@ -130,6 +140,32 @@ def main() -> None:
         f"speed-up (generate / decode loop): {statistics.median(ratios):.2f}x median of the "
         f"{len(ratios)} side-by-side pairs, {best:.2f}x best against best"
     )
+    print_roofline(
+        model, tokenizer, prompts, decoded, statistics.median(seconds["decode loop"]), args
+    )
+    if args.profile:
+        print_profile(samplers["decode loop"], prompts, args.n, params)
+
+
+def print_profile(generate: Generate, prompts: list[str], n: int, params: SamplingParams) -> None:
+    """One decode-loop run under torch's profiler: where its time goes, op by op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        generate(prompts, n, params)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def print_roofline(model, tokenizer, prompts, groups, seconds: float, args) -> None:
+    """The decode loop's median run against what this machine can do for this model
+    (benchmarks/roofline.py), measured here, now."""
+    shapes = Shapes.of(model.config)
+    prompt_lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    work = decode_work(shapes, prompt_lengths, [[len(c.token_ids) for c in g] for g in groups])
+    machine = limits(shapes, rows=args.new_batch_size or args.batch_size)
+    print(f"decode loop against this machine's limits ({torch.get_num_threads()} threads):")
+    for line in report(work, seconds, machine):
+        print(f"  {line}")
 
 
 if __name__ == "__main__":

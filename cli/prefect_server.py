@@ -30,6 +30,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DB_NAME = "prefect.db"  # Prefect's default SQLite database under PREFECT_HOME
+EARLY_START_ENV = "R1_PREFECT_EARLY_START"  # "0": leave the start to Prefect (no seeding either)
 
 
 def template_path() -> Path:
@@ -94,9 +95,11 @@ class EarlyServer:
     @classmethod
     def start(cls, prefect_home: Path) -> EarlyServer | None:
         """Start it, unless there is none to start (a `PREFECT_API_URL` is set, or Prefect's
-        temporary server is turned off)."""
+        temporary server is turned off) or `R1_PREFECT_EARLY_START=0` leaves it to Prefect."""
         from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
+        if os.environ.get(EARLY_START_ENV) == "0":  # Prefect's own start, as benchmarks compare
+            return None
         if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
             return None
         if seed_database(prefect_home):
