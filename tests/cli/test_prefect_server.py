@@ -1,5 +1,8 @@
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +19,8 @@ from cli import prefect_server
 from cli.prefect_server import DB_NAME, EarlyServer, build_template, seed_database, template_path
 
 pytestmark = pytest.mark.usefixtures("private_environment")
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -119,3 +124,27 @@ def test_the_template_is_prefect_s_own_schema_at_its_latest_revision(cache):
     assert {"flow", "flow_run", "task_run", "deployment"} <= tables
     assert build_template() == template  # made once
     assert prefect_server.template_path() == template
+
+
+@pytest.mark.heavy
+def test_a_run_in_a_new_state_folder_uses_the_template_and_records_its_flow_run(cache, tmp_path):
+    """`r1 run` with no Prefect server named: the new state folder's database starts as the
+    template, and the temporary server started early records the flow run in it."""
+    build_template()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    state = tmp_path / "state"
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "run", "--profile", "micro", "--state-dir", str(state)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "its database copied from" in done.stderr
+    with sqlite3.connect(state / "prefect" / DB_NAME) as db:
+        flows = db.execute("select name from flow").fetchall()
+        states = db.execute("select state_type from flow_run").fetchall()
+    assert flows == [("r1-pipeline",)]
+    assert states == [("COMPLETED",)]
