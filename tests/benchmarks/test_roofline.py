@@ -61,6 +61,8 @@ def test_a_worked_example():
 
 
 def test_the_floor_adds_linears_at_their_peak_and_attention_at_the_bandwidth():
-    work = Work(tokens=10, linear_flops=4e9, attention_flops=1e9, attention_bytes=2e9)
-    limits = Limits(matmul_peak=100.0, linear_peak=40.0, bandwidth=10.0)
-    assert abs(limits.floor_seconds(work) - (0.1 + 0.2)) < 1e-12
+    # 2 GFLOP of linears at 8 GFLOP/s and 5 GB of cache at 10 GB/s: 1/4 + 1/2 of a second,
+    # sums that binary floating point holds exactly
+    work = Work(tokens=10, linear_flops=2e9, attention_flops=1e9, attention_bytes=5e9)
+    limits = Limits(matmul_peak=100.0, linear_peak=8.0, bandwidth=10.0)
+    assert limits.floor_seconds(work) == 0.25 + 0.5
