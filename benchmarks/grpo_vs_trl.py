@@ -32,6 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from benchmarks.figures import spread  # noqa: E402
 from configs.data import MathWorld, WorldConfig
 from configs.reinforcement import GRPOConfig, RewardTerm
 from configs.supervised import CorpusConfig, ModelConfig, TrainConfig
@@ -224,13 +225,6 @@ def alternate(sides: list[Side], repeats: int) -> dict[str, list[dict[str, float
                 f"  repeat {repeat + 1}: {name} {results[name][-1]['seconds_per_step']:.3f} s/step"
             )
     return results
-
-
-def spread(values: list[float]) -> str:
-    """Median and range, e.g. `0.292 (0.281-0.305)` or `12690 (11370-12930)`."""
-    digits = 0 if max(values) >= 100 else 1 if max(values) >= 10 else 3
-    median, low, high = statistics.median(values), min(values), max(values)
-    return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
 def main() -> None:

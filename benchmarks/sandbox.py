@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from benchmarks.figures import spread
 from rewards.code import CodeReward, normalise_output
 from sandbox import capabilities
 from sandbox.runner import default_workers
@@ -104,10 +105,6 @@ def timed(fn: Callable[..., list[float | None]], *args: object) -> tuple[float, 
     return time.perf_counter() - start, rewards
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):7.1f} ({min(values):.1f}-{max(values):.1f})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16)
@@ -143,8 +140,8 @@ def main() -> None:
                 raise SystemExit(f"{kind}: the verdicts differ for candidates {wrong[:5]}")
         ratios = [a / b for a, b in zip(rates["ours"], rates["peer"], strict=True)]
         print(
-            f"{kind:5s}: sandbox {spread(rates['ours'])} candidates/s | plain subprocess.run "
-            f"{spread(rates['peer'])} candidates/s | ratio {statistics.median(ratios):.2f}x "
+            f"{kind:5s}: sandbox {spread(rates['ours'], 1)} candidates/s | plain subprocess.run "
+            f"{spread(rates['peer'], 1)} candidates/s | ratio {statistics.median(ratios):.2f}x "
             f"({min(ratios):.2f}-{max(ratios):.2f}), median (range) of {args.repeats}"
         )
 

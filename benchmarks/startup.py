@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.figures import spread
 from cli.prefect_server import DB_NAME, EARLY_START_ENV, build_template
 
 WAYS = {"early start, seeded database": "1", "Prefect's own start": "0"}
@@ -70,10 +71,6 @@ def server_seconds(seeded: bool) -> float:
         return float(out.stdout.strip().splitlines()[-1])
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):6.1f} s ({min(values):.1f}-{max(values):.1f})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -98,7 +95,7 @@ def main() -> None:
     print(f"micro pipeline, {args.repeats} runs each, median (range):")
     print(f"{'':32}{'new state folder':>24}{'finished (all cached)':>26}")
     for way in WAYS:
-        print(f"{way:32}{spread(fresh[way]):>24}{spread(again[way]):>26}")
+        print(f"{way:32}{spread(fresh[way], 1) + ' s':>24}{spread(again[way], 1) + ' s':>26}")
     early, prefect_own = WAYS
     for name, runs in (("new", fresh), ("finished", again)):
         ratios = [p / e for p, e in zip(runs[prefect_own], runs[early], strict=True)]
