@@ -21,10 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
+from contextlib import closing
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -50,15 +52,38 @@ def _default_database(prefect_home: Path) -> bool:
     return value.endswith(str(prefect_home / DB_NAME))
 
 
+def migrated_revision(path: Path) -> str | None:
+    """The alembic revision a Prefect database file is at, or None when it is not a SQLite
+    database that Prefect's migrations made (empty, truncated, another file)."""
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            rows = db.execute("select version_num from alembic_version").fetchall()
+    except sqlite3.Error:
+        return None
+    return rows[0][0] if len(rows) == 1 else None
+
+
 def seed_database(prefect_home: Path) -> bool:
     """Copy the migrated empty database into `prefect_home` when it has no database yet; whether
-    it did."""
+    it did. A template that is not a migrated database is left unused, with a warning."""
     target, template = prefect_home / DB_NAME, template_path()
     if target.exists() or not template.exists() or not _default_database(prefect_home):
         return False
+    if migrated_revision(template) is None:
+        log.warning(
+            "%s is not a migrated Prefect database; Prefect migrates a new one (delete the file "
+            "and run `python -m cli.prefect_server` to make it again)",
+            template,
+        )
+        return False
     partial = target.with_suffix(".seeding")
-    shutil.copyfile(template, partial)
-    partial.replace(target)  # whole or not at all: a killed copy leaves no half database
+    try:
+        shutil.copyfile(template, partial)
+        partial.replace(target)  # whole or not at all: a killed copy leaves no half database
+    except OSError as error:  # Prefect, creating its own, reports what is wrong with the folder
+        log.warning("could not copy the Prefect database template into %s: %s", prefect_home, error)
+        partial.unlink(missing_ok=True)
+        return False
     return True
 
 

@@ -4,6 +4,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,14 @@ from prefect.settings import (
 )
 
 from cli import prefect_server
-from cli.prefect_server import DB_NAME, EarlyServer, build_template, seed_database, template_path
+from cli.prefect_server import (
+    DB_NAME,
+    EarlyServer,
+    build_template,
+    migrated_revision,
+    seed_database,
+    template_path,
+)
 
 pytestmark = pytest.mark.usefixtures("private_environment")
 
@@ -39,10 +47,13 @@ def home(tmp_path) -> Iterator[Path]:
         yield home
 
 
-def _write_template(text: str) -> Path:
+def _write_template(revision: str) -> Path:
+    """A stand-in template: a SQLite file at `revision`, as Prefect's migrations leave one."""
     template = template_path()
     template.parent.mkdir(parents=True, exist_ok=True)
-    template.write_text(text)
+    with closing(sqlite3.connect(template)) as db, db:
+        db.execute("create table alembic_version (version_num text)")
+        db.execute("insert into alembic_version values (?)", (revision,))
     return template
 
 
@@ -53,9 +64,10 @@ def test_the_template_is_kept_per_prefect_version_in_the_cache(cache):
 
 
 def test_a_new_state_folder_gets_a_copy_of_the_template(cache, home):
-    _write_template("migrated")
+    template = _write_template("migrated")
     assert seed_database(home)
-    assert (home / DB_NAME).read_text() == "migrated"
+    assert (home / DB_NAME).read_bytes() == template.read_bytes()
+    assert migrated_revision(home / DB_NAME) == "migrated"
     assert not list(home.glob("*.seeding"))
 
 
@@ -64,6 +76,29 @@ def test_an_existing_database_is_never_replaced(cache, home):
     _write_template("migrated")
     assert not seed_database(home)
     assert (home / DB_NAME).read_text() == "the runs so far"
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database", b"SQLite format 3\x00" + b"\x00" * 50])
+def test_a_template_that_is_not_a_migrated_database_is_not_copied(cache, home, caplog, content):
+    template = template_path()
+    template.parent.mkdir(parents=True)
+    template.write_bytes(content)
+    assert not seed_database(home)
+    assert not (home / DB_NAME).exists()
+    assert "is not a migrated Prefect database" in caplog.text
+
+
+def test_a_failed_copy_leaves_no_partial_database_and_says_why(cache, home, caplog, monkeypatch):
+    _write_template("migrated")
+
+    def disk_full(source, target):
+        Path(target).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prefect_server.shutil, "copyfile", disk_full)
+    assert not seed_database(home)
+    assert list(home.iterdir()) == []
+    assert "No space left on device" in caplog.text
 
 
 def test_without_a_template_prefect_migrates_as_before(cache, home):
@@ -118,9 +153,8 @@ def test_the_template_is_prefect_s_own_schema_at_its_latest_revision(cache):
     server on a copy finds nothing to migrate."""
     template = build_template()
     with sqlite3.connect(template) as db:
-        (revision,) = db.execute("select version_num from alembic_version").fetchone()
         tables = {name for (name,) in db.execute("select name from sqlite_master")}
-    assert revision == _newest_sqlite_revision()
+    assert migrated_revision(template) == _newest_sqlite_revision()
     assert {"flow", "flow_run", "task_run", "deployment"} <= tables
     assert build_template() == template  # made once
     assert prefect_server.template_path() == template
