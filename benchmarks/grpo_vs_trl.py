@@ -285,18 +285,33 @@ SUMMARY_KEYS = {
 
 
 def show_variants(path: Path, problems: list, args: argparse.Namespace) -> None:
-    """TRL once with each setting tried, beside one run of ours, in one table."""
-    rows = {"ours": run_ours(path, problems, args, dynamic_sampling=False)}
+    """Ours and TRL with each setting tried, alternating, `args.repeats` times each after one
+    warm-up run of each (which also finds a setting this install cannot run): the median seconds
+    per step (with its range) of each, and each against TRL as shipped."""
+    sides: list[Side] = [("ours", lambda: run_ours(path, problems, args, dynamic_sampling=False))]
     for name, settings in PEER_TRIED.items():
+        sides.append((f"TRL, {name}", functools.partial(run_trl, path, problems, args, settings)))
+    runnable: list[Side] = []
+    for name, run in sides:
         try:
-            rows[f"TRL, {name}"] = run_trl(path, problems, args, settings)
-        except Exception as error:  # a setting this install cannot run is reported, not fatal
-            print(f"TRL, {name}: failed: {type(error).__name__}: {error}")
-    base = rows.get("TRL, as shipped", {}).get("seconds_per_step")
-    print(f"{'':36}{'s/step':>10}{'tokens/s':>12}{'vs shipped':>12}")
-    for name, row in rows.items():
-        gain = f"{base / row['seconds_per_step']:.2f}x" if base else "-"
-        print(f"{name:36}{row['seconds_per_step']:10.3f}{row['tokens_per_second']:12.1f}{gain:>12}")
+            run()
+            runnable.append((name, run))
+        except Exception as error:  # reported and left out, not fatal
+            print(f"{name}: failed: {type(error).__name__}: {error}")
+    sides = runnable
+    results = alternate(sides, args.repeats)
+    medians = {
+        name: statistics.median(r["seconds_per_step"] for r in runs)
+        for name, runs in results.items()
+    }
+    base = medians.get("TRL, as shipped")
+    print(f"each {args.repeats} times, alternating; s/step median (range)")
+    print(f"{'':36}{'s/step':>22}{'tokens/s':>10}{'vs shipped':>12}")
+    for name, runs in results.items():
+        gain = f"{base / medians[name]:.2f}x" if base else "-"
+        cell = spread([r["seconds_per_step"] for r in runs])
+        tokens = statistics.median(r["tokens_per_second"] for r in runs)
+        print(f"{name:36}{cell:>22}{tokens:10.0f}{gain:>12}")
 
 
 if __name__ == "__main__":

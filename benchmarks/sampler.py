@@ -1,10 +1,12 @@
-"""The decode loop (sampling/hf.py) against the previous `transformers.generate` sampler.
+"""The decode loop (sampling/hf.py) against the previous `transformers.generate` sampler, and
+against itself stepping through the model's own forward instead of plain tensor ops
+(sampling/decode_step.py).
 
-Same model, prompts, n, sampling settings and batch size; the two run alternately, `--repeats`
+Same model, prompts, n, sampling settings and batch size; the three run in turn, `--repeats`
 times each, in one process with 2 torch threads, so load from other processes on the machine
-falls on both alike. Prints wall (and CPU) seconds and completion tokens per second of each
-run, the best and median of each, and the speed-up: the median over repeats of the ratio of
-the two runs side by side, and best against best.
+falls on all alike. Prints wall (and CPU) seconds and completion tokens per second of each
+run, the best and median of each, and each speed-up: the median over repeats of the ratio of
+the runs side by side, and best against best.
 
     python -m benchmarks.sampler --model state/runs/cold_start_sft/KEY/model --prompts 256 --n 4
 
@@ -111,6 +113,13 @@ def main() -> None:
         "decode loop": HFSampler(
             model, tokenizer, batch_size=args.new_batch_size or args.batch_size, show_progress=False
         ).generate,
+        "model forward": HFSampler(
+            model,
+            tokenizer,
+            batch_size=args.new_batch_size or args.batch_size,
+            show_progress=False,
+            plain_step=False,
+        ).generate,
     }
     print(
         f"model {model_path}, {len(prompts)} prompts x {args.n}, T={args.temperature}, "
@@ -118,28 +127,32 @@ def main() -> None:
         f"{args.new_batch_size or args.batch_size}, {torch.get_num_threads()} threads"
     )
     seconds: dict[str, list[float]] = {name: [] for name in samplers}
-    ratios: list[float] = []
     decoded: list[list[Completion]] = []
+    names = list(samplers)
     for repeat in range(args.repeats):
-        order = list(samplers) if repeat % 2 == 0 else list(reversed(samplers))
-        for name in order:  # alternate who goes first, so drifting load falls on both
+        turn = repeat % len(names)
+        for name in (
+            names[turn:] + names[:turn]
+        ):  # who goes first turns, so drifting load falls on all
             wall, cpu, tokens, groups = timed(samplers[name], prompts, args.n, params)
             seconds[name].append(wall)
             if name == "decode loop":
                 decoded = groups
             print(
-                f"  repeat {repeat + 1} {name:>11}: {wall:7.2f} s ({cpu:7.2f} s CPU)  "
+                f"  repeat {repeat + 1} {name:>13}: {wall:7.2f} s ({cpu:7.2f} s CPU)  "
                 f"{tokens / wall:7.0f} tokens/s  ({summary(groups)})",
                 flush=True,
             )
-        ratios.append(seconds["generate"][-1] / seconds["decode loop"][-1])
     for name, runs in seconds.items():
-        print(f"{name:>11}: best {min(runs):.2f} s, median {statistics.median(runs):.2f} s")
-    best = min(seconds["generate"]) / min(seconds["decode loop"])
-    print(
-        f"speed-up (generate / decode loop): {statistics.median(ratios):.2f}x median of the "
-        f"{len(ratios)} side-by-side pairs, {best:.2f}x best against best"
-    )
+        print(f"{name:>13}: best {min(runs):.2f} s, median {statistics.median(runs):.2f} s")
+    ours = seconds["decode loop"]
+    for peer in ("generate", "model forward"):
+        ratios = [theirs / mine for theirs, mine in zip(seconds[peer], ours, strict=True)]
+        best = min(seconds[peer]) / min(ours)
+        print(
+            f"speed-up ({peer} / decode loop): {statistics.median(ratios):.2f}x median of the "
+            f"{len(ratios)} side-by-side runs, {best:.2f}x best against best"
+        )
     print_roofline(
         model, tokenizer, prompts, decoded, statistics.median(seconds["decode loop"]), args
     )

@@ -29,6 +29,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from sampling.attention import NAME as MATMUL_DECODE
 from sampling.attention import matmul_decoding
+from sampling.decode_step import decode_step_for
 from sampling.kv_cache import GrowingLayer, growing_cache
 from sampling.streams import uniforms
 
@@ -249,8 +250,13 @@ def decode(
     stop_ids: Sequence[int],
     pad_id: int,
     keys: torch.Tensor,
+    plain_step: bool = True,
 ) -> list[Decoded]:
     """Continue prompt `rows[i]` once for each i; the results are in the order of `rows`.
+
+    With `plain_step`, a Qwen2 or Llama model's decode steps run as plain tensor ops on its
+    weights (sampling/decode_step.py), the same logits with less per-call overhead; without it,
+    or for another model, through the model's own forward.
 
     `keys` (B,) are the rows' random-stream keys (sampling/streams.py `row_keys`). A row that
     samples a stop token is done: it keeps its place, and the token it is fed, until the done
@@ -262,6 +268,7 @@ def decode(
     with matmul_decoding(model):
         cache, logits, run = _prefill(model, prompts, rows, max_new_tokens, pad_id)
         kind = mask_kind(model, cache)
+        lean = decode_step_for(model, cache) if plain_step else None
         width = run.mask.shape[1] - max_new_tokens
         out = _Outputs.empty(len(rows), max_new_tokens, pad_id, model.device)
         stop = torch.tensor(list(stop_ids), dtype=torch.long, device=model.device)
@@ -283,12 +290,16 @@ def decode(
                 run.keep(going)
                 tokens, done = tokens[going], done[going]
             run.mask[:, width + step] = 1
-            logits = model(
-                input_ids=tokens[:, None],
-                attention_mask=step_mask(run.mask[:, : width + step + 1], kind, model.dtype),
-                position_ids=run.positions[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]  # (A, V)
+            mask = step_mask(run.mask[:, : width + step + 1], kind, model.dtype)
+            if lean is not None:
+                logits = lean(tokens, run.positions, mask, cache)  # (A, V)
+            else:
+                logits = model(
+                    input_ids=tokens[:, None],
+                    attention_mask=mask,
+                    position_ids=run.positions[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                ).logits[:, -1]  # (A, V)
             run.positions += 1
         return out.decoded()

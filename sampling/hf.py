@@ -41,8 +41,10 @@ class HFSampler:
         tokenizer: PreTrainedTokenizerBase,
         batch_size: int = 64,
         show_progress: bool = True,
+        plain_step: bool = True,
     ):
         self.model = model.eval()
+        self.plain_step = plain_step  # decode steps in plain tensor ops (sampling/decode_step.py)
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.show_progress = show_progress
@@ -90,6 +92,7 @@ class HFSampler:
             stop_ids=self.stop_ids,
             pad_id=self.tokenizer.pad_token_id,
             keys=keys,
+            plain_step=self.plain_step,
         )
 
     def _completion(self, done: Decoded) -> Completion:
