@@ -27,6 +27,20 @@ def tiny_model(tokenizer, seed: int = 0):
     return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
 
 
+def gqa_model(tokenizer, architecture: str = "qwen2", seed: int = 0):
+    """A two-layer Qwen2 or Llama model with grouped-query attention (4 heads over 2 KV heads)."""
+    spec = ModelConfig(
+        architecture=architecture,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=256,
+    )
+    return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
+
+
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(12)]
 
 

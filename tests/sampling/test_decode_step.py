@@ -4,27 +4,16 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from configs.supervised import ModelConfig
-from models.loading import build_model
 from sampling.attention import matmul_decoding
 from sampling.decode import _prefill, decode, mask_kind, step_mask
 from sampling.decode_step import decode_step_for
 from sampling.kv_cache import growing_cache
 from sampling.streams import row_keys
-from tests.tiny_models import make_tokenizer
+from tests.tiny_models import gqa_model, make_tokenizer
 
 
 def _model(architecture: str, tokenizer) -> torch.nn.Module:
-    spec = ModelConfig(
-        architecture=architecture,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=48,
-        max_position_embeddings=256,
-    )
-    model = build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+    model = gqa_model(tokenizer, architecture)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():  # norms and biases away from their ones and zeros, so each one counts
         for name, p in model.named_parameters():

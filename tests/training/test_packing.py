@@ -6,9 +6,9 @@ import contextlib
 import pytest
 import torch
 
-from configs.supervised import ModelConfig, TrainConfig
-from models.loading import build_model
+from configs.supervised import TrainConfig
 from rl.rollouts import build_batch, completion_logprobs, pack_policy_batch
+from tests.tiny_models import gqa_model
 from training.batches import collate, pack
 from training.distributed import target_count
 from training.examples import IGNORE, Example
@@ -17,16 +17,7 @@ from training.varlen import NAME, packed_attention, sequence_lengths
 
 
 def _model(tokenizer, architecture: str):
-    spec = ModelConfig(
-        architecture=architecture,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+    return gqa_model(tokenizer, architecture)
 
 
 def _examples(vocab: int, lengths: list[int], seed: int = 0) -> list[Example]:
