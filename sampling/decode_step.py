@@ -144,13 +144,21 @@ class DecodeStep:
         return self.head(self.norm(hidden))[:, -1]  # (A, V)
 
 
+def _hooked(module: torch.nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks) or hasattr(module, "_hf_hook")
+
+
 def decode_step_for(model: PreTrainedModel, cache: DynamicCache) -> DecodeStep | None:
     """A `DecodeStep` for `model` when it reproduces the model's forward exactly, else None.
 
     That needs a Qwen2 or Llama model decoding on our matmul attention (`sampling.attention`)
     whose every layer attends to the whole cache (a growing one), on SiLU, without Llama's
-    tensor-parallel projection split.
+    tensor-parallel projection split, and with no hooks on its modules: what hooks do
+    (accelerate's offloading, ZeRO-3 gathering partitioned weights, a user's probe) happens
+    only in the model's forward.
     """
+    if any(_hooked(module) for module in model.modules()):
+        return None
     config = model.config
     if config.model_type not in SUPPORTED or config.hidden_act != "silu":
         return None

@@ -86,5 +86,8 @@ def test_models_it_cannot_reproduce_decode_through_their_forward(tokenizer):
     with matmul_decoding(model):
         assert decode_step_for(model, growing_cache(model.config)) is not None
         assert decode_step_for(model, DynamicCache(config=model.config)) is None
+        hook = model.model.layers[1].mlp.register_forward_hook(lambda *args: None)
+        assert decode_step_for(model, growing_cache(model.config)) is None  # it would skip it
+        hook.remove()
         model.config.hidden_act = "gelu"
         assert decode_step_for(model, growing_cache(model.config)) is None

@@ -1,6 +1,5 @@
 """The decode loop against transformers' generate and a plain forward pass, on a tiny model."""
 
-import contextlib
 import copy
 import importlib.util
 from types import SimpleNamespace
@@ -76,40 +75,17 @@ def test_greedy_matches_generate_token_for_token(model, tokenizer):
     assert len({tuple(d.token_ids) for d in ours}) > 1  # the prompts lead different ways
 
 
-@contextlib.contextmanager
-def passes(model, monkeypatch):
-    """The rows of each pass through the model: the prompt pass, then each decode step's, whether
-    it runs through the model's forward or as plain ops (sampling/decode_step.py)."""
-    widths: list[int] = []
-    planned = decode_module.decode_step_for
-
-    def recorded(model, cache):
-        step = planned(model, cache)
-        if step is None:
-            return None
-
-        def run(tokens, *rest):
-            widths.append(tokens.shape[0])
-            return step(tokens, *rest)
-
-        return run
-
-    monkeypatch.setattr(decode_module, "decode_step_for", recorded)
+def test_rows_that_stop_early_are_dropped_and_match_generate(model, tokenizer):
+    free = run_decode(model, tokenizer, PROMPTS, range(len(PROMPTS)), [tokenizer.eos_token_id])
+    stop = free[0].token_ids[2]  # row 0 ends at its third token; others maybe sooner or later
+    widths: list[int] = []  # a hooked model decodes through its forward: the hook sees each pass
     hook = model.register_forward_pre_hook(
         lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]), with_kwargs=True
     )
     try:
-        yield widths
+        ours = run_decode(model, tokenizer, PROMPTS, range(len(PROMPTS)), [stop])
     finally:
         hook.remove()
-        monkeypatch.setattr(decode_module, "decode_step_for", planned)
-
-
-def test_rows_that_stop_early_are_dropped_and_match_generate(model, tokenizer, monkeypatch):
-    free = run_decode(model, tokenizer, PROMPTS, range(len(PROMPTS)), [tokenizer.eos_token_id])
-    stop = free[0].token_ids[2]  # row 0 ends at its third token; others maybe sooner or later
-    with passes(model, monkeypatch) as widths:
-        ours = run_decode(model, tokenizer, PROMPTS, range(len(PROMPTS)), [stop])
     assert [d.token_ids for d in ours] == hf_greedy(model, tokenizer, PROMPTS, stop)
     assert ours[0].token_ids[-1] == stop and len(ours[0].token_ids) <= 3
     assert ours[0].finish_reason == "stop"
@@ -154,9 +130,15 @@ def test_stop_on_the_last_allowed_token_is_a_stop(model, tokenizer):
     assert cut.token_ids == ids[:k] and cut.finish_reason == "length"
 
 
-def test_each_distinct_prompt_is_prefilled_once(model, tokenizer, monkeypatch):
-    with passes(model, monkeypatch) as widths:
+def test_each_distinct_prompt_is_prefilled_once(model, tokenizer):
+    widths: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
         out = run_decode(model, tokenizer, PROMPTS[:2], [1, 0, 1, 0], [tokenizer.eos_token_id])
+    finally:
+        hook.remove()
     assert widths[:2] == [2, 4]
     alone = run_decode(model, tokenizer, PROMPTS[:2], [0, 1], [tokenizer.eos_token_id])
     assert [d.token_ids for d in out] == [alone[1].token_ids, alone[0].token_ids] * 2
