@@ -136,13 +136,17 @@ def stop_on_termination() -> None:
     """End `r1 run` on SIGTERM and SIGHUP as on Ctrl-C, rather than dying where it stands: the
     open MLflow runs close as failed, Prefect marks the flow run crashed, and the exit handlers
     stop the temporary Prefect server this process started (which would else stay, orphaned,
-    holding its port)."""
+    holding its port).
+
+    A signal the run was started with ignored stays ignored: under `nohup` a closed terminal's
+    SIGHUP must not stop a run of many hours."""
 
     def interrupt(signum: int, _frame: FrameType | None) -> None:
         raise Terminated(signal.Signals(signum))
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, interrupt)
 
 
 if __name__ == "__main__":

@@ -71,11 +71,23 @@ def start(setup: dict, fds: list[int], cgroups: RunCgroups | None) -> NoReturn:
     serve_program(load, setup["work"], setup["rlimits"]["cpu"])
 
 
+def _default_signals() -> None:
+    """Signals as a fresh program expects them, whatever the sandbox was started under (nohup
+    leaves SIGHUP ignored, a shell's background job SIGINT): each one's default action, SIGINT
+    raising KeyboardInterrupt and SIGPIPE ignored as in any Python, and none blocked."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE):
+            continue
+        handler = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        with contextlib.suppress(OSError, ValueError):  # the C library's own (32, 33)
+            signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 def _confine(setup: dict, fds: list[int], cgroups: RunCgroups | None, placed: list[bool]) -> None:
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
     os.setsid()
-    for sig in (signal.SIGTERM, signal.SIGCHLD):  # SIGPIPE stays ignored, as in any Python
-        signal.signal(sig, signal.SIG_DFL)
+    _default_signals()
     if setup["namespaces"]:
         _private_dirs(setup)
     if cgroups is not None and setup.get("cgroup"):

@@ -1,3 +1,5 @@
+import signal
+
 import pytest
 
 from cli.main import main
@@ -27,3 +29,19 @@ def test_config_prints_the_profile_and_exits_3_naming_missing_inputs(capsys, tmp
     assert "name: r1-gpu-qwen" in captured.out
     assert "5 local input(s) missing" in captured.err
     assert "bootstrap.path = checkpoints/Qwen2.5-1.5B-Instruct" in captured.err
+
+
+def test_a_run_started_under_nohup_keeps_sighup_ignored():
+    """`nohup r1 run` must outlive its terminal; SIGTERM still stops it cleanly."""
+    from cli.main import Terminated, stop_on_termination
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        stop_on_termination()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        with pytest.raises(Terminated, match="SIGTERM"):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

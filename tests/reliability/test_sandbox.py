@@ -537,6 +537,28 @@ def test_signals_to_the_whole_group_stay_inside() -> None:
 
 
 @needs_isolation
+def test_a_program_gets_default_signals_whatever_the_sandbox_was_started_under() -> None:
+    """Started under nohup or as a shell's background job, the sandbox inherits SIGHUP or SIGINT
+    ignored, and signals may come blocked; the program gets none of that."""
+    ignored = (signal.SIGHUP, signal.SIGINT, signal.SIGUSR1)
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignored}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+    code = (
+        "import signal\n"
+        "print([signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGUSR1)])\n"
+        "print(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))"
+    )
+    try:
+        result = ran(run_python(code))
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    handlers = [signal.SIG_DFL, signal.default_int_handler, signal.SIG_DFL]
+    assert result.stdout == f"{handlers}\n[]\n", result.stderr
+
+
+@needs_isolation
 @pytest.mark.parametrize("number", [1, 9, 15, 31, 34, 35, 40, 64])
 def test_every_signal_ends_a_run_as_a_failure_with_its_name(number: int) -> None:
     result = ran(

@@ -38,6 +38,14 @@ def servers(proc: psutil.Process) -> list[psutil.Process]:
     return found
 
 
+def signals_at_default() -> None:
+    """In the child before it starts: the signals under test at their default action, so that a
+    suite started under `nohup` or as a background job (SIGHUP or SIGINT ignored, which `r1 run`
+    keeps ignored) tests the same thing."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def port_free(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
@@ -74,6 +82,7 @@ def test_a_stopped_run_stops_its_prefect_server_and_closes_its_runs(tmp_path, si
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=signals_at_default,
     )
     out = Output(proc)
     try:
