@@ -130,10 +130,8 @@ def main() -> None:
     decoded: list[list[Completion]] = []
     names = list(samplers)
     for repeat in range(args.repeats):
-        turn = repeat % len(names)
-        for name in (
-            names[turn:] + names[:turn]
-        ):  # who goes first turns, so drifting load falls on all
+        turn = repeat % len(names)  # who goes first turns, so drifting load falls on all
+        for name in names[turn:] + names[:turn]:
             wall, cpu, tokens, groups = timed(samplers[name], prompts, args.n, params)
             seconds[name].append(wall)
             if name == "decode loop":

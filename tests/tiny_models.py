@@ -15,8 +15,16 @@ def make_tokenizer():
     return train_tokenizer(TEXTS + ["<think> x </think> <answer> y </answer>"], vocab_size=300)
 
 
+def _decoder(tokenizer, seed: int, **spec):
+    return build_model(
+        ModelConfig(**spec), len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed
+    )
+
+
 def tiny_model(tokenizer, seed: int = 0):
-    spec = ModelConfig(
+    return _decoder(
+        tokenizer,
+        seed,
         hidden_size=16,
         num_layers=1,
         num_heads=2,
@@ -24,12 +32,13 @@ def tiny_model(tokenizer, seed: int = 0):
         intermediate_size=32,
         max_position_embeddings=256,
     )
-    return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
 
 
 def gqa_model(tokenizer, architecture: str = "qwen2", seed: int = 0):
     """A two-layer Qwen2 or Llama model with grouped-query attention (4 heads over 2 KV heads)."""
-    spec = ModelConfig(
+    return _decoder(
+        tokenizer,
+        seed,
         architecture=architecture,
         hidden_size=32,
         num_layers=2,
@@ -38,7 +47,6 @@ def gqa_model(tokenizer, architecture: str = "qwen2", seed: int = 0):
         intermediate_size=64,
         max_position_embeddings=256,
     )
-    return build_model(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
 
 
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(12)]

@@ -16,10 +16,6 @@ from training.supervised import train
 from training.varlen import NAME, packed_attention, sequence_lengths
 
 
-def _model(tokenizer, architecture: str):
-    return gqa_model(tokenizer, architecture)
-
-
 def _examples(vocab: int, lengths: list[int], seed: int = 0) -> list[Example]:
     """Random token examples; every other one an SFT example with no loss on its first third."""
     generator = torch.Generator().manual_seed(seed)
@@ -61,7 +57,7 @@ def test_a_packed_batch_has_the_loss_and_gradient_of_its_examples_alone(
 ):
     """Under `packed_attention` each example attends to itself; without it transformers builds
     the row's block-diagonal mask. Either way: the loss and gradient of the examples alone."""
-    model = _model(tokenizer, architecture)
+    model = gqa_model(tokenizer, architecture)
     examples = _examples(len(tokenizer), [40, 12, 29, 33, 5, 18, 21, 40], seed=1)
     reference = _alone_loss(model, examples)
     packed = pack(examples, tokenizer.pad_token_id)
@@ -83,7 +79,7 @@ def test_a_packed_batch_has_the_loss_and_gradient_of_its_examples_alone(
 
 
 def test_padded_batches_keep_their_mask_under_packed_attention(tokenizer):
-    model = _model(tokenizer, "qwen2")
+    model = gqa_model(tokenizer, "qwen2")
     batch = collate(_examples(len(tokenizer), [30, 7, 19], seed=3), tokenizer.pad_token_id)
     plain = model(**batch, use_cache=False).loss
     with packed_attention(model):
@@ -103,7 +99,7 @@ def test_packed_completion_logprobs_are_the_padded_ones(tokenizer, architecture)
     """One row without padding against left-padded prompts and right-padded completions: the
     same log-probabilities and entropies on every completion token, 0 past each end, and the
     same gradient of their sum."""
-    model = _model(tokenizer, architecture)
+    model = gqa_model(tokenizer, architecture)
     generator = torch.Generator().manual_seed(4)
     prompts = ["What is 1 + 2?", "7", "What is 9 + 9? The answer is", "a b"]
     completions = [
@@ -135,7 +131,7 @@ def test_training_on_packed_batches_reaches_the_weights_of_padded_ones(tokenizer
     examples = _examples(len(tokenizer), [5 + (7 * i) % 40 for i in range(48)], seed=2)
     weights = []
     for packing in (False, True):
-        model = _model(tokenizer, "qwen2")
+        model = gqa_model(tokenizer, "qwen2")
         cfg = TrainConfig(
             epochs=1, batch_size=8, learning_rate=1e-2, warmup_steps=0, packing=packing
         )
@@ -154,7 +150,7 @@ def test_training_on_packed_batches_reaches_the_weights_of_padded_ones(tokenizer
 
 
 def test_models_with_sliding_window_layers_keep_their_attention(tokenizer):
-    model = _model(tokenizer, "qwen2")
+    model = gqa_model(tokenizer, "qwen2")
     model.config.layer_types = ["full_attention", "sliding_attention"]
     with packed_attention(model):
         assert model.config._attn_implementation == "sdpa"
