@@ -30,7 +30,10 @@ class SamplerConfig(Strict):
         description="vllm: share of each GPU's memory the engine takes (weights, KV cache)",
     )
     max_model_len: int | None = Field(
-        None, ge=1, description="vllm: longest prompt + completion; None: the model's own"
+        None,
+        ge=1,
+        description="vllm: longest prompt + completion the engine holds; None: the stage's "
+        "longest prompt + its max_new_tokens (not the model's whole context)",
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="vllm: weights and activations; auto: the checkpoint's (fp32 -> bf16)"
@@ -46,6 +49,11 @@ class SamplerConfig(Strict):
     )
     sync_chunk_mb: int = Field(
         256, ge=1, description="vllm: weights handed over per load call (bounds the extra memory)"
+    )
+    sleep_mode: bool = Field(
+        True,
+        description="vllm, a trainer's colocated engine: give its device memory back during "
+        "each update (weights and KV cache discarded, reloaded by the next sync)",
     )
 
 
@@ -159,6 +167,13 @@ class GRPOConfig(Strict):
         description="the update's sequences laid end to end in one row, attention kept within "
         "each (training/varlen.py): the same log-probabilities with no padding",
     )
+    importance_sampling_cap: float | None = Field(
+        None,
+        ge=1,
+        description="truncated importance sampling: weigh each token's surrogate by "
+        "min(pi_train / pi_sampler, cap), correcting for a sampler whose probabilities are not "
+        "the trainer's (vLLM); None: off",
+    )
     rewards: list[RewardTerm] = Field(
         default_factory=lambda: [*verifier_terms(), RewardTerm(name="format", weight=0.5)]
     )
@@ -223,6 +238,11 @@ class GRPOConfig(Strict):
             )
         if engine.kind == "deepspeed" and self.probe.every:
             raise ValueError("probe: held-out probing runs with engine.kind single only")
+        if engine.kind == "deepspeed" and engine.zero_stage == 3 and self.ref_refresh_every:
+            raise ValueError(
+                "ref_refresh_every: a ZeRO-3 reference is sharded and is not refreshed or "
+                "checkpointed; set it to 0 or use zero_stage 2"
+            )
         if engine.kind == "deepspeed" and self.sampler.tensor_parallel_size > 1:
             raise ValueError(
                 "sampler.tensor_parallel_size: each DeepSpeed rank runs its own vLLM engine on "

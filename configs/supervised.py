@@ -181,6 +181,30 @@ class EngineConfig(Strict):
     timeout_s: float = Field(
         24 * 3600.0, gt=0, description="the workers are stopped and the stage fails after this"
     )
+    micro_batch_tokens: int = Field(
+        65536,
+        ge=1,
+        description="tokens (prompt + completion) one forward and backward pass takes: a step's "
+        "rows are split into micro-batches within this and their gradients accumulated into the "
+        "step's one update, so a step's activations are bounded by this, not by the step's size "
+        "(a tiny-world step fits in one)",
+    )
+    logits_chunk_mb: float = Field(
+        1024.0,
+        gt=0,
+        description="MiB of float32 logits one GRPO pass may hold; a larger pass computes its "
+        "log-probabilities a chunk of positions at a time (training/logits.py)",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="recompute each decoder layer in the backward pass instead of keeping its "
+        "activations: about a third more compute, activations of one layer instead of all",
+    )
+
+    @property
+    def logits_budget(self) -> int:
+        """`logits_chunk_mb` as float32 elements."""
+        return int(self.logits_chunk_mb * 2**20 / 4)
 
 
 class SFTConfig(Strict):

@@ -11,18 +11,19 @@ after every rank's shard is on disk, so a killed stage resumes from the last com
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from configs.reinforcement import GRPOConfig
 from contracts.reward_names import PREFERENCE
 from models.loading import load_model, load_tokenizer
 from problems.loader import load_problems
 from rewards.registry import RewardFn
-from rl.trainer import GRPOTrainer, frozen
+from rl.trainer import GRPOTrainer
 from training.collective import TorchCollective
 from training.distributed import WorkerSpec
 from training.engines import DeepSpeedEngine
@@ -72,13 +73,11 @@ def run(spec: WorkerSpec) -> None:
     config = GRPOConfig.model_validate(spec.config)
     tokenizer = load_tokenizer(spec.base)
     problems = load_problems(spec.dataset)
-    model = load_model(spec.base)
-    reference = frozen(copy.deepcopy(model)) if config.beta > 0 else None
     engine = DeepSpeedEngine(
-        model, config.learning_rate, config.max_grad_norm, config.engine, world
+        load_model(spec.base), config.learning_rate, config.max_grad_norm, config.engine, world
     )
-    if reference is not None:
-        reference.to(engine.device)
+    # sharded like the policy under ZeRO-3, in its precision: no rank holds a whole fp32 copy
+    reference = engine.frozen_reference(load_model(spec.base)) if config.beta > 0 else None
     out_dir = Path(spec.out_dir)
     metrics = MetricsFile(spec.metrics_path) if rank == 0 else None
     trainer = GRPOTrainer(
@@ -97,12 +96,27 @@ def run(spec: WorkerSpec) -> None:
     zero = config.engine.zero_stage
     log.info("%s: ZeRO-%d, %d ranks, %d steps", spec.desc, zero, world, config.steps)
     try:
+        train_and_save(trainer, engine, spec, problems, tokenizer, rank)
+    finally:
+        # after the last collective: closing an in-process vLLM engine ends the process group
+        trainer.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def train_and_save(trainer, engine: DeepSpeedEngine, spec: WorkerSpec, problems, tokenizer, rank):
+    """Train, then save the whole model and the result from rank 0."""
+    import torch.distributed as dist
+
+    out_dir = Path(spec.out_dir)
+    try:
         report = trainer.train(problems, out_dir / "checkpoints", spec.fingerprint)
     except NonFiniteLossError as error:
         if rank == 0:
             bad = {"step": error.step, "what": error.what, "value": error.value}
             write_result(spec, {"non_finite": bad})
         raise
+    held = held_elements(engine.module) + held_elements(trainer.reference)
     state = engine.full_state_dict()
     if rank == 0:
         assert state is not None
@@ -115,10 +129,20 @@ def run(spec: WorkerSpec) -> None:
                 "history": report.history,
                 "seconds": report.seconds,
                 "parameters": parameters,
+                "held_elements": held,  # rank 0's model weights: policy and reference
             },
         )
     dist.barrier()
-    dist.destroy_process_group()
+
+
+def held_elements(model: torch.nn.Module | None) -> int:
+    """Weight elements this rank holds for `model`: its shard of a ZeRO-3 parameter
+    (`ds_tensor`), else the whole parameter."""
+    if model is None:
+        return 0
+    return sum(
+        p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters()
+    )
 
 
 if __name__ == "__main__":

@@ -112,15 +112,18 @@ def grpo_loss(
     aggregation: str | Aggregation = "sequence_mean",
     max_len: int | None = None,
     denominator: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The negated GRPO objective -(surrogate - beta * KL), aggregated (by name, or the
+    """The negated GRPO objective -(w * surrogate - beta * KL), aggregated (by name, or the
     aggregation itself), and its statistics.
 
     `denominator` replaces the aggregation's own (a data-parallel rank passes the sum over all
     ranks' batches, so that the ranks' losses add up to the loss of the whole batch).
+    `weights` (B, T), without gradient, scale each token's surrogate (truncated importance
+    sampling, `truncated_is_weights`); the KL term is not weighted, as in TRL.
     """
     objective, ratio = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
-    per_token = -objective
+    per_token = -objective if weights is None else -objective * weights
     stats: dict[str, float] = {}
     m = mask.float()
     n = m.sum().clamp(min=1)
@@ -141,3 +144,19 @@ def grpo_loss(
     stats["clip_low_fraction"] = float((low.float() * m).sum() / n)
     stats["clip_high_fraction"] = float((high.float() * m).sum() / n)
     return loss, stats
+
+
+def truncated_is_weights(
+    trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling (TIS) for a sampler whose probabilities are not the
+    trainer's (vLLM's kernels, bf16): per-token weights min(pi_train / pi_sampler, cap) (B, T),
+    with the ratios' sum and the number above the cap over the tokens of `mask` (B, T).
+
+    The samples were drawn from the sampler's distribution, so the on-policy gradient weighs
+    each token by pi_train / pi_sampler; truncating at `cap` bounds the variance a rare token
+    with a tiny sampler probability would bring (Yao et al. 2025; TRL's `token_truncate`).
+    `trainer_logp` are pi_old's log-probabilities (no gradient)."""
+    ratio = torch.exp(trainer_logp - sampler_logp) * mask  # (B, T), 0 off the mask
+    weights = torch.where(mask > 0, ratio.clamp(max=cap), torch.ones_like(ratio))
+    return weights, ratio.sum(), ((ratio > cap) & (mask > 0)).sum()

@@ -8,6 +8,15 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from training.logits import (
+    chunk_positions,
+    chunked_token_logprobs,
+    final_hidden_states,
+    fits,
+    output_head,
+    token_logprobs,
+    vocabulary_size,
+)
 from training.varlen import packed_attention
 
 
@@ -98,6 +107,7 @@ def completion_logprobs(
     temperature: float,
     with_entropy: bool = False,
     packed: bool = True,
+    logits_budget: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (N, C) of the completion tokens under `model` at `temperature`, and
     their entropies when asked; 0 past each completion's end.
@@ -105,53 +115,77 @@ def completion_logprobs(
     Packed (the default), the sequences go through the model in one row without padding
     (`PackedRow`), and only the positions that predict a completion token through the
     log-softmax. Padded, the rows go as `batch` lays them out, with position ids that follow the
-    attention mask so left padding does not shift the prompt, and only the completion positions
-    through the output projection.
+    attention mask so left padding does not shift the prompt.
+
+    `logits_budget` bounds the float32 logits (elements) one pass holds. When the pass's logits
+    fit it (or there is no budget), the model's own forward computes them, as it always has;
+    otherwise the model returns its final hidden states and the output projection runs a chunk
+    of positions at a time (training/logits.py), recomputed in the backward pass, so a step's
+    logits cost one chunk's memory, not positions x vocabulary.
     """
     if not packed:
-        return _padded_completion_logprobs(model, batch, temperature, with_entropy)
+        return _padded_completion_logprobs(model, batch, temperature, with_entropy, logits_budget)
     rows = pack_policy_batch(batch)
-    with packed_attention(model):
-        logits = model(
-            input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False
-        ).logits[0]  # (T, V)
     targets = batch.input_ids[:, batch.prompt_width :][rows.valid]  # (K,), K completion tokens
-    token_logp, token_entropy = _token_logprobs(
-        logits[rows.source[rows.valid]], targets, temperature, with_entropy
-    )  # (K,)
-    logp = torch.zeros(rows.valid.shape, dtype=token_logp.dtype, device=token_logp.device)
-    logp = logp.masked_scatter(rows.valid, token_logp)  # (N, C)
+    positions = rows.source[rows.valid]  # (K,) the row positions that predict them
+    inputs = {"input_ids": rows.input_ids, "position_ids": rows.position_ids, "use_cache": False}
+    with packed_attention(model):
+        if fits(logits_budget, rows.input_ids.shape[1], vocabulary_size(model)):
+            logits = model(**inputs).logits[0]  # (T, V)
+            token_logp, token_entropy = token_logprobs(
+                logits[positions], targets, temperature, with_entropy
+            )  # (K,)
+        else:
+            hidden = final_hidden_states(model, inputs)[0]  # (T, H)
+            token_logp, token_entropy = chunked_token_logprobs(
+                output_head(model), hidden[positions], targets, temperature, with_entropy,
+                chunk_positions(logits_budget, vocabulary_size(model)),
+            )  # fmt: skip
+    return _scatter(rows.valid, token_logp, token_entropy)
+
+
+def _scatter(
+    valid: torch.Tensor, token_logp: torch.Tensor, token_entropy: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token values (K,) laid out at the `valid` places of (N, C), 0 elsewhere."""
+    logp = torch.zeros(valid.shape, dtype=token_logp.dtype, device=token_logp.device)
+    logp = logp.masked_scatter(valid, token_logp)  # (N, C)
     if token_entropy is None:
         return logp, None
-    return logp, torch.zeros_like(logp).masked_scatter(rows.valid, token_entropy)
+    return logp, torch.zeros_like(logp).masked_scatter(valid, token_entropy)
 
 
 def _padded_completion_logprobs(
-    model: PreTrainedModel, batch: PolicyBatch, temperature: float, with_entropy: bool
+    model: PreTrainedModel,
+    batch: PolicyBatch,
+    temperature: float,
+    with_entropy: bool,
+    logits_budget: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     position_ids = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     width = batch.completion_width
-    logits = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=width + 1,
-    ).logits[:, :-1, :]  # (N, C, V): position t predicts completion token t
+    inputs = {
+        "input_ids": batch.input_ids,
+        "attention_mask": batch.attention_mask,
+        "position_ids": position_ids,
+    }
     targets = batch.input_ids[:, batch.prompt_width :]  # (N, C)
-    return _token_logprobs(logits, targets, temperature, with_entropy)
-
-
-def _token_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities of `targets` (...) under `logits` (..., V) at `temperature`, and the
-    distributions' entropies (no gradient) when asked."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if not with_entropy:
-        return logp, None
-    with torch.no_grad():
-        return logp, -(logp_all.exp() * logp_all).sum(dim=-1)
+    valid = batch.completion_mask.bool()
+    if fits(logits_budget, batch.input_ids.shape[0] * (width + 1), vocabulary_size(model)):
+        logits = model(**inputs, logits_to_keep=width + 1).logits[:, :-1, :]  # (N, C, V)
+        logp, entropy = token_logprobs(logits, targets, temperature, with_entropy)
+        zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+        return (
+            torch.where(valid, logp, zero),
+            None if entropy is None else torch.where(valid, entropy, zero),
+        )
+    hidden = final_hidden_states(model, inputs)  # (N, P + C, H)
+    predicting = hidden[:, batch.prompt_width - 1 : -1]  # (N, C, H): position t predicts t + 1
+    token_logp, token_entropy = chunked_token_logprobs(
+        output_head(model), predicting[valid], targets[valid], temperature, with_entropy,
+        chunk_positions(logits_budget, vocabulary_size(model)),
+    )  # fmt: skip
+    return _scatter(valid, token_logp, token_entropy)
 
 
 def token_ends(

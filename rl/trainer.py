@@ -27,15 +27,17 @@ from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet, verifier_metrics
 from rewards.steps import process_steps
 from rl.advantages import process_advantages
-from rl.losses import AGGREGATIONS, grpo_loss
-from rl.rollouts import build_batch, completion_logprobs, token_ends
+from rl.rollouts import token_ends
 from rl.scoring import RankRollouts, ScoredGroups, kind_metrics, masked_advantages, score
-from sampling.factory import Sampler, policy_sampler
+from rl.update import PolicyUpdate, UpdateRows
+from sampling.decode import LockStep
+from sampling.factory import Sampler, context_length, policy_sampler
 from sampling.interface import Completion, SamplingParams
 from sampling.weight_sync import SyncsWeights
 from training.collective import Collective, Solo
 from training.engines import LocalEngine, UpdateEngine
 from training.finite import LossGuard
+from training.logits import unwrapped
 from training.loop import LoopPlan, run_loop
 
 log = logging.getLogger(__name__)
@@ -115,9 +117,10 @@ class GRPOTrainer:
     ):
         """`extra_rewards` supplies rewards that need a model built at run time ("preference").
         Without `engine` the update runs in this process; with one (DeepSpeed), `model` is the
-        engine's module and `reference` a whole copy of the starting policy when beta > 0.
-        Without `sampler`, `cfg.sampler` names one (sampling.factory.policy_sampler); a vLLM
-        engine starts from `policy_path` and is synced after every update."""
+        engine's module and `reference` the engine's frozen copy of the starting policy when
+        beta > 0 (DeepSpeedEngine.frozen_reference). Without `sampler`, `cfg.sampler` names one
+        (sampling.factory.policy_sampler), opened when training starts and closed by `close()`;
+        a vLLM engine starts from `policy_path` and is synced after every update."""
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.log_metrics = log_metrics
@@ -125,30 +128,74 @@ class GRPOTrainer:
         self.show_progress = show_progress
         self.rewards = RewardSet.from_terms(cfg.rewards, extra_rewards)
         self.reward_fns = self.rewards.fns
-        self.engine = engine or LocalEngine(model, cfg.learning_rate, cfg.max_grad_norm)
+        self.engine = engine or LocalEngine(
+            model,
+            cfg.learning_rate,
+            cfg.max_grad_norm,
+            gradient_checkpointing=cfg.engine.gradient_checkpointing,
+        )
         self.collective = collective or Solo()
         self.model = self.engine.module
         self.reference = None
         if cfg.beta > 0:
-            self.reference = frozen(reference or copy.deepcopy(self.engine.sampling_model()))
+            # in the policy's own dtype: a bf16 policy against an fp32 reference would start
+            # its KL at the precision gap instead of 0
+            self.reference = reference or frozen(
+                copy.deepcopy(self.engine.sampling_model()).to(policy_dtype(self.model))
+            )
         self._history: list[dict[str, float]] = []
         self.probe = probe
         self.guard = LossGuard("grpo")  # a non-finite loss stops training, naming the step
-        if sampler is None:
-            sampler = policy_sampler(
+        self.update = PolicyUpdate(
+            cfg, tokenizer, self.engine, self.collective, self.reference, self.guard
+        )
+        self.policy_path = policy_path
+        self._owns_sampler = sampler is None  # opened (and closed) here
+        self.sampler: Sampler | None = sampler
+
+    def open_sampler(self, problems: Sequence[Problem]) -> Sampler:
+        """The sampler `cfg.sampler` names, sized for `problems` (a vLLM engine holds their
+        longest prompt + max_new_tokens, and the probe's), unless one was given."""
+        if self.sampler is None:
+            cfg = self.cfg
+            longest = None
+            if cfg.sampler.backend == "vllm":
+                prompts = [render_prompt(self.tokenizer, p.question) for p in problems]
+                longest = max(
+                    context_length(self.tokenizer, prompts, cfg.max_new_tokens),
+                    getattr(self.probe, "context_length", 0),
+                )
+            self.sampler = policy_sampler(
                 cfg.sampler,
                 self.engine.sampling_model(),
-                tokenizer,
+                self.tokenizer,
                 batch_size=cfg.prompts_per_step * cfg.group_size,
-                policy_path=policy_path,
+                policy_path=self.policy_path,
+                max_model_len=longest,
+                lockstep=self._lockstep(),
             )
-        self.sampler = sampler
+        return self.sampler
+
+    def _lockstep(self) -> LockStep | None:
+        """Under ZeRO-3 every forward is a collective (the ranks gather each layer's shards), so
+        the ranks decode in step: each goes on until every rank's rows are done."""
+        if not partitioned(self.engine.sampling_model()):
+            return None
+        return lambda running: self.collective.max([float(running)])[0] > 0
+
+    def close(self) -> None:
+        """Close the sampler this trainer opened (a vLLM engine's memory; an in-process engine
+        also ends torch.distributed's group, so call this after the last collective)."""
+        if self._owns_sampler and self.sampler is not None:
+            self.sampler.close()
+            self.sampler = None
 
     def train(self, problems: Sequence[Problem], ckpt_dir: Path, fingerprint: str) -> GRPOReport:
         """Train on `problems`, resuming from `ckpt_dir`; a NaN or infinite loss or gradient norm
         stops training with NonFiniteLossError before the update, keeping the last checkpoint."""
         cfg = self.cfg
         self.problems = problems
+        self.open_sampler(problems)
         if cfg.general_per_step is None:
             self.order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, cfg.seed)
         else:
@@ -191,16 +238,20 @@ class GRPOTrainer:
             metrics |= self._probe()
         self._history.append({"step": float(step + 1), **metrics})
         if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:
-            self.reference.load_state_dict(self.engine.sampling_model().state_dict())
+            unwrapped(self.reference).load_state_dict(self.engine.sampling_model().state_dict())
         return metrics
 
     def checkpoint_state(self) -> dict[str, Any]:
-        reference = self.reference.state_dict() if self.reference is not None else None
+        """The reference only when it changes (`ref_refresh_every`): else it is the starting
+        policy, which a resumed run loads again."""
+        reference = None
+        if self.reference is not None and self.cfg.ref_refresh_every:
+            reference = unwrapped(self.reference).state_dict()
         return {"reference": reference, "history": list(self._history)}
 
     def restore(self, state: dict[str, Any]) -> None:
-        if self.reference is not None and state["reference"] is not None:
-            self.reference.load_state_dict(state["reference"])
+        if self.reference is not None and state.get("reference") is not None:
+            unwrapped(self.reference).load_state_dict(state["reference"])
         self._history = list(state["history"])
 
     def _warn_if_untrained(self) -> None:
@@ -223,7 +274,7 @@ class GRPOTrainer:
         assert self.probe is not None
         self.model.eval()
         with torch.no_grad():
-            figures = self.probe(self.sampler)
+            figures = self.probe(self._sampler())
         return {f"heldout/{name}": value for name, value in figures.items()}
 
     def _out_of_time(self, seconds: float) -> bool:
@@ -250,7 +301,7 @@ class GRPOTrainer:
         )
         self.model.eval()
         with torch.no_grad():
-            groups = self.sampler.generate(prompts, cfg.group_size, params)
+            groups = self._sampler().generate(prompts, cfg.group_size, params)
         t_sample = time.perf_counter() - t0
         scored = score(local, prompts, groups, self.rewards)
         mine = RankRollouts(list(local), groups, scored, torch.zeros(0, dtype=torch.bool))
@@ -270,11 +321,17 @@ class GRPOTrainer:
         metrics["samples/trained"] = float(trained)
         if trained:
             flat = mine.flat
-            metrics |= self._update(
-                [prompts[i // cfg.group_size] for i in rows],
-                [flat[i].token_ids for i in rows],
-                advantages.flatten(0, 1)[rows],
-                fallback=(prompts[0], flat[0].token_ids),
+            self._sleep_sampler()
+            metrics |= self.update(
+                UpdateRows(
+                    [prompts[i // cfg.group_size] for i in rows],
+                    [flat[i].token_ids for i in rows],
+                    advantages.flatten(0, 1)[rows],
+                    [flat[i].logprobs for i in rows],
+                ),
+                fallback=UpdateRows(
+                    [prompts[0]], [flat[0].token_ids], torch.zeros(1), [flat[0].logprobs]
+                ),
             )
             metrics |= self._sync_sampler()
         if self.log_samples and ((step + 1) % cfg.samples_every == 0 or step == 0):
@@ -285,12 +342,25 @@ class GRPOTrainer:
         )
         return metrics
 
+    def _sampler(self) -> Sampler:
+        if self.sampler is None:
+            raise RuntimeError("the trainer's sampler is not open: train() opens it")
+        return self.sampler
+
     def _sync_sampler(self) -> dict[str, float]:
         """Bring a sampler that holds its own copy of the weights (vLLM) up to date with the
         policy; a sampler over the policy itself (hf) needs nothing."""
-        if not isinstance(self.sampler, SyncsWeights):
+        sampler = self._sampler()
+        if not isinstance(sampler, SyncsWeights):
             return {}
-        return self.sampler.sync_weights(self.engine.sampling_model()).metrics()
+        return sampler.sync_weights(self.engine.sampling_model()).metrics()
+
+    def _sleep_sampler(self) -> None:
+        """A colocated engine in sleep mode gives its device memory back for the update; the
+        sync after it wakes the weights, the next generate the KV cache."""
+        sleep = getattr(self._sampler(), "sleep", None)
+        if sleep is not None:
+            sleep()
 
     def _trained_rows(self, mine: RankRollouts) -> list[int]:
         """Indices (into the flattened B x G samples) of the samples that carry signal: scorable,
@@ -344,74 +414,6 @@ class GRPOTrainer:
             out[b] = process_advantages(step_rewards, step_ends, width, self.cfg.scale_std)
         return out, zero, n_steps, n_correct
 
-    def _update(
-        self,
-        prompts: list[str],
-        completions: list[list[int]],
-        adv: torch.Tensor,
-        fallback: tuple[str, list[int]],
-    ) -> dict[str, float]:
-        """One policy update; `adv` is (N,) per sample or (N, T) per token.
-
-        A rank whose share has no row to train on while others do still takes part in every
-        collective: it runs its first sample (`fallback`) through the same passes at zero weight.
-        """
-        cfg = self.cfg
-        idle = not prompts
-        if idle:
-            prompts, completions, adv = [fallback[0]], [fallback[1]], torch.zeros(1)
-        device = next(self.model.parameters()).device
-        batch = build_batch(self.tokenizer, prompts, completions, self.tokenizer.pad_token_id)
-        batch, adv = batch.to(device), adv.to(device)
-        if adv.dim() == 2:
-            adv = adv[:, : batch.completion_width]
-        mask = batch.completion_mask.float() * (0.0 if idle else 1.0)
-        aggregation = AGGREGATIONS[cfg.aggregation]
-        local_denominator = float(aggregation.denominator(mask, cfg.max_new_tokens))
-        denominator = self.collective.sum([0.0 if idle else local_denominator])[0]
-        forward = self.engine.forward_model
-        self.model.train()
-        old_logp = ref_logp = None
-        with torch.no_grad():
-            if cfg.inner_iterations > 1:  # with mu = 1, pi_old is the policy itself: ratio 1
-                old_logp, _ = completion_logprobs(
-                    forward, batch, cfg.temperature, packed=cfg.packing
-                )
-            if self.reference is not None:
-                ref_logp, _ = completion_logprobs(
-                    self.reference, batch, cfg.temperature, packed=cfg.packing
-                )
-        stats: dict[str, float] = {}
-        for _ in range(cfg.inner_iterations):
-            logp, entropy = completion_logprobs(
-                forward, batch, cfg.temperature, with_entropy=True, packed=cfg.packing
-            )
-            loss, stats = grpo_loss(
-                logp,
-                logp.detach() if old_logp is None else old_logp,
-                adv,
-                mask,
-                ref_logp=ref_logp,
-                beta=cfg.beta,
-                eps_low=cfg.eps_low,
-                eps_high=cfg.eps_high,
-                kl_estimator=cfg.kl_estimator,
-                aggregation=aggregation,
-                max_len=cfg.max_new_tokens,
-                denominator=denominator,
-            )
-            tokens = float(mask.sum())
-            token_sums = {k: v * tokens for k, v in stats.items()}
-            token_sums["entropy"] = float((entropy * mask).sum())
-            totals = self.collective.sum([float(loss.detach()), tokens, *token_sums.values()])
-            per_token = zip(token_sums, totals[2:], strict=True)
-            stats = {k: v / max(totals[1], 1.0) for k, v in per_token}
-            stats["loss"] = self.guard.check("loss", totals[0])  # the whole batch's loss
-            self.engine.backward(loss)
-            stats["grad_norm"] = self.engine.step(self.guard)
-            self.engine.after_update()
-        return stats
-
     def _rollout_metrics(self, whole: RankRollouts, t_sample: float) -> dict[str, float]:
         scored, zero, flat = whole.scored, whole.zero, whole.flat
         valid = scored.rewards[~torch.isnan(scored.rewards)]
@@ -458,6 +460,16 @@ class GRPOTrainer:
             }
             for i, c in enumerate(flat)
         ]
+
+
+def policy_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the policy's weights are in (bf16 under DeepSpeed's bf16)."""
+    return next(model.parameters()).dtype
+
+
+def partitioned(model: torch.nn.Module) -> bool:
+    """Whether `model`'s parameters are ZeRO-3 shards (DeepSpeed tags them `ds_id`)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
 def frozen(model: PreTrainedModel) -> PreTrainedModel:

@@ -20,7 +20,7 @@ applies no processing, so its logprobs are the model's log-softmax at temperatur
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -170,6 +170,10 @@ class _Outputs:
         ]
 
 
+# Data-parallel ranks decoding a sharded (ZeRO-3) model in step: called after every step with
+# whether this rank still has rows decoding, it returns whether any rank has (a collective).
+LockStep = Callable[[bool], bool]
+
 MaskKind = Literal["bool", "additive", "2d"]
 
 
@@ -239,7 +243,6 @@ def _prefill(
     return cache, logits[source], running
 
 
-@torch.inference_mode()
 def decode(
     model: PreTrainedModel,
     prompts: Sequence[Sequence[int]],
@@ -251,12 +254,17 @@ def decode(
     pad_id: int,
     keys: torch.Tensor,
     plain_step: bool = True,
+    lockstep: LockStep | None = None,
 ) -> list[Decoded]:
     """Continue prompt `rows[i]` once for each i; the results are in the order of `rows`.
 
     With `plain_step`, a Qwen2 or Llama model's decode steps run as plain tensor ops on its
     weights (sampling/decode_step.py), the same logits with less per-call overhead; without it,
     or for another model, through the model's own forward.
+
+    With `lockstep` (ranks sharing a ZeRO-3 model, whose every forward is a collective), a rank
+    whose rows are all done keeps stepping one of them, its outputs ignored, until every rank's
+    are; gradients are off but not in inference mode, which ZeRO-3's gathered weights refuse.
 
     `keys` (B,) are the rows' random-stream keys (sampling/streams.py `row_keys`). A row that
     samples a stop token is done: it keeps its place, and the token it is fed, until the done
@@ -265,7 +273,8 @@ def decode(
     step; on the evaluation's setting this decodes 1.09x faster (6.50 s against 5.94 s for 256
     prompts x 4 from the stage-3 model, median of 3, the same tokens).
     """
-    with matmul_decoding(model):
+    grad_off = torch.no_grad() if lockstep is not None else torch.inference_mode()
+    with grad_off, matmul_decoding(model):
         cache, logits, run = _prefill(model, prompts, rows, max_new_tokens, pad_id)
         kind = mask_kind(model, cache)
         lean = decode_step_for(model, cache) if plain_step else None
@@ -282,9 +291,12 @@ def decode(
             out.record(run.rows[live], step, tokens[live], logprobs[live], finished)
             done[live[finished]] = True
             ended = int(done.sum())
-            if step + 1 == max_new_tokens or ended == len(done):
+            mine_done = ended == len(done)
+            if step + 1 == max_new_tokens or (
+                mine_done if lockstep is None else not lockstep(not mine_done)
+            ):
                 break
-            if ended > len(done) * COMPACT_SHARE:
+            if ended > len(done) * COMPACT_SHARE and not mine_done:
                 going = (~done).nonzero().squeeze(1)
                 cache.batch_select_indices(going)
                 run.keep(going)

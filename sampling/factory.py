@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from configs.reinforcement import SamplerConfig
+from sampling.decode import LockStep
 from sampling.interface import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -19,9 +20,14 @@ Backend = Literal["hf", "vllm"]
 
 
 class Sampler(Protocol):
+    """What generates completions. Whoever opens a sampler closes it when done (`close()`):
+    a vLLM engine holds device memory until then, and the next engine cannot start beside it."""
+
     def generate(
         self, prompts: Sequence[str], n: int, params: SamplingParams
     ) -> list[list[Completion]]: ...
+
+    def close(self) -> None: ...
 
 
 def make_sampler(
@@ -51,16 +57,31 @@ def make_sampler(
     raise ValueError(f"unknown sampler backend {backend!r}; expected 'hf' or 'vllm'")
 
 
+def context_length(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_new_tokens: int
+) -> int:
+    """The longest of `prompts` in tokens (as the samplers tokenize them) + `max_new_tokens`: the
+    context a vLLM engine must hold for them, instead of the model's whole context."""
+    if not prompts:
+        return max_new_tokens
+    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    return max(len(x) for x in ids) + max_new_tokens
+
+
 def open_sampler(
     config: SamplerConfig,
     model_path: str | Path,
     tokenizer: PreTrainedTokenizerBase,
     batch_size: int,
+    prompts: Sequence[str] = (),
+    max_new_tokens: int = 0,
 ) -> Sampler:
     """The configured sampler for a saved model; the hf model is loaded only when it is used.
-    vllm gets the whole config: tensor parallel size, memory share, lengths and time limits."""
+    vllm gets the whole config (tensor parallel size, memory share, lengths, time limits), its
+    engine sized for the longest of `prompts` + `max_new_tokens`. The caller closes it."""
     if config.backend == "vllm":
-        return make_sampler("vllm", model_path=model_path, config=config)
+        longest = context_length(tokenizer, prompts, max_new_tokens) if prompts else None
+        return make_sampler("vllm", model_path=model_path, config=config, max_model_len=longest)
     from models.loading import load_model
 
     return make_sampler("hf", load_model(model_path), tokenizer, batch_size=batch_size)
@@ -72,19 +93,32 @@ def policy_sampler(
     tokenizer: PreTrainedTokenizerBase,
     batch_size: int,
     policy_path: str | Path | None = None,
+    max_model_len: int | None = None,
+    lockstep: LockStep | None = None,
 ) -> Sampler:
     """The sampler a trainer draws its rollouts from.
 
     hf samples from `model` itself, so it sees every update as it happens. vllm starts an
     engine in this process from `policy_path` (the folder the policy was loaded from; without
     one, `model` is saved to a temporary folder first) and holds its own copy of the weights,
-    which the trainer brings up to date with `sync_weights(model)` after each update.
+    which the trainer brings up to date with `sync_weights(model)` after each update. A
+    temporary folder is the sampler's to remove when it closes.
     """
     if config.backend == "hf":
-        return make_sampler("hf", model, tokenizer, batch_size=batch_size, show_progress=False)
+        return make_sampler(
+            "hf", model, tokenizer, batch_size=batch_size, show_progress=False, lockstep=lockstep
+        )
+    owned = None
     if policy_path is None:
-        policy_path = tempfile.mkdtemp(prefix="r1-policy-")
+        policy_path = owned = tempfile.mkdtemp(prefix="r1-policy-")
         model.save_pretrained(policy_path)
         tokenizer.save_pretrained(policy_path)
         log.info("policy saved to %s for the vLLM engine to start from", policy_path)
-    return make_sampler("vllm", model_path=policy_path, config=config, weight_sync=True)
+    return make_sampler(
+        "vllm",
+        model_path=policy_path,
+        config=config,
+        weight_sync=True,
+        max_model_len=max_model_len,
+        owned_dir=owned,
+    )

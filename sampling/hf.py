@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from models.chat import stop_token_ids
-from sampling.decode import Decoded, decode
+from sampling.decode import Decoded, LockStep, decode
 from sampling.interface import Completion, SamplingParams
 from sampling.streams import row_keys
 
@@ -42,8 +42,12 @@ class HFSampler:
         batch_size: int = 64,
         show_progress: bool = True,
         plain_step: bool = True,
+        lockstep: LockStep | None = None,
     ):
+        """`lockstep`: this rank decodes a ZeRO-3 model in step with the others
+        (sampling/decode.py)."""
         self.model = model.eval()
+        self.lockstep = lockstep
         self.plain_step = plain_step  # decode steps in plain tensor ops (sampling/decode_step.py)
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -93,6 +97,7 @@ class HFSampler:
             pad_id=self.tokenizer.pad_token_id,
             keys=keys,
             plain_step=self.plain_step,
+            lockstep=self.lockstep,
         )
 
     def _completion(self, done: Decoded) -> Completion:
@@ -100,3 +105,16 @@ class HFSampler:
         text_ids = ids[:-1] if done.finish_reason == "stop" else ids
         text = self.tokenizer.decode(text_ids, skip_special_tokens=True).strip()
         return Completion(text, ids, done.logprobs, done.finish_reason)
+
+    def close(self) -> None:
+        """Let go of the model (the caller's, or the one the sampler was opened on) and return
+        its cached device memory; safe to call twice."""
+        self.model = None  # type: ignore[assignment]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> HFSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -73,7 +73,7 @@ class EngineStuckError(RuntimeError):
 
 @dataclass
 class _Job:
-    fn: Callable[[], Any]
+    fn: Callable[[], Any] | None
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -91,11 +91,15 @@ class EngineThread:
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             try:
+                assert job.fn is not None
                 job.result = job.fn()
             except BaseException as error:  # handed to the caller, unchanged
                 job.error = error
             finally:
                 job.done.set()
+            # the finished job (and whatever it returned: the engine itself, for a start) must
+            # not stay referenced from this frame while the thread waits for the next one
+            del job
 
     def call(
         self,
@@ -118,9 +122,11 @@ class EngineThread:
         if not job.done.wait(limit_s if wait_s is None else wait_s):
             self._stuck_in = operation
             raise SamplerTimeoutError(operation, limit_s, config_key)
-        if job.error is not None:
-            raise job.error
-        return job.result
+        result, error = job.result, job.error
+        job.result = job.error = job.fn = None  # nothing of the call outlives it here
+        if error is not None:
+            raise error
+        return result
 
     def close(self) -> None:
         """Let the thread end after the call in hand (if any)."""

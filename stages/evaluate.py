@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from contextlib import closing
 from itertools import islice
 from pathlib import Path
 
@@ -82,12 +83,21 @@ def run(
     if not heldout:
         raise ValueError(f"{problems.heldout_path}: no held-out problem has a verifiable answer")
     tokenizer = load_tokenizer(model.path)
-    sampler = open_sampler(config.sampler, model.path, tokenizer, config.batch_size)
+    prompts = [render_prompt(tokenizer, p.question) for p in heldout]
+    scored = list(general[: config.general_prompts]) if scorer is not None else []
+    every_prompt = prompts + [render_prompt(tokenizer, p.question) for p in scored]
     params = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, config.seed)
-    completions = sampler.generate(
-        [render_prompt(tokenizer, p.question) for p in heldout], config.n_samples, params
-    )
-
+    general_figures: dict[str, float] = {}
+    sampler = open_sampler(
+        config.sampler, model.path, tokenizer, config.batch_size, every_prompt,
+        config.max_new_tokens,
+    )  # fmt: skip
+    with closing(sampler):  # a vLLM engine's memory is let go of before grading starts
+        completions = sampler.generate(prompts, config.n_samples, params)
+        if scored and scorer is not None:
+            general_figures = general_score(
+                sampler, tokenizer, scored, scorer, params, config.n_samples
+            )
     flat_problems = [p for p, samples in zip(heldout, completions, strict=True) for _ in samples]
     texts = [c.text for samples in completions for c in samples]
     strict_grades = iter(grade_all(flat_problems, texts, strict=True))
@@ -132,10 +142,7 @@ def run(
             mine = [s for p, s in zip(heldout, graded, strict=True) if p.family == family]
             metrics |= {f"{family}/{k}": v for k, v in summarize(mine, config.k).items()}
     metrics["mean_completion_tokens"] = sum(r["completion_tokens"] for r in rows) / len(rows)
-    if scorer is not None and general and config.general_prompts:
-        metrics |= general_score(
-            sampler, tokenizer, general[: config.general_prompts], scorer, params, config.n_samples
-        )
+    metrics |= general_figures
     tracker.log_metrics({f"eval/{name}": value for name, value in metrics.items()})
     out_dir.mkdir(parents=True, exist_ok=True)
     samples_path = out_dir / "eval_samples.parquet"

@@ -19,7 +19,7 @@ from problems.types import Problem, ProblemSet
 from rewards.registry import RewardFn
 from rewards.verifiers import grade_all
 from rl.trainer import GRPOTrainer, ProbeFn
-from sampling.factory import Sampler
+from sampling.factory import Sampler, context_length
 from sampling.interface import SamplingParams
 from stages.evaluate import verifiable
 from stages.fingerprint import fingerprint
@@ -39,6 +39,8 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
         probe.temperature, probe.top_p, probe.max_new_tokens or config.max_new_tokens, config.seed
     )
 
+    max_new = probe.max_new_tokens or config.max_new_tokens
+
     def measure(sampler: Sampler) -> dict[str, float]:
         groups = sampler.generate(prompts, probe.samples, params)
         flat = [p for p, group in zip(problems, groups, strict=True) for _ in group]
@@ -52,6 +54,7 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
                 figures[f"{family}/{reading}"] = mean(mine)
         return figures
 
+    measure.context_length = context_length(tokenizer, prompts, max_new)  # type: ignore[attr-defined]
     return measure
 
 
@@ -94,7 +97,10 @@ def run(
         policy_path=policy.path,
         probe=probe,
     )
-    report = trainer.train(train, out_dir / "checkpoints", ckpt_fingerprint)
+    try:
+        report = trainer.train(train, out_dir / "checkpoints", ckpt_fingerprint)
+    finally:
+        trainer.close()  # the sampler it opened (a vLLM engine's memory)
     for plot in plot_grpo_curves(report.history, out_dir, desc):
         tracker.log_artifact(plot)
     write_probe_summary(report.history, out_dir / PROBE_SUMMARY)

@@ -17,11 +17,13 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from configs.schema import RejectionConfig
 from models.chat import render_prompt
@@ -30,7 +32,7 @@ from models.saved import ModelRef
 from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet
 from rl.scoring import score
-from sampling.factory import open_sampler
+from sampling.factory import Sampler, open_sampler
 from sampling.interface import Completion, SamplingParams
 from stages.tracker import Tracker
 from training import PROGRESS
@@ -139,7 +141,42 @@ def run(
 
     rewards = RewardSet.from_terms(config.rewards, extra_rewards)
     tokenizer = load_tokenizer(model_ref.path)
-    sampler = open_sampler(config.sampler, model_ref.path, tokenizer, config.batch_size)
+    sized_for = (  # the prompts a vLLM engine is sized for
+        [render_prompt(tokenizer, p.question) for i in todo for p in chunks[i]]
+        if config.sampler.backend == "vllm"
+        else []
+    )
+    sampler = open_sampler(
+        config.sampler, model_ref.path, tokenizer, config.batch_size, sized_for,
+        config.max_new_tokens,
+    )  # fmt: skip
+    with closing(sampler):
+        sampled, inserted = _sample_chunks(
+            config, model_id, chunks, todo, sampler, tokenizer, rewards, sink, tracker, desc
+        )
+    seconds = time.perf_counter() - began
+    tracker.log_metrics(
+        {"rollouts/sampled": float(sampled), "rollouts/seconds": seconds}, step=len(chunks)
+    )
+    return SamplingReport(
+        len(prompts), len(chunks), len(chunks) - len(todo), sampled, inserted, seconds
+    )
+
+
+def _sample_chunks(
+    config: RejectionConfig,
+    model_id: str,
+    chunks: list[list[Problem]],
+    todo: list[int],
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    rewards: RewardSet,
+    sink: RolloutSink,
+    tracker: Tracker,
+    desc: str,
+) -> tuple[int, int]:
+    """Sample, score and insert each chunk of `todo` in turn; (rows sampled, rows new)."""
+    g = config.samples_per_prompt
     sampled = inserted = 0
     for position, index in enumerate(tqdm(todo, desc=desc, unit="chunk")):
         chunk = chunks[index]
@@ -160,10 +197,4 @@ def run(
         tracker.log_metrics(
             {"rollouts/inserted": float(inserted), PROGRESS: done / len(chunks)}, step=index + 1
         )
-    seconds = time.perf_counter() - began
-    tracker.log_metrics(
-        {"rollouts/sampled": float(sampled), "rollouts/seconds": seconds}, step=len(chunks)
-    )
-    return SamplingReport(
-        len(prompts), len(chunks), len(chunks) - len(todo), sampled, inserted, seconds
-    )
+    return sampled, inserted

@@ -42,6 +42,7 @@ def run(
         tracker.log_metrics,
         pad_id=tokenizer.pad_token_id,
         desc=desc,
+        engine_config=config.engine,
     )
     tracker.log_metrics(
         {"train/tokens_per_second": report.tokens_per_second, "train/steps": report.steps}

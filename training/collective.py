@@ -20,6 +20,10 @@ class Collective(Protocol):
         """Element-wise sums over the ranks (every rank gets them)."""
         ...
 
+    def max(self, values: Sequence[float]) -> list[float]:
+        """Element-wise maxima over the ranks (every rank gets them)."""
+        ...
+
     def gather(self, obj: T) -> list[T]:
         """Every rank's `obj`, in rank order (every rank gets them)."""
         ...
@@ -36,6 +40,9 @@ class Solo:
     world = 1
 
     def sum(self, values: Sequence[float]) -> list[float]:
+        return [float(v) for v in values]
+
+    def max(self, values: Sequence[float]) -> list[float]:
         return [float(v) for v in values]
 
     def gather(self, obj: T) -> list[T]:
@@ -61,6 +68,11 @@ class TorchCollective:
         total = torch.tensor(list(values), dtype=torch.float64, device=self._device)
         self._dist.all_reduce(total)
         return total.tolist()
+
+    def max(self, values: Sequence[float]) -> list[float]:
+        most = torch.tensor(list(values), dtype=torch.float64, device=self._device)
+        self._dist.all_reduce(most, op=self._dist.ReduceOp.MAX)
+        return most.tolist()
 
     def gather(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world

@@ -129,10 +129,31 @@ def launch_command(
     return [*launcher, module, str(spec_path)]
 
 
+# A process's place in a launch (torch.distributed's and torchelastic's variables, and vLLM's
+# in-process switch, which an in-process engine writes): a launcher sets its workers' own, and
+# an inherited one would make them join the wrong group or run a later engine in-process.
+LAUNCH_VARIABLES = frozenset(
+    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"}
+    | {"ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"}
+    | {"VLLM_ENABLE_V1_MULTIPROCESSING", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE"}
+)
+LAUNCH_PREFIXES = ("TORCHELASTIC_",)
+
+
+def clean_environment(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` without a launch's variables (LAUNCH_VARIABLES, LAUNCH_PREFIXES)."""
+    return {
+        key: value
+        for key, value in environ.items()
+        if key not in LAUNCH_VARIABLES and not key.startswith(LAUNCH_PREFIXES)
+    }
+
+
 def worker_env(engine: EngineConfig) -> dict[str, str]:
-    """The workers' environment: this checkout importable, the CPU accelerator named when there
-    is no GPU (DeepSpeed otherwise warns that it guessed), this process's threads shared out."""
-    env = dict(os.environ)
+    """The workers' environment: this process's, without the variables of a launch it may be
+    part of; this checkout importable, the CPU accelerator named when there is no GPU
+    (DeepSpeed otherwise warns that it guessed), this process's threads shared out."""
+    env = clean_environment(dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")

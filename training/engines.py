@@ -9,7 +9,6 @@ world size before its backward pass and the update equals the single-process one
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -21,14 +20,10 @@ from typing import Any, Protocol
 import torch
 
 from configs.supervised import EngineConfig
-from sampling.weight_sync import chunks, zero3_gather
 from training.checkpoints import load_checkpoint, save_checkpoint
 from training.finite import LossGuard
 
 log = logging.getLogger(__name__)
-
-# Parameters gathered at once when a ZeRO-3 engine copies its weights out (bytes of fp32)
-GATHER_BYTES = 256 * 2**20
 
 
 class UpdateEngine(Protocol):
@@ -74,6 +69,17 @@ class UpdateEngine(Protocol):
 Schedule = Callable[[int], float]  # the learning rate's factor at each step (LambdaLR)
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Each decoder layer recomputed in the backward pass (transformers' own, non-reentrant:
+    it works under ZeRO-3 and with inputs that need no gradient). Active in training mode only:
+    sampling in eval mode keeps its KV cache."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.2x on
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class LocalEngine:
     """AdamW in this process, with an optional learning-rate schedule; checkpoints through
     training.checkpoints."""
@@ -85,8 +91,11 @@ class LocalEngine:
         max_grad_norm: float,
         weight_decay: float = 0.0,
         schedule: Schedule | None = None,
+        gradient_checkpointing: bool = False,
     ):
         self._model = model
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         self.max_grad_norm = max_grad_norm
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=learning_rate, weight_decay=weight_decay
@@ -149,7 +158,9 @@ def deepspeed_config(
     engine: EngineConfig, max_grad_norm: float, batch_size: int, micro_batch_size: int
 ) -> dict[str, Any]:
     """ZeRO at `engine.zero_stage` with `engine.bucket_size` buckets, in `engine.precision`, with
-    the trainer's gradient clipping; one micro-batch per step on each rank."""
+    the trainer's gradient clipping. The trainer owns the accumulation boundary
+    (`managed_gradient_accumulation: false`): it runs as many backward passes as a step has
+    micro-batches (training/micro.py), then one `step()`; the batch sizes are nominal."""
     bucket = int(engine.bucket_size)
     zero: dict[str, Any] = {
         "stage": engine.zero_stage,
@@ -163,6 +174,7 @@ def deepspeed_config(
         "train_batch_size": batch_size,
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
         "gradient_clipping": max_grad_norm,
         "zero_optimization": zero,
         "bf16": {"enabled": engine.precision == "bf16"},
@@ -172,12 +184,30 @@ def deepspeed_config(
     }
 
 
+def reference_config(engine: EngineConfig, world: int) -> dict[str, Any]:
+    """A frozen model's DeepSpeed config (no optimizer): sharded like the policy under ZeRO-3,
+    else whole on every rank (stage 0), in the policy's precision (TRL's `prepare_deepspeed`)."""
+    stage = 3 if engine.zero_stage == 3 else 0
+    zero: dict[str, Any] = {"stage": stage}
+    if stage == 3:
+        bucket = int(engine.bucket_size)
+        zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=0)
+    return {
+        "train_batch_size": world,
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": zero,
+        "bf16": {"enabled": engine.precision == "bf16"},
+        "steps_per_print": 2**31 - 1,
+    }
+
+
 class DeepSpeedEngine:
     """A DeepSpeed ZeRO-2/3 engine over `model` with AdamW, one per worker process.
 
-    Sampling needs whole weights in each process. Under ZeRO-2 every rank holds them and samples
-    from the module itself; under ZeRO-3 they are sharded, so each rank keeps a plain copy for
-    sampling and refreshes it after every update, gathering the shards a bounded chunk at a time.
+    No rank keeps a whole copy of a ZeRO-3 model: a trainer samples from the sharded module
+    itself (the hf sampler's ranks decode in step, each forward gathering a layer at a time) or
+    syncs a vLLM engine from it through the chunked gather (sampling/weight_sync.py), and its
+    reference is a frozen DeepSpeed engine sharded the same way (`frozen_reference`).
     """
 
     def __init__(
@@ -190,21 +220,16 @@ class DeepSpeedEngine:
         weight_decay: float = 0.0,
         schedule: Schedule | None = None,
         sizes: tuple[int, int] | None = None,
-        sampling_copy: bool = True,
     ):
         """`sizes`: the global and per-rank batch sizes DeepSpeed is told (by default nominal
-        ones: the trainer feeds the engine batches of its own); `sampling_copy`: under ZeRO-3,
-        keep a whole copy of the weights to sample from (a trainer that never samples needs
-        none)."""
+        ones: the trainer feeds the engine batches of its own)."""
         import deepspeed
 
+        self.config = engine
         self.zero_stage = engine.zero_stage
         self.world = world
-        keep_copy = sampling_copy and self.zero_stage == 3
-        self._copy = copy.deepcopy(model).eval() if keep_copy else None
-        if self._copy is not None:
-            for p in self._copy.parameters():
-                p.requires_grad_(False)
+        if engine.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=learning_rate, weight_decay=weight_decay
         )
@@ -221,8 +246,6 @@ class DeepSpeedEngine:
             config=deepspeed_config(engine, max_grad_norm, batch_size, micro_batch_size),
         )
         self.device = self.engine.device  # the engine moved the model to its rank's device
-        if self._copy is not None:
-            self._copy.to(self.device)
 
     @property
     def forward_model(self) -> torch.nn.Module:
@@ -246,17 +269,25 @@ class DeepSpeedEngine:
         return self.engine.optimizer.param_groups[0]["lr"]
 
     def sampling_model(self) -> torch.nn.Module:
-        return self._copy if self._copy is not None else self.engine.module
+        """The module itself: whole weights under ZeRO-2, shards under ZeRO-3."""
+        return self.engine.module
 
     def after_update(self) -> None:
-        if self._copy is None:
-            return
-        targets = dict(self._copy.named_parameters())
-        with torch.no_grad():
-            for chunk in chunks(list(self.engine.module.named_parameters()), GATHER_BYTES):
-                with zero3_gather([p for _, p in chunk]):
-                    for name, param in chunk:
-                        targets[name].copy_(param.data)
+        return None
+
+    def frozen_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` (a fresh load of the starting policy) as a frozen DeepSpeed engine: sharded
+        like the policy under ZeRO-3, whole and in the policy's precision otherwise. Every rank
+        must call it (and, under ZeRO-3, every reference forward) together."""
+        import deepspeed
+
+        for p in model.parameters():
+            p.requires_grad_(False)
+        reference, *_ = deepspeed.initialize(
+            model=model, config=reference_config(self.config, self.world)
+        )
+        reference.eval()
+        return reference
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The whole model's weights on rank 0 (None elsewhere); every rank must call it."""
@@ -292,7 +323,6 @@ class DeepSpeedEngine:
         path, state = self.engine.load_checkpoint(str(record.parent), tag=committed["tag"])
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the committed checkpoint {committed}")
-        self.after_update()
         return dict(state)
 
 

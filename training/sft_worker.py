@@ -124,10 +124,12 @@ def run(spec: WorkerSpec) -> None:
         cfg.weight_decay,
         lr_lambda(cfg, steps),
         sizes=(cfg.batch_size, cfg.batch_size // world),  # the global batch split evenly
-        sampling_copy=False,
     )
     pad_id = tokenizer.pad_token_id
-    stepper = SFTStepper(engine, examples, cfg, pad_id, spec.desc, TorchCollective(), rank, world)
+    stepper = SFTStepper(
+        engine, examples, cfg, pad_id, spec.desc, TorchCollective(), rank, world,
+        micro_batch_tokens=config.engine.micro_batch_tokens,
+    )  # fmt: skip
     log.info("%s: ZeRO-%d, %d ranks, %d steps", spec.desc, config.engine.zero_stage, world, steps)
     plan = sft_plan(cfg, steps, spec.desc, show_progress=False)
     try:

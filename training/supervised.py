@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from configs.supervised import TrainConfig
+from configs.supervised import EngineConfig, TrainConfig
 from training.batches import batch_inputs, batch_order, lr_lambda, step_count
 from training.collective import Collective, Solo
 from training.distributed import rank_share, target_count
@@ -19,6 +19,7 @@ from training.engines import LocalEngine, UpdateEngine
 from training.examples import Example
 from training.finite import LossGuard
 from training.loop import LoopPlan, MetricsFn, run_loop
+from training.micro import micro_batches, padded_plan
 from training.varlen import packed_attention
 
 
@@ -34,7 +35,9 @@ class TrainReport:
 class SFTStepper:
     """One step: the batch's loss over its target tokens, backward, one update through the
     engine. As one of `world` data-parallel ranks it takes its share of each batch, with the loss
-    scaled by the whole batch's target tokens, so the ranks' update is the one-process update."""
+    scaled by the whole batch's target tokens, so the ranks' update is the one-process update.
+    A batch (or a rank's share) of more than `micro_batch_tokens` tokens runs as micro-batches,
+    each scaled the same way, their gradients accumulated into the one update."""
 
     def __init__(
         self,
@@ -46,11 +49,13 @@ class SFTStepper:
         collective: Collective | None = None,
         rank: int = 0,
         world: int = 1,
+        micro_batch_tokens: int | None = None,
     ):
         self.engine, self.examples, self.cfg, self.pad_id = engine, examples, cfg, pad_id
         self.guard = LossGuard(desc)
         self.collective = collective or Solo()
         self.rank, self.world = rank, world
+        self.micro_batch_tokens = micro_batch_tokens or EngineConfig().micro_batch_tokens
         self.order = batch_order(len(examples), cfg, [len(e.input_ids) for e in examples])
         self.lay_out = batch_inputs(cfg)
         self.tokens = 0  # the tokens this call of the loop has trained on
@@ -60,28 +65,47 @@ class SFTStepper:
 
     def run_step(self, step: int) -> dict[str, float]:
         rows = [self.examples[i] for i in self.order[step]]
-        loss = self._loss(rows)
-        whole = self.collective.sum([float(loss.detach())])[0] if self.world > 1 else loss
-        loss_value = self.guard.check("loss", whole)  # every rank stops together
-        self.engine.backward(loss)
+        mine = rows if self.world == 1 else rank_share(rows, self.rank, self.world)
+        groups = micro_batches([len(e.input_ids) for e in mine], self.micro_batch_tokens)
+        extra = 0
+        if self.world > 1:
+            groups, extra = padded_plan(groups, self.collective)
+        # per-sequence attention over forward and backward (checkpointed layers recompute)
+        with packed_attention(self.engine.forward_model):
+            if self.world == 1 and len(groups) == 1:  # the whole batch in one pass: its mean
+                loss = self._loss(mine, None)
+                self.engine.backward(loss)
+                loss_value = self.guard.check("loss", loss)
+            else:
+                loss_value = self._accumulate(mine, groups, extra, target_count(rows))
         self.engine.step(self.guard)
         self.tokens += sum(len(e.input_ids) for e in rows)
         return {"train/loss": loss_value, "train/lr": self.engine.learning_rate()}
 
-    def _loss(self, rows: list[Example]) -> torch.Tensor:
-        if self.world == 1:
-            with packed_attention(self.engine.forward_model):
-                return self.engine.forward_model(
-                    **self.lay_out(rows, self.pad_id), use_cache=False
-                ).loss
-        inputs = self.lay_out(rank_share(rows, self.rank, self.world), self.pad_id)
-        device = getattr(self.engine, "device", None)
+    def _accumulate(
+        self, mine: list[Example], groups: list[list[int]], extra: int, targets: int
+    ) -> float:
+        """Each micro-batch's loss (its target tokens over the whole batch's), backward; then
+        `extra` zero-weight passes to match the rank with the most. The whole batch's loss,
+        which every rank checks together."""
+        total = 0.0
+        for index in groups:
+            loss = self._loss([mine[i] for i in index], targets)
+            total += float(loss.detach())
+            self.engine.backward(loss)
+        for _ in range(extra):
+            self.engine.backward(self._loss(mine[:1], targets) * 0.0)
+        whole = self.collective.sum([total])[0] if self.world > 1 else total
+        return self.guard.check("loss", whole)  # every rank stops together
+
+    def _loss(self, rows: list[Example], num_items: int | None) -> torch.Tensor:
+        """The causal-LM loss of `rows`: their mean, or their sum over `num_items` targets."""
+        inputs = self.lay_out(rows, self.pad_id)
+        device = next(self.engine.module.parameters()).device
         inputs = {key: value.to(device) for key, value in inputs.items()}
-        with packed_attention(self.engine.forward_model):
-            # this rank's target tokens over the whole batch's: the ranks' losses add up to it
-            return self.engine.forward_model(
-                **inputs, num_items_in_batch=target_count(rows), use_cache=False
-            ).loss
+        if num_items is not None:
+            inputs["num_items_in_batch"] = num_items
+        return self.engine.forward_model(**inputs, use_cache=False).loss
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {}
@@ -111,16 +135,26 @@ def train(
     log_metrics: MetricsFn,
     pad_id: int,
     desc: str = "train",
+    engine_config: EngineConfig | None = None,
 ) -> TrainReport:
     """Train `model` in place on `examples` (AdamW, linear warm-up then cosine decay); resume
-    from `ckpt_dir` if it holds this run's state."""
+    from `ckpt_dir` if it holds this run's state. `engine_config` gives the step's memory
+    settings (micro-batch tokens, gradient checkpointing)."""
     if not examples:
         raise ValueError(f"{desc}: no training examples")
+    memory = engine_config or EngineConfig()
     steps = step_count(len(examples), cfg)
     engine = LocalEngine(
-        model, cfg.learning_rate, cfg.max_grad_norm, cfg.weight_decay, lr_lambda(cfg, steps)
+        model,
+        cfg.learning_rate,
+        cfg.max_grad_norm,
+        cfg.weight_decay,
+        lr_lambda(cfg, steps),
+        gradient_checkpointing=memory.gradient_checkpointing,
     )
-    stepper = SFTStepper(engine, examples, cfg, pad_id, desc)
+    stepper = SFTStepper(
+        engine, examples, cfg, pad_id, desc, micro_batch_tokens=memory.micro_batch_tokens
+    )
     report = run_loop(stepper, sft_plan(cfg, steps, desc), ckpt_dir, fingerprint, log_metrics)
     final_loss = report.last.get("train/loss", float("nan"))
     rate = stepper.tokens / max(report.seconds, 1e-9)

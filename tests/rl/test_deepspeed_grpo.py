@@ -5,6 +5,7 @@ per-prompt random streams make the ranks draw what one process draws."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -115,6 +116,16 @@ def test_zero_grpo_follows_the_single_process_stage(world, single, zero_stage):
     assert any(not torch.equal(trained[n], moved[n]) for n in moved)  # it trained
     assert any(p.name == "reward_curve.png" for p in recorder.artifacts)
     assert any(p.parent.name == "samples" for p in recorder.artifacts)
+    # what rank 0 holds of the policy and the reference: whole copies of both under ZeRO-2;
+    # under ZeRO-3 its shard of each (a half), no whole copy to sample from or to compare with
+    result = json.loads(
+        (world["root"] / f"zero{zero_stage}" / "deepspeed" / "result.json").read_text()
+    )
+    whole = sum(p.numel() for p in load_model(world["base"]).parameters())
+    if zero_stage == 2:
+        assert result["held_elements"] == 2 * whole
+    else:
+        assert result["held_elements"] <= whole * 1.05  # two halves, padded to the partitions
 
 
 @pytest.mark.heavy
@@ -133,6 +144,19 @@ def test_bf16_mixed_precision_follows_the_fp32_stage(world, single):
     assert all(math.isfinite(m["loss"]) for m in recorder.steps.values() if "loss" in m)
     with safe_open(str(ref.path / "model.safetensors"), "pt") as saved:  # as written on disk
         assert {saved.get_tensor(k).dtype for k in saved.keys()} == {torch.float32}  # noqa: SIM118
+
+
+@pytest.mark.heavy
+@needs_deepspeed
+def test_a_bf16_reference_starts_the_kl_at_zero(world):
+    """The reference is cast as the policy is: at the first step, before any update, the bf16
+    policy and its reference give the same log-probabilities, so the KL is exactly 0 (against an
+    fp32 reference it would start at bf16's precision gap)."""
+    cfg = config(2, steps=1, inner_iterations=1, aggregation="sequence_mean")
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"precision": "bf16"})})
+    recorder, _ = run_stage(world, cfg, "bf16_kl")
+    assert recorder.steps[1]["samples/trained"] > 0
+    assert recorder.steps[1]["kl"] == 0.0
 
 
 class StopAtStep3(Recorder):

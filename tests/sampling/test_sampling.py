@@ -20,7 +20,7 @@ from sampling.interface import SamplingParams
 from sampling.kv_cache import growing_cache
 from sampling.reference import GenerateSampler
 from sampling.streams import row_keys, uniforms
-from sampling.vllm import completion_from_vllm, completions_from_request, request_seeds
+from sampling.vllm import completion_from_vllm, completions_from_request
 from tests.tiny_models import tiny_model
 
 PROMPTS = ["What is 1 + 2?", "What is 3 + 4? The answer", "7", "What is 9 + 9? The answer is 1"]
@@ -350,8 +350,6 @@ def test_vllm_output_maps_to_completion():
     assert [c.token_ids for c in completions_from_request(request)] == [[8], [7]]
     with pytest.raises(ValueError, match="abort"):
         completion_from_vllm(vllm_output([5], [-1.0], "abort"))
-    assert len(set(request_seeds(0, 100))) == 100
-    assert request_seeds(4, 6)[2:] == request_seeds(4, 4, prompt_offset=2)
 
 
 def test_factory_builds_hf_and_names_the_gpu_extra_for_vllm(model, tokenizer):

@@ -7,41 +7,24 @@ tiny transformers model. These tests check our side of the contract; the contrac
 vLLM behaves as the stand-in does) is checked by the GPU tests (`-m gpu`).
 """
 
+from pathlib import Path
+
 import pytest
 
 from configs.reinforcement import GRPOConfig, SamplerConfig
 from models.chat import stop_token_ids
 from rl.trainer import GRPOTrainer
-from sampling import vllm as vllm_module
 from sampling.factory import open_sampler
 from sampling.hf import HFSampler
 from sampling.interface import SamplingParams
 from sampling.vllm import VLLMSampler, engine_args, launcher_env, request_seeds
 from sampling.vllm_worker import EXTENSION
 from sampling.watchdog import EngineStuckError, EngineThread, SamplerTimeoutError
+from tests.sampling.conftest import LAUNCH_VARS
 from tests.tiny_models import PROBLEMS, grpo_config, tiny_model
-from tests.vllm_standin import Behaviour, StandInLLM, max_difference, standin_api
+from tests.vllm_standin import max_difference
 
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory, tokenizer):
-    path = tmp_path_factory.mktemp("policy")
-    tiny_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(autouse=True)
-def standin(monkeypatch):
-    """A fresh stand-in per test; its hangs end when the test does; no launcher variables leak."""
-    StandInLLM.behaviour, StandInLLM.instances = Behaviour(), []
-    monkeypatch.setattr(vllm_module, "import_vllm", standin_api)
-    for key in LAUNCH_VARS:
-        monkeypatch.delenv(key, raising=False)
-    yield StandInLLM
-    StandInLLM.behaviour.release.set()
+pytestmark = pytest.mark.usefixtures("standin")
 
 
 def vllm_config(**overrides) -> SamplerConfig:
@@ -53,21 +36,27 @@ def test_open_sampler_passes_every_engine_setting(policy_dir, tokenizer, standin
     config = vllm_config(
         tensor_parallel_size=2, gpu_memory_utilization=0.5, max_model_len=512, dtype="bfloat16"
     )
-    sampler = open_sampler(config, policy_dir, tokenizer, batch_size=8)
-    assert isinstance(sampler, VLLMSampler)
-    kwargs = standin.instances[-1].kwargs
+    with open_sampler(config, policy_dir, tokenizer, batch_size=8) as sampler:
+        assert isinstance(sampler, VLLMSampler)
+        kwargs = standin.last().kwargs
     assert kwargs["model"] == str(policy_dir)
     assert kwargs["tensor_parallel_size"] == 2
     assert kwargs["gpu_memory_utilization"] == 0.5
     assert kwargs["max_model_len"] == 512 and kwargs["dtype"] == "bfloat16"
     assert kwargs["logprobs_mode"] == "processed_logprobs"
     assert "worker_extension_cls" not in kwargs  # no trainer to sync from
+    assert "enable_sleep_mode" not in kwargs
 
 
 def test_a_trainer_s_engine_runs_in_process_with_the_weight_loader(monkeypatch):
     args = engine_args("m", vllm_config(), seed=3, weight_sync=True, distributed=False)
     assert args["worker_extension_cls"] == EXTENSION
     assert args["distributed_executor_backend"] == "external_launcher"
+    assert args["enable_sleep_mode"] is True
+    assert (
+        engine_args("m", vllm_config(sleep_mode=False), 3, True, False)["enable_sleep_mode"]
+        is False
+    )
     sharded = engine_args("m", vllm_config(tensor_parallel_size=2), 0, True, distributed=False)
     assert "distributed_executor_backend" not in sharded  # its workers are other processes
     with pytest.raises(ValueError, match="tensor_parallel_size to 1"):
@@ -78,15 +67,15 @@ def test_a_trainer_s_engine_runs_in_process_with_the_weight_loader(monkeypatch):
 
 
 def test_generate_sends_token_ids_and_maps_outputs_in_prompt_order(policy_dir, tokenizer, standin):
-    sampler = VLLMSampler(str(policy_dir), vllm_config())
+    sampler = VLLMSampler(str(policy_dir), vllm_config(), max_model_len=64)
     prompts = ["What is 1 + 2?", "What is 3 + 4? The answer is", "7"]
     params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=6, seed=5, prompt_offset=2)
     groups = sampler.generate(prompts, 3, params)
-    engine = standin.instances[-1]
+    engine = standin.last()
     sent = [ids for ids, _ in engine.requests]
     assert sent == tokenizer(prompts, add_special_tokens=False)["input_ids"]
     asked = [p for _, p in engine.requests]
-    assert [p["seed"] for p in asked] == request_seeds(5, 3, prompt_offset=2)
+    assert [p["seed"] for p in asked] == request_seeds(5, 3, 3, prompt_offset=2)
     assert all(p["n"] == 3 and p["logprobs"] == 0 and p["max_tokens"] == 6 for p in asked)
     assert all(p["stop_token_ids"] == stop_token_ids(tokenizer) for p in asked)
     assert tokenizer.eos_token_id in stop_token_ids(tokenizer)
@@ -96,6 +85,7 @@ def test_generate_sends_token_ids_and_maps_outputs_in_prompt_order(policy_dir, t
             assert len(c.token_ids) == len(c.logprobs) <= 6
             assert c.finish_reason in ("stop", "length")
     assert sampler.generate([], 3, params) == []
+    sampler.close()
 
 
 def test_an_engine_start_that_hangs_fails_with_a_clear_error(policy_dir, standin):
@@ -151,7 +141,7 @@ def test_sync_weights_loads_through_the_worker_extension_and_resets_the_cache(
     policy_dir, tokenizer, standin
 ):
     sampler = VLLMSampler(str(policy_dir), vllm_config(), weight_sync=True)
-    engine = standin.instances[-1]
+    engine = standin.last()
     trainer = tiny_model(tokenizer, seed=7)
     assert max_difference(engine.model, trainer) > 0
     report = sampler.sync_weights(trainer)
@@ -159,8 +149,12 @@ def test_sync_weights_loads_through_the_worker_extension_and_resets_the_cache(
     assert engine.prefix_resets == 1 and report.version == 1
     names = [name for name, _ in engine.engine_model.loaded]
     assert len(names) == len(set(names)) and "lm_head.weight" not in names
-    with pytest.raises(RuntimeError, match="weight_sync=True"):
-        VLLMSampler(str(policy_dir), vllm_config()).sync_weights(trainer)
+    sampler.close()
+    with (
+        VLLMSampler(str(policy_dir), vllm_config()) as plain,
+        pytest.raises(RuntimeError, match="weight_sync=True"),
+    ):
+        plain.sync_weights(trainer)
 
 
 def grpo_run(tokenizer, tmp_path, cfg: GRPOConfig, **trainer_kwargs):
@@ -181,9 +175,11 @@ def test_grpo_through_vllm_samples_from_the_current_policy_at_every_step(
     run's engine (started from the old folder) is synced to the checkpoint's weights."""
     cfg = grpo_config(steps=4, checkpoint_every=2, sampler=vllm_config())
     model, trainer, records = grpo_run(tokenizer, tmp_path, cfg, policy_path=policy_dir)
-    engine = standin.instances[-1]
+    trainer.open_sampler(PROBLEMS)
+    engine = standin.last()
     engine.trainer_model = model
     trainer.train(PROBLEMS, tmp_path / "ckpt", "fp")
+    trainer.close()
     updates = [m for _, m in records if m.get("samples/trained", 0) > 0]
     assert updates, "no step trained"
     assert engine.staleness == [0.0] * 4
@@ -194,9 +190,11 @@ def test_grpo_through_vllm_samples_from_the_current_policy_at_every_step(
 
     longer = grpo_config(steps=6, checkpoint_every=2, sampler=vllm_config())
     resumed, trainer2, _ = grpo_run(tokenizer, tmp_path, longer, policy_path=policy_dir)
-    engine2 = standin.instances[-1]
+    trainer2.open_sampler(PROBLEMS)
+    engine2 = standin.last()
     engine2.trainer_model = resumed
     report = trainer2.train(PROBLEMS, tmp_path / "ckpt", "fp")
+    trainer2.close()
     assert report.resumed_from == 4
     assert engine2.staleness == [0.0, 0.0]
 
@@ -204,10 +202,15 @@ def test_grpo_through_vllm_samples_from_the_current_policy_at_every_step(
 def test_grpo_through_vllm_saves_the_policy_when_given_no_folder(tokenizer, tmp_path, standin):
     cfg = grpo_config(steps=1, sampler=vllm_config())
     model, trainer, _ = grpo_run(tokenizer, tmp_path, cfg)
-    assert standin.instances[-1].kwargs["model"]  # a temporary folder the engine loaded
-    standin.instances[-1].trainer_model = model
+    trainer.open_sampler(PROBLEMS)
+    engine = standin.last()
+    folder = Path(engine.kwargs["model"])  # a temporary folder the engine loaded
+    assert folder.is_dir()
+    engine.trainer_model = model
     trainer.train(PROBLEMS, tmp_path / "ckpt", "fp")
-    assert standin.instances[-1].staleness == [0.0]
+    assert engine.staleness == [0.0]
+    trainer.close()
+    assert not folder.exists()  # the sampler owned it
 
 
 def test_the_hf_default_samples_exactly_as_an_explicit_hf_sampler(tokenizer, tmp_path):
@@ -215,9 +218,9 @@ def test_the_hf_default_samples_exactly_as_an_explicit_hf_sampler(tokenizer, tmp
     cfg = grpo_config(steps=3)
     assert cfg.sampler.backend == "hf"
     model, trainer, records = grpo_run(tokenizer, tmp_path, cfg)
+    trainer.train(PROBLEMS, tmp_path / "a", "fp")
     assert isinstance(trainer.sampler, HFSampler)
     assert trainer.sampler.batch_size == cfg.prompts_per_step * cfg.group_size
-    trainer.train(PROBLEMS, tmp_path / "a", "fp")
     twin = tiny_model(tokenizer)
     explicit = HFSampler(twin, tokenizer, batch_size=8, show_progress=False)
     records2 = []

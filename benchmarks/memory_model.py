@@ -1,0 +1,204 @@
+"""The memory model (training/memory.py) against what torch allocates, on CPU.
+
+    python -m benchmarks.memory_model            # every case; exits 1 if one is off by > 15%
+    python -m benchmarks.memory_model --quick    # the two smallest cases
+
+Each case builds a random Qwen2-style model, runs one warm-up step (so AdamW's moments exist, as
+in every step after the first), then one step under torch's profiler with its memory record, and
+takes the peak of everything allocated at once over the step (torch.profiler's memory timeline,
+the tensors that existed before the step included). It prints the model's prediction, the
+measured peak and their ratio. SFT steps run the stage's stepper (training.supervised
+SFTStepper), GRPO updates the trainer's update (rl.update.PolicyUpdate), both through the
+single-process engine in fp32; GRPO rows are random completions with random advantages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from configs.reinforcement import GRPOConfig  # noqa: E402
+from configs.supervised import EngineConfig, ModelConfig, TrainConfig  # noqa: E402
+from models.chat import render_prompt  # noqa: E402
+from models.loading import build_model  # noqa: E402
+from models.tokenizer import train_tokenizer  # noqa: E402
+from rl.update import PolicyUpdate, UpdateRows  # noqa: E402
+from training.collective import Solo  # noqa: E402
+from training.engines import LocalEngine  # noqa: E402
+from training.examples import Example  # noqa: E402
+from training.finite import LossGuard  # noqa: E402
+from training.memory import GiB, ModelShape, Placement, Step, step_estimate  # noqa: E402
+from training.supervised import SFTStepper  # noqa: E402
+
+TOLERANCE = 0.15
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: ModelConfig
+    vocab: int
+    kind: str  # "sft" | "grpo"
+    rows: int
+    prompt_tokens: int
+    completion_tokens: int
+    engine: EngineConfig = EngineConfig()
+    beta: float = 0.0
+
+
+TINY = ModelConfig(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384)
+MID = ModelConfig(
+    hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536,
+    max_position_embeddings=2048,
+)  # fmt: skip
+CASES = (
+    Case("tiny sft", TINY, 1024, "sft", rows=16, prompt_tokens=40, completion_tokens=120),
+    Case("tiny grpo", TINY, 1024, "grpo", rows=64, prompt_tokens=40, completion_tokens=100),
+    Case("mid sft", MID, 32768, "sft", rows=8, prompt_tokens=64, completion_tokens=192),
+    Case("mid grpo", MID, 32768, "grpo", rows=16, prompt_tokens=64, completion_tokens=128, beta=0.04),
+    Case(
+        "mid grpo chunked", MID, 32768, "grpo", rows=16, prompt_tokens=64, completion_tokens=128,
+        engine=EngineConfig(logits_chunk_mb=16),
+    ),  # fmt: skip
+    Case(
+        "mid sft checkpointed", MID, 32768, "sft", rows=8, prompt_tokens=64,
+        completion_tokens=192, engine=EngineConfig(gradient_checkpointing=True),
+    ),  # fmt: skip
+    Case(
+        "mid grpo micro-batched", MID, 32768, "grpo", rows=16, prompt_tokens=64,
+        completion_tokens=128, engine=EngineConfig(micro_batch_tokens=1024),
+    ),  # fmt: skip
+)
+QUICK = ("tiny sft", "tiny grpo")
+
+
+def measured_peak(step: Callable[[], None]) -> int:
+    """The most bytes allocated at once while `step` runs, tensors made before it included."""
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:  # fmt: skip
+        step()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(
+        torch.device("cpu")
+    )
+    return int(max(sum(row) for row in sizes))
+
+
+def tokenizer_for_cases():
+    texts = [f"What is {a} + {b}? The answer is {a + b}." for a in range(40) for b in range(40)]
+    return train_tokenizer(texts, 256)
+
+
+def rows_of(case: Case, tokenizer, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids) per row: a prompt of about `prompt_tokens` tokens and a
+    random completion of `completion_tokens`."""
+    gen = torch.Generator().manual_seed(seed)
+    question = " ".join(["What is 12 + 30?"] * max(1, case.prompt_tokens // 8))
+    prompt = tokenizer(render_prompt(tokenizer, question), add_special_tokens=False)["input_ids"]
+    prompt = prompt[: case.prompt_tokens]
+    return [
+        (prompt, torch.randint(3, case.vocab, (case.completion_tokens,), generator=gen).tolist())
+        for _ in range(case.rows)
+    ]
+
+
+def sft_step(case: Case, model, tokenizer) -> Callable[[], None]:
+    examples = []
+    for prompt, completion in rows_of(case, tokenizer):
+        ids = prompt + completion
+        labels = [-100] * len(prompt) + completion
+        examples.append(Example(ids, labels))
+    cfg = TrainConfig(batch_size=case.rows, epochs=2, warmup_steps=0)
+    engine = LocalEngine(model, 1e-4, 1.0, gradient_checkpointing=case.engine.gradient_checkpointing)
+    stepper = SFTStepper(
+        engine, examples, cfg, tokenizer.pad_token_id, "memory",
+        micro_batch_tokens=case.engine.micro_batch_tokens,
+    )  # fmt: skip
+    stepper.start(0)
+    steps = iter(range(2))
+    return lambda: stepper.run_step(next(steps))
+
+
+def grpo_step(case: Case, model, tokenizer) -> Callable[[], None]:
+    cfg = GRPOConfig(engine=case.engine, beta=case.beta, max_new_tokens=case.completion_tokens)
+    engine = LocalEngine(model, 1e-6, 1.0, gradient_checkpointing=case.engine.gradient_checkpointing)
+    reference = None
+    if case.beta > 0:
+        reference = build_model(case.model, case.vocab, 0, 1, seed=1).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
+    update = PolicyUpdate(cfg, tokenizer, engine, Solo(), reference, LossGuard("memory"))
+    pairs = rows_of(case, tokenizer)
+    prompt = tokenizer.decode(pairs[0][0])
+    adv = torch.randn(case.rows, generator=torch.Generator().manual_seed(1))
+    rows = UpdateRows(
+        [prompt] * case.rows,
+        [c for _, c in pairs],
+        adv,
+        [[-1.0] * len(c) for _, c in pairs],
+    )
+    return lambda: update(rows, fallback=rows)
+
+
+def predicted(case: Case, model, tokenizer) -> tuple[int, list[str]]:
+    config = model.config.to_dict()
+    shape = ModelShape.from_config(config)
+    place = Placement(
+        gradient_checkpointing=case.engine.gradient_checkpointing, reference=case.beta > 0
+    )
+    prompt = len(rows_of(case, tokenizer)[0][0])
+    per_row = prompt + case.completion_tokens
+    rows_per_micro = max(1, min(case.rows, case.engine.micro_batch_tokens // per_row))
+    step = Step(
+        tokens=rows_per_micro * per_row,
+        logit_positions=rows_per_micro * (case.completion_tokens if case.kind == "grpo" else per_row),
+        loss=case.kind,  # type: ignore[arg-type]
+        logits_budget=case.engine.logits_budget,
+    )
+    estimate = step_estimate(shape, place, step)
+    return estimate.peak, estimate.lines()
+
+
+def run_case(case: Case, tokenizer) -> tuple[int, int]:
+    torch.manual_seed(0)
+    model = build_model(case.model, case.vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+    make = sft_step if case.kind == "sft" else grpo_step
+    step = make(case, model, tokenizer)
+    step()  # warm-up: AdamW's moments exist from here on
+    measured = measured_peak(step)
+    prediction, lines = predicted(case, model, tokenizer)
+    print("\n".join("    " + line for line in lines))
+    return prediction, measured
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the two smallest cases")
+    parser.add_argument("--case", action="append", help="run only these cases (by name)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    tokenizer = tokenizer_for_cases()
+    names = args.case or (QUICK if args.quick else [c.name for c in CASES])
+    worst = 0.0
+    print(f"{'case':26} {'predicted MiB':>14} {'measured MiB':>13} {'ratio':>6}")
+    for case in (c for c in CASES if c.name in names):
+        prediction, measured = run_case(case, tokenizer)
+        ratio = prediction / measured
+        worst = max(worst, abs(ratio - 1))
+        print(f"{case.name:26} {prediction / MiB:14.1f} {measured / MiB:13.1f} {ratio:6.3f}")
+    print(f"largest difference: {worst:.1%} (tolerance {TOLERANCE:.0%}); GiB = {GiB}")
+    return 0 if worst <= TOLERANCE else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""The memory model: the peak bytes one rank's training step holds, from the model's shape and
+the step's settings, before anything is loaded.
+
+What a step holds, counted from the code that runs it (transformers' Qwen2/Llama layers, our
+log-probability and loss paths, torch's AdamW, DeepSpeed ZeRO's partitions) rather than fitted:
+
+- **resident**: weights; gradients (a trainer in this process keeps whole ones from the backward
+  pass to the optimizer step); AdamW's two moments; under DeepSpeed, the fp32 master partition,
+  the moments and the fp32 gradient partition are 1/world each, the bf16 weights whole (ZeRO-2)
+  or 1/world (ZeRO-3), plus ZeRO's reduce buckets; a frozen reference in the policy's dtype;
+  a colocated vLLM engine's share of the device (none while it sleeps through the update).
+- **activations** kept for the backward pass, per token and decoder layer, where `b` is the
+  compute dtype's size: each RMSNorm keeps its float32 input and its normalised output
+  (4H + bH), attention its projections' input, q and k before and after the rotary embedding,
+  q, k and v as SDPA takes them, its output and log-sum-exp, and o_proj's input
+  (6bH + 4bK + 4 per head, K = kv heads x head dim), the MLP its input and gate, activation, up
+  and product (bH + 4bI): 8H + 9bH + 4bK + 4bI + 4A bytes. With gradient checkpointing a layer
+  keeps only its input (bH), and the backward pass recomputes one layer at a time.
+- **logits**: SFT goes through transformers' cross-entropy over every position (logits, their
+  float32 copy and log-softmax forward; log-softmax and two float32 gradients backward); GRPO
+  over the completion positions only, the whole row's logits at once when they fit
+  `engine.logits_chunk_mb`, else one chunk at a time (training/logits.py).
+- **optimizer step**: AdamW's temporaries (one float32 tensor per parameter tensor on CPU, one
+  per parameter group, i.e. the whole model, with its multi-tensor kernels on a GPU).
+
+The peak is the resident state plus the largest of three moments: the end of the forward pass,
+the start of the backward pass (all activations, the loss's gradients, the LM head's gradient),
+and the optimizer step (every gradient and the step's temporaries). Not counted: the CUDA
+context and NCCL's buffers (outside torch's allocator), the allocator's fragmentation (measured
+by `torch.cuda.memory_reserved` against `max_memory_allocated`), attention-score memory (flash
+and per-sequence SDPA keep none), and a sleeping vLLM engine's remainder. benchmarks/
+memory_model.py checks the figures against torch's own allocation record on CPU, and
+benchmarks/gpu_check.py against `torch.cuda.max_memory_allocated` on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FP32 = 4
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Qwen2- or Llama-style decoder's sizes."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+    head_dim: int = 0  # 0: hidden // heads
+    qkv_bias: bool = True  # Qwen2's q, k and v projections have biases; Llama's have none
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * (self.head_dim or self.hidden // self.heads)
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * (self.head_dim or self.hidden // self.heads)
+
+    @property
+    def parameters(self) -> int:
+        h, k, q = self.hidden, self.kv_width, self.q_width
+        attention = h * q + 2 * h * k + q * h + (q + 2 * k if self.qkv_bias else 0)
+        layer = attention + 3 * h * self.intermediate + 2 * h
+        head = 0 if self.tied else self.vocab * h
+        return self.vocab * h + self.layers * layer + h + head
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelShape:
+        """From a checkpoint's config.json (or a transformers config's `to_dict()`)."""
+        return cls(
+            layers=config["num_hidden_layers"],
+            hidden=config["hidden_size"],
+            intermediate=config["intermediate_size"],
+            heads=config["num_attention_heads"],
+            kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+            vocab=config["vocab_size"],
+            tied=bool(config.get("tie_word_embeddings", False)),
+            head_dim=config.get("head_dim") or 0,
+            qkv_bias=config.get("model_type", "qwen2") == "qwen2"
+            or bool(config.get("attention_bias", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how the step runs on one rank."""
+
+    precision: Literal["fp32", "bf16"] = "fp32"
+    zero_stage: Literal[0, 2, 3] = 0  # 0: a trainer in this process (LocalEngine)
+    world: int = 1
+    gradient_checkpointing: bool = False
+    reference: bool = False  # GRPO with beta > 0
+    bucket_elements: int = 0  # ZeRO's reduce bucket
+    engine_share_bytes: int = 0  # a colocated vLLM engine's memory while it is awake
+    engine_sleeps: bool = True  # ... and whether it gives it back for the update
+    device: Literal["cpu", "cuda"] = "cpu"
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 2 if self.precision == "bf16" else FP32
+
+
+@dataclass(frozen=True)
+class Step:
+    """One micro-batch: its tokens (prompts and completions, packed) and the positions its loss
+    reads logits at; `loss`: SFT's cross-entropy or GRPO's log-probabilities."""
+
+    tokens: int
+    logit_positions: int
+    loss: Literal["sft", "grpo"] = "sft"
+    logits_budget: int | None = None  # float32 elements one pass may hold (GRPO)
+    entropy: bool = True  # GRPO logs the policy's entropy
+
+
+@dataclass
+class Estimate:
+    """Bytes by component and by moment; `peak` is the largest moment."""
+
+    resident: dict[str, int] = field(default_factory=dict)
+    moments: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(self.resident.values())
+
+    def moment_bytes(self, name: str) -> int:
+        return self.resident_bytes + sum(self.moments[name].values())
+
+    @property
+    def peak_moment(self) -> str:
+        return max(self.moments, key=self.moment_bytes)
+
+    @property
+    def peak(self) -> int:
+        return self.moment_bytes(self.peak_moment)
+
+    def lines(self) -> list[str]:
+        """The estimate as readable lines, largest terms first."""
+        out = [f"peak {self.peak / GiB:.2f} GiB at {self.peak_moment}"]
+        for name, size in sorted(self.resident.items(), key=lambda kv: -kv[1]):
+            out.append(f"  {name}: {size / GiB:.2f} GiB (resident)")
+        for name, size in sorted(self.moments[self.peak_moment].items(), key=lambda kv: -kv[1]):
+            out.append(f"  {name}: {size / GiB:.2f} GiB")
+        return out
+
+
+def activation_bytes_per_token(shape: ModelShape, place: Placement) -> int:
+    """What one decoder layer keeps for the backward pass per token (see the module's doc)."""
+    b, h = place.dtype_bytes, shape.hidden
+    if place.gradient_checkpointing:
+        return b * h  # the layer's input
+    q, k, i = shape.q_width, shape.kv_width, shape.intermediate
+    norms = 2 * (FP32 * h + b * h)
+    attention = b * h + 2 * b * q + 2 * b * k + b * q + 2 * b * k + b * q + FP32 * shape.heads
+    attention += b * q  # o_proj's input
+    mlp = b * h + 4 * b * i
+    return norms + attention + mlp
+
+
+def layer_bytes_per_token(shape: ModelShape, place: Placement) -> int:
+    """One layer's activations when nothing is checkpointed (a recomputed layer)."""
+    plain = Placement(precision=place.precision)
+    return activation_bytes_per_token(shape, plain)
+
+
+def resident(shape: ModelShape, place: Placement, optimizer_ready: bool = True) -> dict[str, int]:
+    """The state a rank holds through the step."""
+    n, b, w = shape.parameters, place.dtype_bytes, place.world
+    out: dict[str, int] = {}
+    if place.zero_stage == 0:
+        out["weights"] = n * b
+        if optimizer_ready:
+            out["adam moments"] = 2 * n * b
+    else:
+        out["weights"] = n * b if place.zero_stage < 3 else _ceil(n, w) * b
+        out["fp32 master partition"] = _ceil(n, w) * FP32
+        if optimizer_ready:
+            out["adam moments (partition)"] = 2 * _ceil(n, w) * FP32
+        out["fp32 gradient partition"] = _ceil(n, w) * FP32
+        out["reduce buckets"] = 2 * place.bucket_elements * b
+    if place.reference:
+        out["reference"] = n * b if place.zero_stage < 3 else _ceil(n, w) * b
+    return out
+
+
+def _ceil(n: int, w: int) -> int:
+    return -(-n // w)
+
+
+def logits_moments(shape: ModelShape, place: Placement, step: Step) -> tuple[int, int]:
+    """(forward peak, backward-start) bytes of the loss's logits and their gradients."""
+    v, b, k = shape.vocab, place.dtype_bytes, step.logit_positions
+    upcast = FP32 if b != FP32 else 0  # `.float()` copies only a lower precision
+    if step.loss == "sft":  # transformers' cross-entropy over every position
+        t = step.tokens
+        forward = t * v * (b + upcast + FP32)  # logits, float32 copy, log-softmax
+        backward = t * v * (FP32 + 2 * FP32 + (b if b != FP32 else 0))
+        return forward, backward
+    entropy = 2 * FP32 if step.entropy else 0  # exp and its product with the log-softmax
+    if step.logits_budget is None or step.tokens * v <= step.logits_budget:
+        rows = step.tokens * v * b  # the whole row's logits, then the completion positions
+        forward = rows + k * v * (b + upcast + FP32 + entropy)
+        backward = k * v * (FP32 + 2 * FP32 + (b if b != FP32 else 0))
+        return forward, backward
+    c = min(k, max(1, step.logits_budget // v))  # positions per chunk
+    chunk = c * v * (b + upcast + FP32 + entropy)
+    return chunk, chunk + c * v * 2 * FP32  # recomputed, with its gradients
+
+
+def head_gradient_bytes(shape: ModelShape, place: Placement) -> int:
+    """The LM head's gradient, made at the start of the backward pass (whole in this process;
+    ZeRO reduces it into its partition bucket by bucket)."""
+    return shape.vocab * shape.hidden * place.dtype_bytes if place.zero_stage == 0 else 0
+
+
+def optimizer_step_bytes(shape: ModelShape, place: Placement) -> int:
+    """Gradients held at the optimizer step and AdamW's temporaries."""
+    n, b = shape.parameters, place.dtype_bytes
+    if place.zero_stage == 0:
+        largest = max(shape.vocab * shape.hidden, shape.hidden * shape.intermediate)
+        temporaries = n * b if place.device == "cuda" else largest * b  # foreach vs per tensor
+        return n * b + temporaries
+    part = _ceil(n, place.world)
+    return part * FP32 + part * FP32  # the update's temporary over the fp32 partition
+
+
+def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
+    """Peak bytes of one micro-batch's forward and backward and of the optimizer step."""
+    est = Estimate(resident=resident(shape, place))
+    acts = shape.layers * step.tokens * activation_bytes_per_token(shape, place)
+    b, h = place.dtype_bytes, shape.hidden
+    final = step.tokens * (FP32 * h + 2 * b * h)  # final norm and the hidden states it returns
+    if step.loss == "grpo" and not _fits(step, shape):
+        final += step.logit_positions * b * h  # the completion positions' hidden states
+    recompute = (
+        step.tokens * layer_bytes_per_token(shape, place) if place.gradient_checkpointing else 0
+    )
+    forward_logits, backward_logits = logits_moments(shape, place, step)
+    est.moments["forward end"] = {
+        "activations": acts,
+        "final hidden states": final,
+        "logits (forward)": forward_logits,
+    }
+    est.moments["backward start"] = {
+        "activations": acts,
+        "final hidden states": final,
+        "logits (backward)": backward_logits,
+        "LM head gradient": head_gradient_bytes(shape, place),
+        "recomputed layer": recompute,
+    }
+    est.moments["optimizer step"] = {"gradients and AdamW temporaries": optimizer_step_bytes(shape, place)}
+    if place.engine_share_bytes and not place.engine_sleeps:
+        for moment in est.moments.values():
+            moment["vLLM engine (awake)"] = place.engine_share_bytes
+    if place.engine_share_bytes:
+        est.moments["sampling"] = {"vLLM engine (awake)": place.engine_share_bytes}
+    return est
+
+
+def _fits(step: Step, shape: ModelShape) -> bool:
+    return step.logits_budget is None or step.tokens * shape.vocab <= step.logits_budget
