@@ -55,7 +55,9 @@ class Case:
     beta: float = 0.0
 
 
-TINY = ModelConfig(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384)
+TINY = ModelConfig(
+    hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384
+)
 MID = ModelConfig(
     hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536,
     max_position_embeddings=2048,
@@ -64,18 +66,38 @@ CASES = (
     Case("tiny sft", TINY, 1024, "sft", rows=16, prompt_tokens=40, completion_tokens=120),
     Case("tiny grpo", TINY, 1024, "grpo", rows=64, prompt_tokens=40, completion_tokens=100),
     Case("mid sft", MID, 32768, "sft", rows=8, prompt_tokens=64, completion_tokens=192),
-    Case("mid grpo", MID, 32768, "grpo", rows=16, prompt_tokens=64, completion_tokens=128, beta=0.04),
     Case(
-        "mid grpo chunked", MID, 32768, "grpo", rows=16, prompt_tokens=64, completion_tokens=128,
+        "mid grpo", MID, 32768, "grpo", rows=16, prompt_tokens=64, completion_tokens=128, beta=0.04
+    ),
+    Case(
+        "mid grpo chunked",
+        MID,
+        32768,
+        "grpo",
+        rows=16,
+        prompt_tokens=64,
+        completion_tokens=128,
         engine=EngineConfig(logits_chunk_mb=16),
     ),  # fmt: skip
     Case(
-        "mid sft checkpointed", MID, 32768, "sft", rows=8, prompt_tokens=64,
-        completion_tokens=192, engine=EngineConfig(gradient_checkpointing=True),
+        "mid sft checkpointed",
+        MID,
+        32768,
+        "sft",
+        rows=8,
+        prompt_tokens=64,
+        completion_tokens=192,
+        engine=EngineConfig(gradient_checkpointing=True),
     ),  # fmt: skip
     Case(
-        "mid grpo micro-batched", MID, 32768, "grpo", rows=16, prompt_tokens=64,
-        completion_tokens=128, engine=EngineConfig(micro_batch_tokens=1024),
+        "mid grpo micro-batched",
+        MID,
+        32768,
+        "grpo",
+        rows=16,
+        prompt_tokens=64,
+        completion_tokens=128,
+        engine=EngineConfig(micro_batch_tokens=1024),
     ),  # fmt: skip
 )
 QUICK = ("tiny sft", "tiny grpo")
@@ -88,9 +110,7 @@ def measured_peak(step: Callable[[], None]) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:  # fmt: skip
         step()
-    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(
-        torch.device("cpu")
-    )
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device("cpu"))
     return int(max(sum(row) for row in sizes))
 
 
@@ -119,7 +139,9 @@ def sft_step(case: Case, model, tokenizer) -> Callable[[], None]:
         labels = [-100] * len(prompt) + completion
         examples.append(Example(ids, labels))
     cfg = TrainConfig(batch_size=case.rows, epochs=2, warmup_steps=0)
-    engine = LocalEngine(model, 1e-4, 1.0, gradient_checkpointing=case.engine.gradient_checkpointing)
+    engine = LocalEngine(
+        model, 1e-4, 1.0, gradient_checkpointing=case.engine.gradient_checkpointing
+    )
     stepper = SFTStepper(
         engine, examples, cfg, tokenizer.pad_token_id, "memory",
         micro_batch_tokens=case.engine.micro_batch_tokens,
@@ -131,7 +153,9 @@ def sft_step(case: Case, model, tokenizer) -> Callable[[], None]:
 
 def grpo_step(case: Case, model, tokenizer) -> Callable[[], None]:
     cfg = GRPOConfig(engine=case.engine, beta=case.beta, max_new_tokens=case.completion_tokens)
-    engine = LocalEngine(model, 1e-6, 1.0, gradient_checkpointing=case.engine.gradient_checkpointing)
+    engine = LocalEngine(
+        model, 1e-6, 1.0, gradient_checkpointing=case.engine.gradient_checkpointing
+    )
     reference = None
     if case.beta > 0:
         reference = build_model(case.model, case.vocab, 0, 1, seed=1).eval()
@@ -161,7 +185,8 @@ def predicted(case: Case, model, tokenizer) -> tuple[int, list[str]]:
     rows_per_micro = max(1, min(case.rows, case.engine.micro_batch_tokens // per_row))
     step = Step(
         tokens=rows_per_micro * per_row,
-        logit_positions=rows_per_micro * (case.completion_tokens if case.kind == "grpo" else per_row),
+        logit_positions=rows_per_micro
+        * (case.completion_tokens if case.kind == "grpo" else per_row),
         loss=case.kind,  # type: ignore[arg-type]
         logits_budget=case.engine.logits_budget,
     )

@@ -170,7 +170,7 @@ def deepspeed_config(
     if engine.zero_stage == 3:
         # 0: every parameter is sharded, however small (DeepSpeed keeps those under 1e5 whole)
         zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=0)
-    return {
+    config: dict[str, Any] = {
         "train_batch_size": batch_size,
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": 1,
@@ -182,6 +182,9 @@ def deepspeed_config(
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+    if engine.precision == "bf16":  # micro-batches' gradients add up in fp32, not in bf16
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
 
 
 def reference_config(engine: EngineConfig, world: int) -> dict[str, Any]:

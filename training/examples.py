@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from datasets import load_from_disk
 from transformers import PreTrainedTokenizerBase
 
 from models.chat import render_completions, render_prompt
@@ -110,6 +109,8 @@ def dataset_examples(
 ) -> Examples:
     """The SFT examples of a saved dataset: the rendered question as context, the rendered
     completion as the target."""
+    from datasets import load_from_disk  # here: the training workers' other paths need none
+
     rows = load_from_disk(str(dataset_path))
     return sft_examples(
         tokenizer,

@@ -116,6 +116,7 @@ class Step:
     tokens: int
     logit_positions: int
     loss: Literal["sft", "grpo"] = "sft"
+    packed: bool = True  # one row, per-sequence attention (training/varlen.py)
     logits_budget: int | None = None  # float32 elements one pass may hold (GRPO)
     entropy: bool = True  # GRPO logs the policy's entropy
 
@@ -152,23 +153,33 @@ class Estimate:
         return out
 
 
-def activation_bytes_per_token(shape: ModelShape, place: Placement) -> int:
+def activation_bytes_per_token(shape: ModelShape, place: Placement, packed: bool = True) -> int:
     """What one decoder layer keeps for the backward pass per token (see the module's doc)."""
     b, h = place.dtype_bytes, shape.hidden
     if place.gradient_checkpointing:
         return b * h  # the layer's input
-    q, k, i = shape.q_width, shape.kv_width, shape.intermediate
-    norms = 2 * (FP32 * h + b * h)
-    attention = b * h + 2 * b * q + 2 * b * k + b * q + 2 * b * k + b * q + FP32 * shape.heads
-    attention += b * q  # o_proj's input
+    return layer_bytes_per_token(shape, place, packed)
+
+
+def layer_bytes_per_token(shape: ModelShape, place: Placement, packed: bool = True) -> int:
+    """One layer's activations, nothing checkpointed (also what a recomputed layer holds).
+
+    RMSNorm: its float32 input, 1/rms and the normalised output. Attention: the projections'
+    input, q, k and v as SDPA takes them (the rotary embedding keeps only cos and sin, shared by
+    every layer), SDPA's log-sum-exp and output; o_proj reads that output in place, except that
+    per-sequence attention over a packed row joins the sequences' outputs into a copy. MLP: its
+    input, the gate, its activation, up and their product."""
+    b, h, q, k, i = (
+        place.dtype_bytes,
+        shape.hidden,
+        shape.q_width,
+        shape.kv_width,
+        shape.intermediate,
+    )
+    norms = 2 * (FP32 * h + FP32 + b * h)
+    attention = b * h + b * q + 2 * b * k + FP32 * shape.heads + b * q + (b * q if packed else 0)
     mlp = b * h + 4 * b * i
     return norms + attention + mlp
-
-
-def layer_bytes_per_token(shape: ModelShape, place: Placement) -> int:
-    """One layer's activations when nothing is checkpointed (a recomputed layer)."""
-    plain = Placement(precision=place.precision)
-    return activation_bytes_per_token(shape, plain)
 
 
 def resident(shape: ModelShape, place: Placement, optimizer_ready: bool = True) -> dict[str, int]:
@@ -185,7 +196,7 @@ def resident(shape: ModelShape, place: Placement, optimizer_ready: bool = True) 
         if optimizer_ready:
             out["adam moments (partition)"] = 2 * _ceil(n, w) * FP32
         out["fp32 gradient partition"] = _ceil(n, w) * FP32
-        out["reduce buckets"] = 2 * place.bucket_elements * b
+        out["reduce bucket"] = place.bucket_elements * b
     if place.reference:
         out["reference"] = n * b if place.zero_stage < 3 else _ceil(n, w) * b
     return out
@@ -235,13 +246,17 @@ def optimizer_step_bytes(shape: ModelShape, place: Placement) -> int:
 def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
     """Peak bytes of one micro-batch's forward and backward and of the optimizer step."""
     est = Estimate(resident=resident(shape, place))
-    acts = shape.layers * step.tokens * activation_bytes_per_token(shape, place)
     b, h = place.dtype_bytes, shape.hidden
-    final = step.tokens * (FP32 * h + 2 * b * h)  # final norm and the hidden states it returns
+    per_layer = activation_bytes_per_token(shape, place, step.packed)
+    rope = 2 * b * (shape.head_dim or h // shape.heads)  # cos and sin, shared by the layers
+    acts = step.tokens * (shape.layers * per_layer + rope + 8)  # + the input ids
+    final = step.tokens * (FP32 * h + FP32 + 2 * b * h)  # final norm and the states it returns
     if step.loss == "grpo" and not _fits(step, shape):
         final += step.logit_positions * b * h  # the completion positions' hidden states
     recompute = (
-        step.tokens * layer_bytes_per_token(shape, place) if place.gradient_checkpointing else 0
+        step.tokens * layer_bytes_per_token(shape, place, step.packed)
+        if place.gradient_checkpointing
+        else 0
     )
     forward_logits, backward_logits = logits_moments(shape, place, step)
     est.moments["forward end"] = {
@@ -256,7 +271,9 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
         "LM head gradient": head_gradient_bytes(shape, place),
         "recomputed layer": recompute,
     }
-    est.moments["optimizer step"] = {"gradients and AdamW temporaries": optimizer_step_bytes(shape, place)}
+    est.moments["optimizer step"] = {
+        "gradients and AdamW temporaries": optimizer_step_bytes(shape, place)
+    }
     if place.engine_share_bytes and not place.engine_sleeps:
         for moment in est.moments.values():
             moment["vLLM engine (awake)"] = place.engine_share_bytes
