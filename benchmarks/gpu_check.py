@@ -223,17 +223,19 @@ def read_peak(device: torch.device) -> int | None:
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
-        kind="deepspeed", processes=1, zero_stage=2,
+        kind="deepspeed", processes=1, zero_stage=args.zero_stage,
         precision="bf16" if args.device == "cuda" else "fp32", bucket_size=2e8,
         micro_batch_tokens=args.micro_batch_tokens,
+        gradient_checkpointing=args.gradient_checkpointing,
     )  # fmt: skip
 
 
 def placement(args: argparse.Namespace, reference: bool) -> Placement:
     cfg = engine_config(args)
     return Placement(
-        precision=cfg.precision, zero_stage=2, world=1, reference=reference,
-        bucket_elements=int(cfg.bucket_size), device=args.device,  # type: ignore[arg-type]
+        precision=cfg.precision, zero_stage=cfg.zero_stage, world=1, reference=reference,
+        gradient_checkpointing=cfg.gradient_checkpointing, bucket_elements=int(cfg.bucket_size),
+        device=args.device,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -241,7 +243,7 @@ def sft_phase(args, shape: ModelShape, engine, tokenizer, n_flop: int) -> Phase:
     from training.collective import TorchCollective
     from training.supervised import SFTStepper
 
-    phase = Phase("sft (zero-2)")
+    phase = Phase(f"sft (zero-{args.zero_stage})")
     gen = torch.Generator().manual_seed(0)
     prompt, completion = 64, args.sft_length - 64
     examples = []
@@ -262,8 +264,9 @@ def sft_phase(args, shape: ModelShape, engine, tokenizer, n_flop: int) -> Phase:
     phase.peak_bytes = read_peak(device)
     with allocation_record(device) as phase.top_blocks:  # one more step, recorded
         stepper.run_step(args.sft_steps + 1)
-    micro = min(args.micro_batch_tokens, args.sft_batch * args.sft_length)
-    step = Step(tokens=micro, logit_positions=micro, loss="sft")
+    rows = max(1, min(args.sft_batch, args.micro_batch_tokens // args.sft_length))
+    micro = rows * args.sft_length
+    step = Step(micro, micro, "sft", micro_batches=-(-args.sft_batch // rows))
     phase.predicted_bytes = step_estimate(shape, placement(args, False), step).peak
     phase.seconds, phase.tokens, phase.flops = seconds, tokens, 6.0 * n_flop * tokens
     phase.note = f"{args.sft_steps} steps of {args.sft_batch} x {args.sft_length} tokens"
@@ -276,11 +279,19 @@ def _sft(stepper, i: int, cfg: TrainConfig) -> int:
 
 
 def sample_phase(args, model, tokenizer, n_flop: int) -> Phase:
+    from rl.trainer import partitioned
     from sampling.hf import HFSampler
     from sampling.interface import SamplingParams
+    from training.collective import TorchCollective
 
     phase = Phase("hf sampler (bf16)")
-    sampler = HFSampler(model, tokenizer, batch_size=args.sample_batch, show_progress=False)
+    collective = TorchCollective()
+    lockstep = (
+        (lambda running: collective.max([float(running)])[0] > 0) if partitioned(model) else None
+    )
+    sampler = HFSampler(
+        model, tokenizer, batch_size=args.sample_batch, show_progress=False, lockstep=lockstep
+    )
     prompts = [
         render_prompt(tokenizer, " ".join(f"w{100 + 7 * i + j}" for j in range(48)))
         for i in range(args.prompts)
@@ -309,7 +320,7 @@ def grpo_phase(args, shape: ModelShape, engine, tokenizer, spec: ModelConfig, n_
     from rl.trainer import GRPOTrainer
     from training.collective import TorchCollective
 
-    phase = Phase("grpo (zero-2, ref)")
+    phase = Phase(f"grpo (zero-{args.zero_stage}, ref)")
     cfg = GRPOConfig(
         steps=args.grpo_steps + 1, prompts_per_step=args.grpo_prompts, group_size=args.group,
         max_new_tokens=args.max_new_tokens, learning_rate=1e-6, beta=0.04,
@@ -385,6 +396,7 @@ def grpo_phase(args, shape: ModelShape, engine, tokenizer, spec: ModelConfig, n_
     step = Step(
         tokens=rows_per_micro * per_row, logit_positions=rows_per_micro * args.max_new_tokens,
         loss="grpo", logits_budget=cfg.engine.logits_budget,
+        micro_batches=-(-cfg.prompts_per_step * cfg.group_size // rows_per_micro),
     )  # fmt: skip
     phase.predicted_bytes = step_estimate(shape, placement(args, True), step).peak
     last = history[-1] if history else {}
@@ -404,6 +416,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sft-batch", type=int, default=32)
     p.add_argument("--sft-length", type=int, default=512)
     p.add_argument("--micro-batch-tokens", type=int, default=8192)
+    p.add_argument("--zero-stage", type=int, choices=(2, 3), default=2)
+    p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--sample-batch", type=int, default=256)
@@ -447,9 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = DeepSpeedEngine(model, 1e-5, 1.0, engine_config(args), world=1)
     phases: list[Phase] = []
     steps: list[tuple[str, Callable[[], Phase]]] = [
-        ("sft (zero-2)", lambda: sft_phase(args, shape, engine, tokenizer, n_flop)),
-        ("hf sampler (bf16)", lambda: sample_phase(args, engine.module, tokenizer, n_flop)),
-        ("grpo (zero-2, ref)", lambda: grpo_phase(args, shape, engine, tokenizer, spec, n_flop)),
+        ("sft", lambda: sft_phase(args, shape, engine, tokenizer, n_flop)),
+        ("hf sampler", lambda: sample_phase(args, engine.module, tokenizer, n_flop)),
+        ("grpo", lambda: grpo_phase(args, shape, engine, tokenizer, spec, n_flop)),
     ]
     for name, run in steps:
         try:

@@ -2,6 +2,7 @@
 
     python -m benchmarks.memory_model            # every case; exits 1 if one is off by > 15%
     python -m benchmarks.memory_model --quick    # the two smallest cases
+    python -m benchmarks.memory_model --profile gpu-qwen --gpu-gib 80   # what fits a GPU
 
 Each case builds a random Qwen2-style model, runs one warm-up step (so AdamW's moments exist, as
 in every step after the first), then one step under torch's profiler with its memory record, and
@@ -189,6 +190,7 @@ def predicted(case: Case, model, tokenizer) -> tuple[int, list[str]]:
         * (case.completion_tokens if case.kind == "grpo" else per_row),
         loss=case.kind,  # type: ignore[arg-type]
         logits_budget=case.engine.logits_budget,
+        micro_batches=-(-case.rows // rows_per_micro),
     )
     estimate = step_estimate(shape, place, step)
     return estimate.peak, estimate.lines()
@@ -206,11 +208,69 @@ def run_case(case: Case, tokenizer) -> tuple[int, int]:
     return prediction, measured
 
 
+# The published config.json of the GPU profile's checkpoints (the shapes the estimate reads).
+PUBLISHED: dict[str, dict[str, object]] = {
+    "Qwen2.5-1.5B-Instruct": dict(
+        model_type="qwen2", num_hidden_layers=28, hidden_size=1536, intermediate_size=8960,
+        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen2.5-0.5B-Instruct": dict(
+        model_type="qwen2", num_hidden_layers=24, hidden_size=896, intermediate_size=4864,
+        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Llama-3.2-1B-Instruct": dict(
+        model_type="llama", num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+        tie_word_embeddings=True,
+    ),
+}  # fmt: skip
+
+
+def profile_fits(profile: str, gpu_gib: float) -> int:
+    """Each GPU stage of `profile` against a GPU of `gpu_gib` GiB, with the checkpoints' shapes
+    from PUBLISHED (folders holding only their config.json, so no download is needed)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from configs.profiles import load_profile
+    from training.memory_fit import memory_fits
+
+    with tempfile.TemporaryDirectory() as root:
+        for name, config in PUBLISHED.items():
+            (Path(root) / name).mkdir()
+            (Path(root) / name / "config.json").write_text(json.dumps(config))
+        config = load_profile(profile, [])
+        boot = config.bootstrap
+        if boot.path is not None and boot.path.name in PUBLISHED:
+            boot = boot.model_copy(update={"path": Path(root) / boot.path.name})
+        students = [
+            s.model_copy(update={"path": Path(root) / s.path.name})
+            if s.path is not None and s.path.name in PUBLISHED
+            else s
+            for s in config.distillation.students
+        ]
+        distill = config.distillation.model_copy(update={"students": students})
+        config = config.model_copy(update={"bootstrap": boot, "distillation": distill})
+        fits = memory_fits(config, int(gpu_gib * GiB))
+    print(f"{'stage':36} {'peak GiB':>9}  moment            fits {gpu_gib:g} GiB")
+    for fit in fits:
+        moment = fit.lines[0].split(" at ")[1]
+        print(f"{fit.key:36} {fit.peak / GiB:9.1f}  {moment:17} {'yes' if fit.fits else 'NO'}")
+    return 0 if all(fit.fits for fit in fits) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the two smallest cases")
     parser.add_argument("--case", action="append", help="run only these cases (by name)")
+    parser.add_argument("--profile", help="instead: the profile's GPU stages against a GPU")
+    parser.add_argument("--gpu-gib", type=float, default=80.0, help="with --profile")
     args = parser.parse_args(argv)
+    if args.profile:
+        return profile_fits(args.profile, args.gpu_gib)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     tokenizer = tokenizer_for_cases()
     names = args.case or (QUICK if args.quick else [c.name for c in CASES])

@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument(
             "--state-dir", help="where runs keep their state (default: $R1_STATE_DIR or ./state)"
         )
+    sub.choices["config"].add_argument(
+        "--gpu-gib",
+        type=float,
+        help="also estimate each GPU training stage's peak memory against a GPU of this many "
+        "GiB (training/memory.py; checkpoints' shapes are read from their config.json)",
+    )
     sub.choices["run"].add_argument(
         "--flow",
         choices=["r1_pipeline", "r1_zero"],
@@ -82,6 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     except DataFitError as err:
         print(f"r1: {err}", file=sys.stderr)
         return 2
+    from training.memory_fit import MemoryFitError, check_memory_fit
+
+    if args.command == "config" and args.gpu_gib:
+        print_memory_fits(config, args.gpu_gib)
+    try:  # the training stages fit the GPU found here (or the size asked for)
+        total = int(args.gpu_gib * 2**30) if getattr(args, "gpu_gib", None) else None
+        check_memory_fit(config, str(profile_path(args.profile)), total)
+    except MemoryFitError as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 3
     if args.command == "config":
         return 0
 
@@ -122,6 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     experiment = tracking_client(paths).get_run(result.parent_run_id).info.experiment_id
     console.print(f"  then open     {run_url(experiment, result.parent_run_id)}")
     return 0
+
+
+def print_memory_fits(config, gpu_gib: float) -> None:
+    """Each GPU training stage's estimated peak against a GPU of `gpu_gib` GiB."""
+    from training.memory_fit import memory_fits
+
+    for fit in memory_fits(config, int(gpu_gib * 2**30)):
+        verdict = "fits" if fit.fits else "does not fit"
+        print(f"{fit.key}: {fit.lines[0]}, {verdict} in {fit.capacity / 2**30:.1f} GiB usable")
+        print("\n".join(f"  {line.strip()}" for line in fit.lines[1:]))
+        print("\n".join(f"  fits with: {advice}" for advice in fit.advice))
 
 
 class Terminated(KeyboardInterrupt):

@@ -32,6 +32,7 @@ from storage.tracking import (
     tracking_client,
 )
 from tasks.context import RunContext, StageResult
+from training.memory_fit import check_memory_fit
 
 log = logging.getLogger(__name__)
 RUN_DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as a run's description
@@ -53,6 +54,7 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
     check_inputs(config, flow)
     if trains:
         check_data_fit(config, flow)
+        check_memory_fit(config, f"profile {config.name}")  # the GPU found here, if any
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     paths = StatePaths.from_env()

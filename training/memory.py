@@ -98,7 +98,7 @@ class Placement:
     world: int = 1
     gradient_checkpointing: bool = False
     reference: bool = False  # GRPO with beta > 0
-    bucket_elements: int = 0  # ZeRO's reduce bucket
+    bucket_elements: int = 0  # ZeRO-3's prefetch bucket: parameters gathered ahead of use
     engine_share_bytes: int = 0  # a colocated vLLM engine's memory while it is awake
     engine_sleeps: bool = True  # ... and whether it gives it back for the update
     device: Literal["cpu", "cuda"] = "cpu"
@@ -119,6 +119,7 @@ class Step:
     packed: bool = True  # one row, per-sequence attention (training/varlen.py)
     logits_budget: int | None = None  # float32 elements one pass may hold (GRPO)
     entropy: bool = True  # GRPO logs the policy's entropy
+    micro_batches: int = 1  # in the step: from the second on, gradients accumulate
 
 
 @dataclass
@@ -196,7 +197,6 @@ def resident(shape: ModelShape, place: Placement, optimizer_ready: bool = True) 
         if optimizer_ready:
             out["adam moments (partition)"] = 2 * _ceil(n, w) * FP32
         out["fp32 gradient partition"] = _ceil(n, w) * FP32
-        out["reduce bucket"] = place.bucket_elements * b
     if place.reference:
         out["reference"] = n * b if place.zero_stage < 3 else _ceil(n, w) * b
     return out
@@ -207,29 +207,40 @@ def _ceil(n: int, w: int) -> int:
 
 
 def logits_moments(shape: ModelShape, place: Placement, step: Step) -> tuple[int, int]:
-    """(forward peak, backward-start) bytes of the loss's logits and their gradients."""
+    """(forward, backward) peak bytes of the loss's logits and their gradients.
+
+    Per logit: the output projection's result (b bytes), then float32 tensors, at most three at
+    once: the upcast (bf16 only) and its division by the temperature, the log-softmax (kept for
+    the backward pass) and, for the entropy, its exp and their product. Backward: the kept
+    log-softmax, the gradient reaching it and the gradient it passes on (the bf16 gradient
+    comes after the first two are freed)."""
     v, b, k = shape.vocab, place.dtype_bytes, step.logit_positions
     upcast = FP32 if b != FP32 else 0  # `.float()` copies only a lower precision
+    backward = 3 * FP32
     if step.loss == "sft":  # transformers' cross-entropy over every position
         t = step.tokens
-        forward = t * v * (b + upcast + FP32)  # logits, float32 copy, log-softmax
-        backward = t * v * (FP32 + 2 * FP32 + (b if b != FP32 else 0))
-        return forward, backward
+        return t * v * (b + upcast + FP32), t * v * backward
     entropy = 2 * FP32 if step.entropy else 0  # exp and its product with the log-softmax
-    if step.logits_budget is None or step.tokens * v <= step.logits_budget:
-        rows = step.tokens * v * b  # the whole row's logits, then the completion positions
-        forward = rows + k * v * (b + upcast + FP32 + entropy)
-        backward = k * v * (FP32 + 2 * FP32 + (b if b != FP32 else 0))
-        return forward, backward
-    c = min(k, max(1, step.logits_budget // v))  # positions per chunk
-    chunk = c * v * (b + upcast + FP32 + entropy)
-    return chunk, chunk + c * v * 2 * FP32  # recomputed, with its gradients
+    per_logit = b + max(upcast + FP32, 2 * FP32, FP32 + entropy)
+    if _fits(step, shape):  # the whole row's logits, then the completion positions'
+        return step.tokens * v * b + k * v * per_logit, k * v * backward
+    c = min(k, max(1, (step.logits_budget or 0) // v))  # positions per chunk
+    chunk = c * v * per_logit
+    return chunk, max(chunk, c * v * backward)  # a chunk recomputed, then its gradients
 
 
-def head_gradient_bytes(shape: ModelShape, place: Placement) -> int:
-    """The LM head's gradient, made at the start of the backward pass (whole in this process;
-    ZeRO reduces it into its partition bucket by bucket)."""
-    return shape.vocab * shape.hidden * place.dtype_bytes if place.zero_stage == 0 else 0
+def gathered_bytes(shape: ModelShape, place: Placement) -> int:
+    """ZeRO-3's whole parameters while a layer runs: the layer's and the prefetch bucket's."""
+    if place.zero_stage != 3:
+        return 0
+    layer = (shape.parameters - shape.vocab * shape.hidden) // max(1, shape.layers)
+    return min(shape.parameters, place.bucket_elements + layer) * place.dtype_bytes
+
+
+def gradient_bytes(shape: ModelShape, place: Placement) -> int:
+    """Whole gradients, held in this process from a micro-batch's backward pass to the optimizer
+    step (ZeRO reduces each into its partition during the backward pass instead)."""
+    return shape.parameters * place.dtype_bytes if place.zero_stage == 0 else 0
 
 
 def optimizer_step_bytes(shape: ModelShape, place: Placement) -> int:
@@ -244,7 +255,12 @@ def optimizer_step_bytes(shape: ModelShape, place: Placement) -> int:
 
 
 def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
-    """Peak bytes of one micro-batch's forward and backward and of the optimizer step."""
+    """Peak bytes of a step: a micro-batch's forward and backward, and the optimizer step.
+
+    Moments: the end of the forward pass; the start of the backward pass (the logits'
+    gradients, before the LM head's); with gradient checkpointing, a layer recomputed; the
+    optimizer step. From a step's second micro-batch on, a trainer in this process holds the
+    gradients accumulated so far through all of them."""
     est = Estimate(resident=resident(shape, place))
     b, h = place.dtype_bytes, shape.hidden
     per_layer = activation_bytes_per_token(shape, place, step.packed)
@@ -253,24 +269,27 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
     final = step.tokens * (FP32 * h + FP32 + 2 * b * h)  # final norm and the states it returns
     if step.loss == "grpo" and not _fits(step, shape):
         final += step.logit_positions * b * h  # the completion positions' hidden states
-    recompute = (
-        step.tokens * layer_bytes_per_token(shape, place, step.packed)
-        if place.gradient_checkpointing
-        else 0
-    )
     forward_logits, backward_logits = logits_moments(shape, place, step)
+    accumulated = gradient_bytes(shape, place) if step.micro_batches > 1 else 0
+    acts += gathered_bytes(shape, place)
     est.moments["forward end"] = {
         "activations": acts,
         "final hidden states": final,
         "logits (forward)": forward_logits,
+        "accumulated gradients": accumulated,
     }
     est.moments["backward start"] = {
         "activations": acts,
         "final hidden states": final,
         "logits (backward)": backward_logits,
-        "LM head gradient": head_gradient_bytes(shape, place),
-        "recomputed layer": recompute,
+        "accumulated gradients": accumulated,
     }
+    if place.gradient_checkpointing:
+        est.moments["layer recomputed"] = {
+            "activations": acts,
+            "recomputed layer": step.tokens * layer_bytes_per_token(shape, place, step.packed),
+            "gradients": gradient_bytes(shape, place),
+        }
     est.moments["optimizer step"] = {
         "gradients and AdamW temporaries": optimizer_step_bytes(shape, place)
     }
