@@ -2,8 +2,9 @@
 weight sync the engine samples from the trainer's weights, not from the folder it started with.
 
 The check is on log-probabilities rather than tokens: the engine's log-probability of each
-token it sampled must equal the trainer's (teacher-forced, same fp32 weights) after the sync,
-and differ before it. Greedy tokens alone could agree by chance on a small random model.
+token it sampled must equal the trainer's (teacher-forced, same fp32 weights) after the sync, to
+TF32's precision (vLLM's fp32 attention uses it), and differ before it by much more. Greedy
+tokens alone could agree by chance on a small random model.
 """
 
 import pytest
@@ -18,6 +19,8 @@ from sampling.interface import SamplingParams
 from tests.tiny_models import make_tokenizer
 
 pytestmark = pytest.mark.gpu
+
+TF32_ATOL = 2e-2  # a small random model's log-probabilities through TF32 attention
 
 SPEC = ModelConfig(
     hidden_size=256,
@@ -56,9 +59,13 @@ def test_a_synced_engine_samples_from_the_trainer_s_weights(tmp_path):
     config = SamplerConfig(
         backend="vllm", dtype="float32", gpu_memory_utilization=0.3, max_model_len=512
     )
-    sampler = VLLMSampler(str(tmp_path), config, weight_sync=True)
     prompts = [render_prompt(tokenizer, f"What is {a} + {a + 1}?") for a in range(4)]
-    assert logprob_gap(sampler, trainer, tokenizer, prompts) > 1e-2  # the folder's weights
-    report = sampler.sync_weights(trainer)
-    assert report.version == 1 and report.tensors > 0
-    assert logprob_gap(sampler, trainer, tokenizer, prompts) < 1e-3
+    with VLLMSampler(str(tmp_path), config, weight_sync=True) as sampler:
+        before = logprob_gap(sampler, trainer, tokenizer, prompts)  # the folder's weights
+        report = sampler.sync_weights(trainer)
+        assert report.version == 1 and report.tensors > 0
+        after = logprob_gap(sampler, trainer, tokenizer, prompts)
+    # vLLM's float32 attention runs on Triton with TF32 dot products (10-bit mantissas), so the
+    # engine's log-probabilities are the trainer's only to about 1e-3 relative per logit:
+    # within TF32_ATOL, where the weights of another seed are off by ten times more
+    assert after < TF32_ATOL < before / 10, (before, after)

@@ -1,0 +1,139 @@
+"""The memory model against what torch really keeps, and the preflight that refuses a GPU stage
+that cannot fit, with settings that do."""
+
+import contextlib
+import json
+import re
+
+import pytest
+import torch
+
+from configs.profiles import load_profile
+from configs.supervised import ModelConfig
+from models.loading import build_model
+from training.memory import GiB, ModelShape, Placement, activation_bytes_per_token
+from training.memory_fit import MemoryFitError, check_memory_fit, memory_fits
+from training.varlen import packed_attention
+
+SPEC = dict(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=160)
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+def test_the_parameter_count_is_the_models(architecture):
+    model = build_model(ModelConfig(architecture=architecture, num_layers=3, **SPEC), 500, 0, 1)
+    shape = ModelShape.from_config(model.config.to_dict())
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+
+
+def saved_bytes_per_token(
+    layers: int, dtype: torch.dtype, packed: bool, architecture: str
+) -> float:
+    """Bytes of the tensors autograd keeps for a decoder forward (parameters aside), per token."""
+    spec = ModelConfig(architecture=architecture, num_layers=layers, **SPEC)
+    model = build_model(spec, 300, 0, 1).to(dtype)
+    tokens = 96
+    ids = torch.randint(0, 300, (1, tokens))
+    positions = torch.arange(32).repeat(3)[None] if packed else torch.arange(tokens)[None]
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    attention = packed_attention(model) if packed else contextlib.nullcontext()
+    with attention, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=ids, position_ids=positions)
+    return sum(kept.values()) / tokens
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_layer_keeps_exactly_what_the_model_counts(architecture, precision, packed):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    per_layer = saved_bytes_per_token(2, dtype, packed, architecture) - saved_bytes_per_token(
+        1, dtype, packed, architecture
+    )
+    model = build_model(ModelConfig(architecture=architecture, num_layers=1, **SPEC), 300, 0, 1)
+    shape = ModelShape.from_config(model.config.to_dict())
+    assert per_layer == activation_bytes_per_token(shape, Placement(precision=precision), packed)
+
+
+@pytest.mark.heavy
+def test_predictions_are_within_15_percent_of_the_allocator_on_cpu():
+    from benchmarks.memory_model import main
+
+    assert main(["--quick"]) == 0
+
+
+PUBLISHED = {
+    "Qwen2.5-1.5B-Instruct": dict(
+        model_type="qwen2", num_hidden_layers=28, hidden_size=1536, intermediate_size=8960,
+        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen2.5-0.5B-Instruct": dict(
+        model_type="qwen2", num_hidden_layers=24, hidden_size=896, intermediate_size=4864,
+        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Llama-3.2-1B-Instruct": dict(
+        model_type="llama", num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+        tie_word_embeddings=True,
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture
+def gpu_profile(tmp_path):
+    """The GPU profile with its checkpoints' shapes (folders holding their config.json)."""
+    for name, config in PUBLISHED.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+
+    def load(*overrides: str):
+        config = load_profile(
+            "gpu-qwen", [f"bootstrap.path={tmp_path / 'Qwen2.5-1.5B-Instruct'}", *overrides]
+        )
+        students = [
+            student.model_copy(update={"path": tmp_path / student.path.name})
+            for student in config.distillation.students
+        ]
+        distill = config.distillation.model_copy(update={"students": students})
+        return config.model_copy(update={"distillation": distill})
+
+    return load
+
+
+def test_the_gpu_profile_fits_an_80_gb_card(gpu_profile):
+    fits = memory_fits(gpu_profile(), 80 * GiB)
+    assert {f.key for f in fits} >= {"cold_start_sft", "reasoning_rl", "mixed_sft"}
+    assert all(f.fits for f in fits), [(f.key, f.peak / GiB) for f in fits if not f.fits]
+    check_memory_fit(gpu_profile(), "gpu-qwen", 80 * GiB)  # refuses nothing
+
+
+def test_a_stage_that_cannot_fit_is_refused_with_settings_that_do(gpu_profile):
+    config = gpu_profile("reasoning_rl.engine.micro_batch_tokens=65536")
+    with pytest.raises(MemoryFitError) as info:
+        check_memory_fit(config, "gpu-qwen", 80 * GiB)
+    message = str(info.value)
+    assert "reasoning_rl: needs" in message and "nothing has run" in message
+    assert "cold_start_sft" not in message  # the stages that fit are not named
+    asked = re.search(r"reasoning_rl\.engine\.micro_batch_tokens: 65536 -> (\d+) or less", message)
+    assert asked, message
+    assert "reasoning_rl.engine.gradient_checkpointing: true" in message
+    fixed = gpu_profile(f"reasoning_rl.engine.micro_batch_tokens={asked.group(1)}")
+    check_memory_fit(fixed, "gpu-qwen", 80 * GiB)  # the advice is enough
+    one_more = gpu_profile(f"reasoning_rl.engine.micro_batch_tokens={int(asked.group(1)) + 400}")
+    with pytest.raises(MemoryFitError):
+        check_memory_fit(one_more, "gpu-qwen", 80 * GiB)  # and not more than needed
+
+
+def test_without_a_gpu_or_gpu_stages_nothing_is_checked():
+    check_memory_fit(load_profile("tiny", []), "tiny", 1)  # no DeepSpeed stage: nothing to fit
+    if not torch.cuda.is_available():
+        check_memory_fit(load_profile("micro", ["reasoning_rl.engine.kind=deepspeed"]), "m")
