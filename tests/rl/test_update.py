@@ -165,3 +165,30 @@ def test_importance_sampling_is_logged_per_step(tokenizer):
     assert stats["tis/mean_ratio"] > 0 and 0.0 <= stats["tis/clipped_fraction"] <= 1.0
     _, off = update_once(tokenizer, EngineConfig())
     assert "tis/mean_ratio" not in off
+
+
+def update_peak(tokenizer, rows: int, micro_batch_tokens: int) -> int:
+    """The most bytes allocated at once over one update of `rows` rows (torch's record)."""
+    from benchmarks.memory_model import measured_peak
+
+    torch.manual_seed(0)
+    model = gqa_model(tokenizer)
+    cfg = grpo_config(engine=EngineConfig(micro_batch_tokens=micro_batch_tokens))
+    engine = LocalEngine(model, 1e-5, 1.0)
+    completions = [[(5 * i + j) % 50 + 10 for j in range(32)] for i in range(rows)]
+    prompts = [PROMPTS[i % 4] for i in range(rows)]
+    batch = UpdateRows(prompts, completions, torch.linspace(-1, 1, rows), [[-1.0] * 32] * rows)
+    update = PolicyUpdate(cfg, tokenizer, engine, Solo(), None, LossGuard("test"))
+    update(batch, fallback=batch)  # AdamW's moments exist from here on, as in every later step
+    return measured_peak(lambda: update(batch, fallback=batch))
+
+
+@pytest.mark.heavy
+def test_a_step_s_memory_is_bounded_by_the_micro_batch_not_the_step(tokenizer):
+    """Four times the rows in one step: with micro-batches of about four rows the peak stays
+    where four rows put it; in one pass (as every step ran before micro-batches) it grows."""
+    budget = 4 * 44  # about four rows of prompt and completion
+    four, sixteen = update_peak(tokenizer, 4, budget), update_peak(tokenizer, 16, budget)
+    assert sixteen < 1.2 * four
+    one_pass = update_peak(tokenizer, 16, 10**6)
+    assert one_pass > 2 * four
