@@ -167,6 +167,16 @@ def allocation_record(device: torch.device) -> Iterator[list[str]]:
         lines += peak_breakdown(snapshot["device_traces"][torch.cuda.current_device()], base)
 
 
+def diagnose(device: torch.device, phase: Phase, step: Callable[[], object]) -> None:
+    """One more, untimed step with every allocation recorded: what was live at its peak. A
+    failure of the record is reported, not counted against the phase."""
+    try:
+        with allocation_record(device) as phase.top_blocks:
+            step()
+    except Exception as error:
+        phase.top_blocks = [f"the recorded step failed ({type(error).__name__}: {error})"]
+
+
 def peak_breakdown(events: list[dict], base: int, limit: int = 14) -> list[str]:
     """The allocations live at the largest total of `events` (torch's allocator trace), grouped
     by the first frames outside torch that made them."""
@@ -262,8 +272,7 @@ def sft_phase(args, shape: ModelShape, engine, tokenizer, n_flop: int) -> Phase:
     timed_steps = range(1, args.sft_steps + 1)
     seconds, tokens = timed(device, lambda: sum(_sft(stepper, i, cfg) for i in timed_steps))
     phase.peak_bytes = read_peak(device)
-    with allocation_record(device) as phase.top_blocks:  # one more step, recorded
-        stepper.run_step(args.sft_steps + 1)
+    diagnose(device, phase, lambda: stepper.run_step(args.sft_steps + 1))
     rows = max(1, min(args.sft_batch, args.micro_batch_tokens // args.sft_length))
     micro = rows * args.sft_length
     step = Step(micro, micro, "sft", micro_batches=-(-args.sft_batch // rows))
@@ -375,9 +384,8 @@ def grpo_phase(args, shape: ModelShape, engine, tokenizer, spec: ModelConfig, n_
         return tokens
 
     seconds, completion_tokens = timed(device, steps)
-    with allocation_record(device) as phase.top_blocks:  # one more step, its update recorded
-        trainer.update = update  # type: ignore[method-assign]
-        trainer.step(cfg.steps, [problems[i] for i in order[0]])
+    trainer.update = update  # type: ignore[method-assign]
+    diagnose(device, phase, lambda: trainer.step(cfg.steps, [problems[i] for i in order[0]]))
     trainer.close()
     rendered = render_prompt(tokenizer, problems[0].question)
     prompt_tokens = len(tokenizer(rendered, add_special_tokens=False)["input_ids"])

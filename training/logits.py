@@ -47,10 +47,17 @@ def fits(budget: int | None, positions: int, vocabulary: int) -> bool:
     return budget is None or positions * vocabulary <= budget
 
 
-def chunk_positions(budget: int | None, vocabulary: int) -> int:
-    """Positions per chunk: as many rows of logits as the budget holds, at least one."""
+def chunk_positions(budget: int | None, vocabulary: int, model: torch.nn.Module) -> int:
+    """Positions per chunk: as many rows of logits as the budget holds, at least one.
+
+    A ZeRO-3 model's head runs once, over every position: ZeRO-3 takes a parameter's gradient
+    once per backward pass, and a head recomputed chunk by chunk in the backward pass would
+    hand it one per chunk (DeepSpeed 0.19 asserts, or aborts on CPU). Its micro-batch bounds
+    the logits instead."""
     if budget is None:
         raise ValueError("chunks need a logits budget")
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        return 2**62
     return max(1, budget // vocabulary)
 
 
@@ -108,9 +115,10 @@ def chunked_token_logprobs(
         return logp, entropy if entropy is not None else torch.zeros(0, device=logp.device)
 
     logps, entropies = [], []
+    recompute = chunk < hidden.shape[0]  # one chunk: nothing to gain by recomputing it
     for start in range(0, hidden.shape[0], chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
-        if torch.is_grad_enabled() and h.requires_grad:
+        if recompute and torch.is_grad_enabled() and h.requires_grad:
             logp, entropy = checkpoint(piece, h, t, use_reentrant=False)
         else:
             logp, entropy = piece(h, t)

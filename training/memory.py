@@ -224,6 +224,8 @@ def logits_moments(shape: ModelShape, place: Placement, step: Step) -> tuple[int
     per_logit = b + max(upcast + FP32, 2 * FP32, FP32 + entropy)
     if _fits(step, shape):  # the whole row's logits, then the completion positions'
         return step.tokens * v * b + k * v * per_logit, k * v * backward
+    if place.zero_stage == 3:  # its head runs once over the positions (training/logits.py)
+        return k * v * per_logit, k * v * backward
     c = min(k, max(1, (step.logits_budget or 0) // v))  # positions per chunk
     chunk = c * v * per_logit
     return chunk, max(chunk, c * v * backward)  # a chunk recomputed, then its gradients

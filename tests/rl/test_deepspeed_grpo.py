@@ -96,10 +96,23 @@ def single(world):
 
 @pytest.mark.heavy
 @needs_deepspeed
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_zero_grpo_follows_the_single_process_stage(world, single, zero_stage):
+@pytest.mark.parametrize(
+    ("zero_stage", "memory"),
+    [
+        (2, {}),
+        (3, {}),
+        # the memory settings change nothing but memory: micro-batches, logits in chunks,
+        # checkpointed layers (ZeRO-3 runs its head once: training/logits.py)
+        (3, {"micro_batch_tokens": 40, "logits_chunk_mb": 0.001, "gradient_checkpointing": True}),
+    ],
+    ids=["zero2", "zero3", "zero3-bounded"],
+)
+def test_zero_grpo_follows_the_single_process_stage(world, single, zero_stage, memory):
     reference, reference_model = single
-    recorder, ref = run_stage(world, config(zero_stage), f"zero{zero_stage}")
+    cfg = config(zero_stage)
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update=memory)})
+    name = f"zero{zero_stage}" + ("-bounded" if memory else "")
+    recorder, ref = run_stage(world, cfg, name)
 
     assert sorted(recorder.steps) == [1, 2, 3, 4] == sorted(reference.steps)
     assert any(m["samples/trained"] > 0 for m in reference.steps.values())
