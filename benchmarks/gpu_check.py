@@ -236,7 +236,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         kind="deepspeed", processes=1, zero_stage=args.zero_stage,
         precision="bf16" if args.device == "cuda" else "fp32", bucket_size=2e8,
         micro_batch_tokens=args.micro_batch_tokens,
-        gradient_checkpointing=args.gradient_checkpointing,
+        gradient_checkpointing=args.gradient_checkpointing, logits_chunk_mb=args.logits_chunk_mb,
     )  # fmt: skip
 
 
@@ -426,6 +426,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--micro-batch-tokens", type=int, default=8192)
     p.add_argument("--zero-stage", type=int, choices=(2, 3), default=2)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--logits-chunk-mb", type=float, default=1024.0)
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--sample-batch", type=int, default=256)
