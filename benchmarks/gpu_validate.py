@@ -170,6 +170,7 @@ def measure(args: argparse.Namespace) -> tuple[list[Measurement | None], str]:
         policy, tokenizer, cfg, lambda m, s: None, show_progress=False, sampler=engine,
         policy_path=args.model,
     )  # fmt: skip
+    trainer.open_sampler(grpo_problems)  # the config's hf sampler when no engine was given
     if engine is not None:
         engine.sync_weights(policy)  # the SFT steps changed the policy
     batches = [

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from benchmarks.memory_model import PUBLISHED
 from configs.profiles import load_profile
 from configs.supervised import ModelConfig
 from models.loading import build_model
@@ -69,28 +70,10 @@ def test_predictions_are_within_15_percent_of_the_allocator_on_cpu():
     assert main(["--quick"]) == 0
 
 
-PUBLISHED = {
-    "Qwen2.5-1.5B-Instruct": dict(
-        model_type="qwen2", num_hidden_layers=28, hidden_size=1536, intermediate_size=8960,
-        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "Qwen2.5-0.5B-Instruct": dict(
-        model_type="qwen2", num_hidden_layers=24, hidden_size=896, intermediate_size=4864,
-        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "Llama-3.2-1B-Instruct": dict(
-        model_type="llama", num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-        tie_word_embeddings=True,
-    ),
-}  # fmt: skip
-
-
 @pytest.fixture
 def gpu_profile(tmp_path):
-    """The GPU profile with its checkpoints' shapes (folders holding their config.json)."""
+    """The GPU profile with its checkpoints' published shapes (folders holding their
+    config.json)."""
     for name, config in PUBLISHED.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config))
