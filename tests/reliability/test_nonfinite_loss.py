@@ -18,7 +18,7 @@ from configs.supervised import ModelConfig, TrainConfig
 from models.chat import render_prompt
 from preference.model import build_reward_model
 from preference.training import EncodedPair, train_reward_model
-from rl import trainer as grpo_module
+from rl import update as grpo_module
 from rl.on_policy import OnPolicyDistiller
 from rl.trainer import GRPOTrainer
 from tests.tiny_models import (
