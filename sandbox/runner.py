@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.inner import cgroups, seccomp, wire
+from sandbox.inner.process import GRACE_SECONDS
 from sandbox.limits import Limits, SandboxResult, Verdict
 from sandbox.outcome import classify, verdict_of
 
@@ -217,6 +218,7 @@ class _Session:
         self.namespaces = namespaces
         self.workers = max(1, min(workers, len(self.jobs)))
         self.results: dict[int, dict[str, Any]] = {}
+        self.frames = wire.Frames(RESULT_LIMIT)
         self.guards: dict[str, Any] = {}
         self.status: list[dict[str, Any]] = []
 
@@ -319,8 +321,8 @@ class _Session:
         deadline = time.monotonic() + self._budget()
         selector = selectors.DefaultSelector()
         assert proc.stderr is not None
-        buffers = {result_r: bytearray(), status_r: bytearray(), proc.stderr.fileno(): bytearray()}
-        for fd in buffers:
+        buffers = {status_r: bytearray(), proc.stderr.fileno(): bytearray()}
+        for fd in (result_r, *buffers):
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ)
         try:
@@ -335,10 +337,10 @@ class _Session:
                         continue
                     if not chunk:
                         selector.unregister(key.fd)
+                    elif key.fd == result_r:
+                        self._take_results(chunk)
                     elif len(buffers[key.fd]) < RESULT_LIMIT:
                         buffers[key.fd] += chunk
-                    if key.fd == result_r:
-                        self._take_results(buffers[result_r])
         finally:
             selector.close()
             self._take_status(bytes(buffers[status_r]))
@@ -346,22 +348,17 @@ class _Session:
         return False
 
     def _budget(self) -> float:
-        """Seconds the whole session may take: every run at its wall limit, spread over the
-        workers, plus start-up."""
+        """Seconds the whole session may take: every run at its wall limit (and the judge's
+        grace past it), spread over the workers, plus start-up."""
         runs = [
-            len(job.tests if job.tests is not None else job.inputs) * (job.limits.wall_seconds + 1)
+            len(job.tests if job.tests is not None else job.inputs)
+            * (job.limits.wall_seconds + GRACE_SECONDS + 1)
             for job in self.jobs
         ]
         return STARTUP_SECONDS + sum(runs) / self.workers + max(runs)
 
-    def _take_results(self, buffer: bytearray) -> None:
-        while len(buffer) >= wire.HEADER.size:
-            (size,) = wire.HEADER.unpack(buffer[: wire.HEADER.size])
-            end = wire.HEADER.size + size
-            if len(buffer) < end:
-                return
-            message = wire.json.loads(bytes(buffer[wire.HEADER.size : end]))
-            del buffer[:end]
+    def _take_results(self, chunk: bytes) -> None:
+        for message in self.frames.feed(chunk):
             self.results[int(message.pop("job"))] = message
 
     def _take_status(self, data: bytes) -> None:
@@ -402,6 +399,7 @@ def _job_message(index: int, job: Job) -> dict[str, Any]:
         "kind": "calls" if job.tests is not None else "program",
         "code": job.code,
         "limits": {
+            "cpu_seconds": limits.cpu_seconds,
             "wall_seconds": limits.wall_seconds,
             "output_bytes": limits.output_bytes,
             "spawn": limits.spawn,

@@ -185,27 +185,29 @@ def test_real_time_signals_are_named_from_sigrtmin():
 
 
 FACTS = {"status": 0, "cpu": 0.1, "seconds": 0.2, "stdout": "", "stderr": ""}
+RAISED = {"kind": "exception", "type": "ValueError"}
 
 
 @pytest.mark.parametrize(
     "changes,status,reason",
     [
         ({}, "ok", ""),
-        ({"status": 3}, "error", "exit"),
-        (
-            {"status": 1, "stderr": "Traceback (most recent call last):\nValueError: x\n"},
-            "error",
-            "exception",
-        ),
-        (
-            {"status": 1, "stderr": "Traceback (most recent call last):\nMemoryError\n"},
-            "error",
-            "memory",
-        ),
-        ({"status": 1, "stderr": "OSError: [Errno 27] File too large\n"}, "error", "file_size"),
-        ({"status": -24}, "killed", "cpu_time"),  # SIGXCPU
-        ({"status": -9, "cpu": 2.0}, "killed", "cpu_time"),  # the hard limit's SIGKILL
-        ({"status": -9, "cpu": 0.1}, "killed", "signal"),
+        ({"status": 3}, "error", "exit"),  # no word from the harness: os._exit(3)
+        ({"status": 3, "end": {"kind": "exit"}}, "error", "exit"),  # SystemExit(3)
+        ({"status": 1, "end": RAISED}, "error", "exception"),
+        # what it printed does not decide: the harness says how it ended
+        ({"status": 1, "stderr": "Traceback (most recent call last):\nValueError\n"}, "error",
+         "exit"),
+        ({"status": 1, "end": {"kind": "syntax", "type": "SyntaxError"}}, "error", "syntax"),
+        ({"status": 1, "end": {"kind": "exception", "type": "MemoryError"}}, "error", "memory"),
+        ({"status": 1, "end": {"kind": "exception", "type": "OSError", "errno": 27}}, "error",
+         "file_size"),
+        ({"status": 1, "end": {"kind": "exception", "type": "OSError", "errno": 2}}, "error",
+         "exception"),
+        ({"status": -24}, "killed", "signal"),  # SIGXCPU: never the limit's (hard = soft)
+        ({"status": -9, "cpu_limit": True}, "killed", "cpu_time"),  # the judge's or the rlimit's
+        ({"status": -9, "cpu": 5.0}, "killed", "signal"),  # a SIGKILL of its own, however long
+        ({"status": -2}, "killed", "signal"),  # an uncaught KeyboardInterrupt, as CPython ends
         ({"status": -25}, "killed", "file_size"),
         ({"status": -40}, "killed", "signal"),
         ({"status": -9, "oom": True}, "killed", "memory"),
@@ -214,7 +216,7 @@ FACTS = {"status": 0, "cpu": 0.1, "seconds": 0.2, "stdout": "", "stderr": ""}
         ({"setup_error": "unshare: not permitted"}, "sandbox_failed", "sandbox_failed"),
         ({"status": None}, "sandbox_failed", "sandbox_failed"),
     ],
-)
+)  # fmt: skip
 def test_classify(changes, status, reason):
     result = classify({**FACTS, **changes}, Limits(cpu_seconds=2))
     assert (result.status, result.reason) == (status, reason)
@@ -233,13 +235,12 @@ def test_verdicts_of_ended_programs_fail_with_the_cause():
     assert (verdict_of(ended, limits).passed, verdict_of(ended, limits).reason) == (False, "signal")
     left = {"passed": False, "why": "ended", "facts": FACTS}  # os._exit(0) in the middle of a call
     assert verdict_of(left, limits).reason == "exit"
-    load = {
-        "passed": False,
-        "why": "load",
-        "detail": "SyntaxError",
-        "facts": {**FACTS, "status": 1},
-    }
+    load = {"passed": False, "why": "load", "detail": "ValueError", "facts": {**FACTS, "status": 1}}
     assert verdict_of(load, limits).reason == "load"
+    syntax = {"passed": False, "why": "syntax", "detail": "SyntaxError: invalid syntax"}
+    assert verdict_of(syntax, limits).reason == "syntax"
+    reply = {"passed": False, "why": "reply", "detail": "more than 32 members share one hash"}
+    assert (verdict_of(reply, limits).passed, verdict_of(reply, limits).reason) == (False, "reply")
 
 
 # ---- the seccomp filter, against a slow reference interpreter ---------------------------------
