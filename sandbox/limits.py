@@ -18,6 +18,7 @@ REASONS = (
     "wall_time",  # the wall clock (also: the judge's own work on the program's reply)
     "output_limit",  # stdout or stderr over `output_bytes`
     "file_size",  # RLIMIT_FSIZE
+    "reply",  # what it sent back is not plain data, or over the bounds (sandbox/inner/wire.py)
     "sandbox_failed",
 )
 
@@ -68,9 +69,8 @@ class SandboxResult:
 @dataclass(frozen=True)
 class Verdict:
     """One assert-style test of a program: passed, failed (`reason` from REASONS, or
-    "assertion", "raised", "load", "reply", "test_error" or "wrong_output"), or None when it could
-    not be judged ("sandbox_failed", "unsupported", "bad_test"). "reply": what the program
-    returned is not plain data or is over the judge's bounds (sandbox/inner/wire.py)."""
+    "assertion", "raised", "load", "test_error" or "wrong_output"), or None when it could not be
+    judged ("sandbox_failed", "unsupported", "bad_test")."""
 
     passed: bool | None
     reason: str

@@ -35,6 +35,8 @@ def classify(facts: dict[str, Any] | None, limits: Limits, why_missing: str = ""
 
     if facts.get("output_exceeded"):
         return result("killed", status, "output_limit", f"output over {limits.output_bytes} bytes")
+    if facts.get("refused"):
+        return result("killed", status, "reply", f"ended for its reply: {facts['refused']}")
     if facts.get("oom"):
         return result(
             "killed", status, "memory", "memory limit (killed by the cgroup's OOM killer)"

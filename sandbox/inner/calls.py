@@ -59,6 +59,7 @@ class Program:
         self.names: dict[str, dict[str, Any]] = {}
         self.load_error: str | None = None
         self.load_reason = "load"  # or "syntax": the program does not compile
+        self.load_reported = False  # it said why loading failed (and then exits by itself)
         if self.process.setup_error:
             return
         self.process.start_clock()
@@ -74,6 +75,7 @@ class Program:
         else:
             self.load_error = f"{reply.get('raised', 'error')}: {reply.get('message', '')}"[:500]
             self.load_reason = "syntax" if reply.get("stage") == "compile" else "load"
+            self.load_reported = "raised" in reply
 
     @property
     def alive(self) -> bool:
@@ -108,10 +110,13 @@ class Program:
             raise Refused(str(exc)[:300]) from None
 
     def close(self) -> dict[str, Any]:
+        """End the process (it leaves by itself after a bye, or after telling that loading
+        failed; otherwise it is killed) and say how it ended."""
+        leaves = self.alive or self.load_reported
         if self.alive:
             with contextlib.suppress(Ended):
                 self.process.send({"op": "bye"})
-        self.process.finish(kill=not self.alive)
+        self.process.finish(kill=not leaves)
         return self.process.facts()
 
 

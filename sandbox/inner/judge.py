@@ -21,9 +21,9 @@ clock), and reports each result as it comes. The judge's work on what a program 
 some of it is C code holding the interpreter that no deadline inside the worker can stop. So a
 worker still busy GRACE_SECONDS past its deadline is killed from outside: that run or test fails
 at the wall clock, the zygote kills the worker's program processes, and a fresh worker takes the
-job's remaining runs or tests. Its siblings never wait on it: each worker is a process of its own.
-A worker that dies otherwise (the judge's own failure) leaves the rest of its job unscorable;
-the batch goes on with a fresh worker.
+job's remaining runs or tests. Its siblings never wait on it: each worker is a process of its
+own, its memory bounded too (WORKER_MEMORY). A worker that dies otherwise (the judge's own
+failure) leaves the rest of its job unscorable; the batch goes on with a fresh worker.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -45,6 +46,9 @@ from sandbox.inner.programs import run_program
 
 JOB_LIMIT = 256 << 20
 ITEM_LIMIT = 64 << 20
+# A worker's address space: about 25 MB of its own, and room for the largest reply it takes
+# (16 MB of JSON, a few hundred MB once decoded) and the test's work on it; past it, MemoryError.
+WORKER_MEMORY = 1 << 30
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -221,6 +225,7 @@ def _worker(control: socket.socket, jobs_fd: int, out_fd: int, keep: tuple[int, 
     """A worker: each job it is given, run to its end, its results reported as they come."""
     try:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY, WORKER_MEMORY))
         low = 3
         for fd in sorted(keep):  # every other descriptor is the supervisor's
             os.closerange(low, fd)

@@ -12,9 +12,10 @@ import time
 from typing import Any
 
 from sandbox.inner import wire
-from sandbox.inner.process import REPLY_LIMIT, SETUP_SECONDS, Ended, Process, Refused, Reporter
+from sandbox.inner.process import SETUP_SECONDS, Ended, Process, Refused, Reporter
 
 DRAIN_SECONDS = 0.5  # outputs still read after the program has ended
+HARNESS_REPLY_LIMIT = 1 << 16  # a run's end, as the harness says it: a few fields
 
 
 def run_program(control: socket.socket, job: dict, report: Reporter) -> dict[str, Any]:
@@ -59,19 +60,22 @@ def _run_once(process: Process, stdin: bytes) -> dict[str, Any]:
     finally:
         os.close(out_r)
         os.close(err_r)
-    status, end = None, {}
+    status, end, refused, leaving = None, {}, "", False
     if not exceeded and process.alive:
         try:
-            reply = process.read(process.deadline, REPLY_LIMIT)
+            reply = process.read(process.deadline, HARNESS_REPLY_LIMIT)
             if reply.get("nonce") == nonce and type(reply.get("exit")) is int:
                 status, end = reply["exit"], _end(reply.get("end"))
-        except (Ended, Refused):
-            pass
+        except Ended:  # it closed the channel (exiting, or not): it has until its deadline
+            leaving = not (process.timed_out or process.cpu_exceeded)
+        except Refused as exc:  # the program wrote to the harness's channel itself
+            refused = str(exc)
     if status is None:  # the process ended, or was ended: its exit report says how
-        process.finish(kill=True)
+        process.finish(kill=not leaving)
     return {
         **process.facts(status),
         "end": end,
+        "refused": refused,
         "output_exceeded": exceeded,
         "stdout": out.decode("latin-1"),
         "stderr": err.decode("latin-1"),
