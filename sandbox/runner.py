@@ -130,7 +130,9 @@ def _probe() -> Capabilities:
 def describe(caps: Capabilities) -> str:
     """The guards in force, in a line."""
     guards = [
-        "namespaces and a private root" if caps.namespaces else "no namespaces",
+        "namespaces (mount, IPC and network ones per program) and a private root"
+        if caps.namespaces
+        else "no namespaces",
         "a uid per run" if caps.uid_drop else "one shared uid",
         f"memory cgroup {caps.cgroup}" if caps.cgroup else "no memory cgroup",
         "seccomp filter" if caps.seccomp else "no seccomp filter",
@@ -143,7 +145,7 @@ def _uncontained(caps: Capabilities) -> tuple[str, ...]:
     if not caps.namespaces:
         gaps.append(
             f"no namespaces ({caps.reason}): programs can reach the network, read world-readable "
-            "files and write the world-writable /tmp"
+            "files, write the world-writable /tmp and /dev/shm and share abstract socket names"
         )
     if not caps.cgroup:
         held = "memfd_create is refused by seccomp" if caps.seccomp else "memfd files"
@@ -154,8 +156,8 @@ def _uncontained(caps: Capabilities) -> tuple[str, ...]:
     if not caps.seccomp:
         why = "not x86_64" if not seccomp.supported() else "the kernel refused the filter"
         gaps.append(
-            f"no seccomp filter ({why}): memfd_create, io_uring, non-AF_UNIX sockets, ptrace and "
-            "signals to other processes are not refused by a filter"
+            f"no seccomp filter ({why}): memfd_create, io_uring, non-AF_UNIX sockets, ptrace, "
+            "System V IPC and signals to other processes are not refused by a filter"
         )
     if not caps.uid_drop:
         gaps.append("not root: every run and the judge share one uid")
