@@ -292,6 +292,53 @@ def test_held_memory_counts_what_reclaim_cannot_free() -> None:
     assert cgroups.held_memory(v2, 2) == 4096
 
 
+NOBODY = 65534
+AS_NOBODY = """
+import sys
+sys.path.insert(0, {repo!r})
+from sandbox import Job, run_jobs
+hostname = "import ctypes\\nprint(ctypes.CDLL(None).sethostname(b'x', 1))\\n"
+(result,), = run_jobs([Job(hostname)])
+print(result.status, result.stdout.strip())
+"""
+
+
+def _world_readable(path: str) -> bool:
+    """Whether a user with no rights of its own can read `path` (every folder above it open)."""
+    path = os.path.realpath(path)
+    parents = [os.path.dirname(path)]
+    while parents[-1] != "/":
+        parents.append(os.path.dirname(parents[-1]))
+    return all(os.stat(p).st_mode & 0o005 == 0o005 for p in parents) and bool(
+        os.stat(path).st_mode & 0o004
+    )
+
+
+def test_without_root_a_program_holds_no_capability() -> None:
+    """A sandbox that is not root runs in a user namespace it made, where every process holds
+    every capability until it gives them up; a program that kept them could rename the
+    session's host for its siblings to read. Run as nobody, with an interpreter nobody can
+    read."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    python = next((p for p in ("/usr/bin/python3", sys.executable) if _world_readable(p)), None)
+    if os.geteuid() != 0 or python is None or not _world_readable(f"{repo}/sandbox/runner.py"):
+        pytest.skip("needs root (to become nobody), and an interpreter and checkout nobody reads")
+    done = subprocess.run(
+        [python, "-I", "-c", AS_NOBODY.format(repo=repo)],
+        user=NOBODY,
+        group=NOBODY,
+        extra_groups=[],
+        env={"PATH": "/usr/bin:/bin", "R1_SANDBOX_PYTHON": python},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if "cannot run programs" in done.stderr or "no isolation" in done.stdout:
+        pytest.skip(f"the sandbox cannot run as nobody here: {done.stderr[-300:]}")
+    assert done.stdout == "ok -1\n", done.stderr[-2000:]
+
+
 # ---- limits a program could lift --------------------------------------------------------------
 
 RAISES_LIMITS = """
