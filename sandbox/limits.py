@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 STATUSES = ("ok", "error", "timeout", "killed", "sandbox_failed")
@@ -10,14 +9,16 @@ STATUSES = ("ok", "error", "timeout", "killed", "sandbox_failed")
 # Why a run or a test failed, as counted by the code reward (`reason`). Every abnormal end of a
 # program is one of these; only "sandbox_failed" means the program could not be judged.
 REASONS = (
-    "exit",  # non-zero exit status (SystemExit)
+    "syntax",  # the program does not compile (SyntaxError, IndentationError, null bytes)
+    "exit",  # non-zero exit status (SystemExit, os._exit)
     "exception",  # an uncaught exception
-    "signal",  # ended by a signal that is not a limit's
+    "signal",  # ended by a signal that is not a limit's (an uncaught KeyboardInterrupt: SIGINT)
     "memory",  # MemoryError at the address-space limit, or killed by the cgroup's OOM killer
-    "cpu_time",  # RLIMIT_CPU
-    "wall_time",  # the wall clock
+    "cpu_time",  # the run's CPU limit (kept by the judge; RLIMIT_CPU for the whole job)
+    "wall_time",  # the wall clock (also: the judge's own work on the program's reply)
     "output_limit",  # stdout or stderr over `output_bytes`
     "file_size",  # RLIMIT_FSIZE
+    "reply",  # what it sent back is not plain data, or over the bounds (sandbox/inner/wire.py)
     "sandbox_failed",
 )
 
@@ -26,7 +27,7 @@ REASONS = (
 class Limits:
     """Resource limits for one run of model-written code."""
 
-    cpu_seconds: float = 2.0  # RLIMIT_CPU (rounded up to whole seconds)
+    cpu_seconds: float = 2.0  # each run's or test's CPU time (all its threads)
     wall_seconds: float = 5.0  # the run is killed after this
     memory_mb: int = 256  # RLIMIT_AS, and the run's memory cgroup where the machine has one
     file_size_mb: int = 8  # RLIMIT_FSIZE; /work and /tmp are each max(16, 4x this) MB of tmpfs
@@ -37,7 +38,6 @@ class Limits:
     def rlimits(self) -> dict[str, int]:
         mb = 1024 * 1024
         return {
-            "cpu": max(1, math.ceil(self.cpu_seconds)),
             "memory": self.memory_mb * mb,
             "file_size": self.file_size_mb * mb,
             "processes": self.processes,
@@ -69,8 +69,8 @@ class SandboxResult:
 @dataclass(frozen=True)
 class Verdict:
     """One assert-style test of a program: passed, failed (`reason` from REASONS, or
-    "assertion", "raised", "load" or "wrong_output"), or None when it could not be judged
-    ("sandbox_failed", "unsupported", "bad_test")."""
+    "assertion", "raised", "load", "test_error" or "wrong_output"), or None when it could not be
+    judged ("sandbox_failed", "unsupported", "bad_test")."""
 
     passed: bool | None
     reason: str

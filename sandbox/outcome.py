@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import signal
 from typing import Any
 
@@ -36,10 +35,15 @@ def classify(facts: dict[str, Any] | None, limits: Limits, why_missing: str = ""
 
     if facts.get("output_exceeded"):
         return result("killed", status, "output_limit", f"output over {limits.output_bytes} bytes")
+    if facts.get("refused"):
+        return result("killed", status, "reply", f"ended for its reply: {facts['refused']}")
     if facts.get("oom"):
         return result(
             "killed", status, "memory", "memory limit (killed by the cgroup's OOM killer)"
         )
+    cpu = float(facts.get("cpu", 0.0))
+    if facts.get("cpu_limit"):
+        return result("killed", status, "cpu_time", f"cpu time limit (cpu {cpu:.2f}s)")
     if facts.get("timed_out"):
         return result("timeout", None, "wall_time", f"wall clock limit ({limits.wall_seconds:g}s)")
     if status is None:
@@ -47,30 +51,37 @@ def classify(facts: dict[str, Any] | None, limits: Limits, why_missing: str = ""
     if status == 0:
         return result("ok", 0, "", "")
     if status > 0:
-        reason, detail = _error_reason(status, err)
+        reason, detail = _error_reason(status, facts.get("end") or {}, err)
         return result("error", status, reason, detail)
-    return _killed(-status, float(facts.get("cpu", 0.0)), limits, result)
+    return _killed(-status, cpu, result)
 
 
-def _error_reason(code: int, stderr: str) -> tuple[str, str]:
+EFBIG = 27
+
+
+def _error_reason(code: int, end: dict[str, Any], stderr: str) -> tuple[str, str]:
+    """Why a run exited with a non-zero status, from how the harness saw it end (`end`): its
+    program did not compile, raised, or exited; with no word from the harness, it exited
+    (os._exit, or its process ended some other way with that status)."""
     lines = stderr.strip().splitlines()
-    tail = lines[-1] if lines else ""
-    if "MemoryError" in tail:
+    tail = lines[-1][:200] if lines else ""
+    detail = f"exit code {code}" + (f": {tail}" if tail else "")
+    kind = end.get("kind")
+    if kind == "syntax":
+        return "syntax", f"the program does not compile: {tail}"
+    if kind != "exception":
+        return "exit", detail
+    if end.get("type") == "MemoryError":
         return "memory", "memory limit (MemoryError)"
-    if "File too large" in stderr:
+    if end.get("errno") == EFBIG:
         return "file_size", "file size limit (File too large)"
-    detail = f"exit code {code}" + (f": {tail[:200]}" if tail else "")
-    if lines and lines[0].startswith("Traceback"):
-        return "exception", detail
-    return "exit", detail
+    return "exception", detail
 
 
-def _killed(number: int, cpu: float, limits: Limits, result) -> SandboxResult:
+def _killed(number: int, cpu: float, result) -> SandboxResult:
+    """Ended by a signal that is not a limit's (the CPU limit's SIGKILL is known by `cpu_limit`;
+    SIGXFSZ is the file size limit's for a program that stopped ignoring it)."""
     name = signal_name(number)
-    if number == signal.SIGXCPU or (
-        number == signal.SIGKILL and cpu >= math.ceil(limits.cpu_seconds)
-    ):
-        return result("killed", -number, "cpu_time", f"cpu time limit ({name}, cpu {cpu:.2f}s)")
     if number == signal.SIGXFSZ:
         return result("killed", -number, "file_size", f"file size limit ({name})")
     return result("killed", -number, "signal", f"killed by {name} (cpu {cpu:.2f}s)")

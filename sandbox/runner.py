@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.inner import cgroups, seccomp, wire
+from sandbox.inner.process import GRACE_SECONDS
 from sandbox.limits import Limits, SandboxResult, Verdict
 from sandbox.outcome import classify, verdict_of
 
@@ -129,7 +130,9 @@ def _probe() -> Capabilities:
 def describe(caps: Capabilities) -> str:
     """The guards in force, in a line."""
     guards = [
-        "namespaces and a private root" if caps.namespaces else "no namespaces",
+        "namespaces (mount, IPC and network ones per program) and a private root"
+        if caps.namespaces
+        else "no namespaces",
         "a uid per run" if caps.uid_drop else "one shared uid",
         f"memory cgroup {caps.cgroup}" if caps.cgroup else "no memory cgroup",
         "seccomp filter" if caps.seccomp else "no seccomp filter",
@@ -142,7 +145,7 @@ def _uncontained(caps: Capabilities) -> tuple[str, ...]:
     if not caps.namespaces:
         gaps.append(
             f"no namespaces ({caps.reason}): programs can reach the network, read world-readable "
-            "files and write the world-writable /tmp"
+            "files, write the world-writable /tmp and /dev/shm and share abstract socket names"
         )
     if not caps.cgroup:
         held = "memfd_create is refused by seccomp" if caps.seccomp else "memfd files"
@@ -153,8 +156,8 @@ def _uncontained(caps: Capabilities) -> tuple[str, ...]:
     if not caps.seccomp:
         why = "not x86_64" if not seccomp.supported() else "the kernel refused the filter"
         gaps.append(
-            f"no seccomp filter ({why}): memfd_create, io_uring, non-AF_UNIX sockets, ptrace and "
-            "signals to other processes are not refused by a filter"
+            f"no seccomp filter ({why}): memfd_create, io_uring, non-AF_UNIX sockets, ptrace, "
+            "System V IPC and signals to other processes are not refused by a filter"
         )
     if not caps.uid_drop:
         gaps.append("not root: every run and the judge share one uid")
@@ -217,6 +220,7 @@ class _Session:
         self.namespaces = namespaces
         self.workers = max(1, min(workers, len(self.jobs)))
         self.results: dict[int, dict[str, Any]] = {}
+        self.frames = wire.Frames(RESULT_LIMIT)
         self.guards: dict[str, Any] = {}
         self.status: list[dict[str, Any]] = []
 
@@ -319,8 +323,8 @@ class _Session:
         deadline = time.monotonic() + self._budget()
         selector = selectors.DefaultSelector()
         assert proc.stderr is not None
-        buffers = {result_r: bytearray(), status_r: bytearray(), proc.stderr.fileno(): bytearray()}
-        for fd in buffers:
+        buffers = {status_r: bytearray(), proc.stderr.fileno(): bytearray()}
+        for fd in (result_r, *buffers):
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ)
         try:
@@ -335,10 +339,10 @@ class _Session:
                         continue
                     if not chunk:
                         selector.unregister(key.fd)
+                    elif key.fd == result_r:
+                        self._take_results(chunk)
                     elif len(buffers[key.fd]) < RESULT_LIMIT:
                         buffers[key.fd] += chunk
-                    if key.fd == result_r:
-                        self._take_results(buffers[result_r])
         finally:
             selector.close()
             self._take_status(bytes(buffers[status_r]))
@@ -346,22 +350,17 @@ class _Session:
         return False
 
     def _budget(self) -> float:
-        """Seconds the whole session may take: every run at its wall limit, spread over the
-        workers, plus start-up."""
+        """Seconds the whole session may take: every run at its wall limit (and the judge's
+        grace past it), spread over the workers, plus start-up."""
         runs = [
-            len(job.tests if job.tests is not None else job.inputs) * (job.limits.wall_seconds + 1)
+            len(job.tests if job.tests is not None else job.inputs)
+            * (job.limits.wall_seconds + GRACE_SECONDS + 1)
             for job in self.jobs
         ]
         return STARTUP_SECONDS + sum(runs) / self.workers + max(runs)
 
-    def _take_results(self, buffer: bytearray) -> None:
-        while len(buffer) >= wire.HEADER.size:
-            (size,) = wire.HEADER.unpack(buffer[: wire.HEADER.size])
-            end = wire.HEADER.size + size
-            if len(buffer) < end:
-                return
-            message = wire.json.loads(bytes(buffer[wire.HEADER.size : end]))
-            del buffer[:end]
+    def _take_results(self, chunk: bytes) -> None:
+        for message in self.frames.feed(chunk):
             self.results[int(message.pop("job"))] = message
 
     def _take_status(self, data: bytes) -> None:
@@ -402,6 +401,7 @@ def _job_message(index: int, job: Job) -> dict[str, Any]:
         "kind": "calls" if job.tests is not None else "program",
         "code": job.code,
         "limits": {
+            "cpu_seconds": limits.cpu_seconds,
             "wall_seconds": limits.wall_seconds,
             "output_bytes": limits.output_bytes,
             "spawn": limits.spawn,

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from sandbox.inner import wire
-from sandbox.inner.process import REPLY_LIMIT, Ended, Process
+from sandbox.inner.process import REPLY_LIMIT, Ended, Process, Refused, Reporter
 
 SAME = "__r1_same__"
 
@@ -54,17 +54,19 @@ class Unsupported(Exception):
 class Program:
     """A process with the program loaded as a module, answering the judge's calls."""
 
-    def __init__(self, control: socket.socket, job: dict):
-        self.process = Process(control, job)
+    def __init__(self, control: socket.socket, job: dict, report: Reporter):
+        self.process = Process(control, job, report)
         self.names: dict[str, dict[str, Any]] = {}
         self.load_error: str | None = None
+        self.load_reason = "load"  # or "syntax": the program does not compile
+        self.load_reported = False  # it said why loading failed (and then exits by itself)
         if self.process.setup_error:
             return
         self.process.start_clock()
         try:
             self.process.send({"code": job["code"]})
             reply = self.process.read(self.process.deadline, REPLY_LIMIT)
-        except (Ended, wire.WireError) as exc:
+        except (Ended, Refused) as exc:
             self.load_error = f"ended while loading: {exc}"
             return
         names = reply.get("loaded")
@@ -72,10 +74,12 @@ class Program:
             self.names = names
         else:
             self.load_error = f"{reply.get('raised', 'error')}: {reply.get('message', '')}"[:500]
+            self.load_reason = "syntax" if reply.get("stage") == "compile" else "load"
+            self.load_reported = "raised" in reply
 
     @property
     def alive(self) -> bool:
-        return self.process.exit is None and not self.process.setup_error and not self.load_error
+        return self.process.alive and not self.load_error
 
     def remote(self, id_: int, type_name: str) -> Remote:
         return Remote(self, id_, type_name)
@@ -89,22 +93,30 @@ class Program:
                     f"the test passes the program a value it cannot send: {exc}"
                 ) from None
         self.process.send(message)
-        try:
-            reply = self.process.read(self.process.deadline, REPLY_LIMIT)
-            if "value" in reply:
-                return wire.decode(reply["value"], self.remote)
-        except wire.WireError as exc:
-            self.process.finish(kill=True)
-            raise Ended(f"malformed reply: {exc}") from None
+        reply = self.process.read(self.process.deadline, REPLY_LIMIT)
+        if "value" in reply:
+            return self.decode(reply["value"])
+        if "unsendable" in reply:  # its own encoder refused the value
+            raise Refused(f"the program returned what is not plain data: {reply['unsendable']}")
         raise _program_exception(
-            str(reply.get("raised", "Exception")), str(reply.get("message", ""))
+            str(reply.get("raised", "Exception")), str(reply.get("message", "")), reply.get("errno")
         )
 
+    def decode(self, value: Any) -> Any:
+        """A value of the program as fresh plain data (Refused when over the bounds)."""
+        try:
+            return wire.decode(value, self.remote)
+        except (wire.WireError, MemoryError) as exc:
+            raise Refused(str(exc)[:300]) from None
+
     def close(self) -> dict[str, Any]:
+        """End the process (it leaves by itself after a bye, or after telling that loading
+        failed; otherwise it is killed) and say how it ended."""
+        leaves = self.alive or self.load_reported
         if self.alive:
             with contextlib.suppress(Ended):
                 self.process.send({"op": "bye"})
-        self.process.finish(kill=not self.alive)
+        self.process.finish(kill=not leaves)
         return self.process.facts()
 
 
@@ -118,7 +130,13 @@ class ProgramError(Exception):
     """An exception raised inside the program under test, of a type the judge does not have."""
 
 
-def _program_exception(name: str, message: str) -> BaseException:
+EFBIG = 27
+
+
+def _program_exception(name: str, message: str, errno: object = None) -> BaseException:
+    """The built-in exception of that name (a test may expect it), marked as the program's, with
+    the limit it means when it means one: MemoryError (its address space) or EFBIG (its file
+    size)."""
     cls = getattr(builtins, name, None)
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
         cls, message = ProgramError, f"{name}: {message}"
@@ -127,32 +145,39 @@ def _program_exception(name: str, message: str) -> BaseException:
     except Exception:  # noqa: BLE001 - an exception type that wants other arguments
         exc = ProgramError(f"{name}: {message}")
     exc.r1_from_program = True  # type: ignore[attr-defined]
+    exc.r1_reason = (  # type: ignore[attr-defined]
+        "memory" if name == "MemoryError" else "file_size" if errno == EFBIG else "raised"
+    )
     return exc
 
 
-def run_calls(control: socket.socket, job: dict) -> dict[str, Any]:
-    verdicts: list[dict[str, Any]] = []
+def run_calls(control: socket.socket, job: dict, report: Reporter) -> dict[str, Any]:
+    """Each test of the job, its verdict reported as it comes; what else there is to say about
+    the job (a setup error) is returned."""
     program: Program | None = None
     for source in job["tests"]:
         if program is None or not program.alive:
             if program is not None:
                 program.close()
             if program is not None and program.load_error:  # loading fails the same way again
-                verdicts.append({"passed": False, "why": "load", "detail": program.load_error})
+                report.item(_load_failure(program))
                 continue
-            program = Program(control, job)
+            program = Program(control, job, report)
             if program.process.setup_error:
                 program.close()
-                return {"setup_error": program.process.setup_error, "verdicts": verdicts}
+                return {"setup_error": program.process.setup_error}
             if program.load_error:
-                verdicts.append({"passed": False, "why": "load", "detail": program.load_error,
-                                 "facts": program.close()})  # fmt: skip
+                report.item({**_load_failure(program), "facts": program.close()})
                 continue
         program.process.start_clock()
-        verdicts.append(run_test(program, source))
+        report.item(run_test(program, source))
     if program is not None:
         program.close()
-    return {"verdicts": verdicts}
+    return {}
+
+
+def _load_failure(program: Program) -> dict[str, Any]:
+    return {"passed": False, "why": program.load_reason, "detail": program.load_error}
 
 
 def run_test(program: Program, source: str) -> dict[str, Any]:
@@ -167,14 +192,29 @@ def run_test(program: Program, source: str) -> dict[str, Any]:
     except Ended as exc:
         facts = program.close()
         return {"passed": False, "why": "ended", "detail": str(exc), "facts": facts}
+    except Refused as exc:
+        return {"passed": False, "why": "reply", "detail": str(exc)}
     except Unsupported as exc:
         return {"passed": None, "why": "unsupported", "detail": str(exc)}
     except AssertionError as exc:
-        why = "raised" if getattr(exc, "r1_from_program", False) else "assertion"
-        return {"passed": False, "why": why, "detail": str(exc)[:300]}
+        why = getattr(exc, "r1_reason", "assertion")
+        return {"passed": False, "why": why, "detail": _text(exc, with_type=False)}
+    except MemoryError as exc:  # the test's own work on the program's values, in the judge
+        why = getattr(exc, "r1_reason", "memory")
+        return {"passed": False, "why": why, "detail": _text(exc)}
     except BaseException as exc:  # noqa: BLE001 - anything else ends the test as failed
-        why = "raised" if getattr(exc, "r1_from_program", False) else "test_error"
-        return {"passed": False, "why": why, "detail": f"{type(exc).__name__}: {exc}"[:300]}
+        why = getattr(exc, "r1_reason", "test_error")
+        return {"passed": False, "why": why, "detail": _text(exc)}
+
+
+def _text(exc: BaseException, with_type: bool = True) -> str:
+    """An exception in words, at most 300 characters, whatever its arguments are (an int too
+    long to print, an object that cannot be shown)."""
+    try:
+        text = str(exc)[:300]
+    except BaseException:  # noqa: BLE001
+        text = "(its message cannot be shown)"
+    return f"{type(exc).__name__}: {text}"[:300] if with_type else text
 
 
 class _StrictEquality(ast.NodeTransformer):
@@ -228,11 +268,11 @@ def _namespace(program: Program, tree: ast.AST) -> dict[str, Any]:
         if module is None and (not entry or name in dotted) and _is_stdlib(name):
             module = name
         if module is not None:
-            if _is_stdlib(str(module)):
+            if _importable(str(module)):
                 with contextlib.suppress(ImportError):
                     namespace[name] = importlib.import_module(str(module))
         elif "value" in entry:
-            namespace[name] = wire.decode(entry["value"], program.remote)
+            namespace[name] = program.decode(entry["value"])
         elif "object" in entry:
             namespace[name] = program.remote(int(entry["object"]), name)
     return namespace
@@ -240,3 +280,17 @@ def _namespace(program: Program, tree: ast.AST) -> dict[str, Any]:
 
 def _is_stdlib(module: str) -> bool:
     return module.split(".")[0] in sys.stdlib_module_names
+
+
+# Standard-library modules that do something when imported (open a browser, print, start a
+# program): a program may name them as what its names stand for, and the judge imports what
+# they name.
+_ACTS_ON_IMPORT = frozenset(
+    {"antigravity", "this", "__hello__", "__phello__", "idlelib", "turtledemo", "ensurepip"}
+)
+
+
+def _importable(module: str) -> bool:
+    """A standard-library module the judge may import for a test: none that acts on import."""
+    parts = module.split(".")
+    return _is_stdlib(module) and parts[0] not in _ACTS_ON_IMPORT and "__main__" not in parts

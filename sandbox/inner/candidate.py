@@ -14,10 +14,13 @@ bye (the judge starts a fresh process after one that ended abnormally):
   0 when it returns, SystemExit's code, or 1 with the traceback on stderr. atexit hooks and
   `sys.excepthook` do not run. Between runs the interpreter's state the code may have changed
   (builtins, signal handlers, the working directory, sys.path, tracing) is put back.
-- calls: the code is loaded as a module (`__name__ == "solution"`), its top-level names are
-  reported, and the judge's calls are answered one message each, values as plain data
-  (sandbox/inner/wire.py). Its stdout and stderr go to /dev/null.
-Each run or call gets `cpu` seconds of CPU (the soft RLIMIT_CPU is moved on before it).
+- calls (sandbox/inner/callee.py): the code is loaded as a module (`__name__ == "solution"`), its
+  top-level names are reported, and the judge's calls are answered one message each, values as
+  plain data (sandbox/inner/wire.py). Its stdout and stderr go to /dev/null.
+Each run or test gets `cpu_seconds` of CPU: the judge reads the process's CPU clock from outside
+and has it killed there (sandbox/inner/process.py). The process's RLIMIT_CPU, like each of its
+limits, has hard = soft, set before the program exists: the program can lower its limits but
+never raise one.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import ctypes
 import fcntl
 import io
 import json
-import math
 import os
 import resource
 import signal
@@ -38,12 +40,14 @@ import traceback
 import types
 from typing import Any, NoReturn
 
-from sandbox.inner import seccomp, wire
+from sandbox.inner import callee, seccomp, wire
 from sandbox.inner.cgroups import RunCgroups
 
 CHANNEL = 3
 DEVNULL = 4
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV = 2, 4
 PR_SET_PDEATHSIG = 1
 REQUEST_LIMIT = 64 << 20
@@ -67,20 +71,26 @@ def start(setup: dict, fds: list[int], cgroups: RunCgroups | None) -> NoReturn:
             _report_setup_failure(exc)
         os._exit(127)
     if setup["mode"] == "calls":
-        serve_calls(load, setup["rlimits"]["cpu"])
-    serve_program(load, setup["work"], setup["rlimits"]["cpu"])
+        callee.serve(load, CHANNEL, REQUEST_LIMIT)
+    serve_program(load, setup["work"])
+
+
+# What CPython sets at start-up (Python/pylifecycle.c, signal_install_handlers): SIGPIPE and
+# SIGXFSZ ignored (a write to a closed pipe or over the file size limit is an OSError, EPIPE or
+# EFBIG), SIGINT raising KeyboardInterrupt. Every other signal keeps its default action.
+PYTHON_SIGNALS = {signal.SIGPIPE: signal.SIG_IGN, signal.SIGXFSZ: signal.SIG_IGN,
+                  signal.SIGINT: signal.default_int_handler}  # fmt: skip
 
 
 def _default_signals() -> None:
-    """Signals as a fresh program expects them, whatever the sandbox was started under (nohup
-    leaves SIGHUP ignored, a shell's background job SIGINT): each one's default action, SIGINT
-    raising KeyboardInterrupt and SIGPIPE ignored as in any Python, and none blocked."""
+    """Signals as a fresh `python main.py` started from a terminal has them, whatever the sandbox
+    was started under (nohup leaves SIGHUP ignored, a shell's background job SIGINT): CPython's
+    own (PYTHON_SIGNALS), every other one at its default action, and none blocked."""
     for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE):
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
-        handler = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
         with contextlib.suppress(OSError, ValueError):  # the C library's own (32, 33)
-            signal.signal(sig, handler)
+            signal.signal(sig, PYTHON_SIGNALS.get(sig, signal.SIG_DFL))
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
@@ -100,6 +110,7 @@ def _confine(setup: dict, fds: list[int], cgroups: RunCgroups | None, placed: li
     placed[0] = True
     _set_limits(setup["rlimits"])
     _drop_privileges(setup["uid"], setup["gid"])
+    _drop_capabilities()
     if setup["seccomp"]:
         setup["filter"].install_for(os.getpid())
     else:
@@ -116,8 +127,11 @@ def _check(result: int, what: str) -> None:
 
 
 def _private_dirs(setup: dict) -> None:
-    """A fresh tmpfs on /work and /tmp for this program alone, owned by its uid."""
-    _check(_libc.unshare(CLONE_NEWNS), "unshare(mount)")
+    """Namespaces of its own for what a program could leave behind or share with another: mounts
+    (a fresh tmpfs on /work and /tmp, owned by its uid; /dev/shm, where POSIX shared memory and
+    semaphores live, points into /tmp), IPC (System V objects and POSIX message queues) and the
+    network (abstract AF_UNIX socket names live in one). All of it goes with its last process."""
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare(mount, ipc, net)")
     options = (
         f"size={setup['tmpfs_mb']}m,nr_inodes=4096,mode=700,uid={setup['uid']},gid={setup['gid']}"
     )
@@ -129,18 +143,44 @@ def _private_dirs(setup: dict) -> None:
 
 
 def _set_limits(limits: dict[str, int]) -> None:
-    cpu, total = limits["cpu"], limits["cpu_total"]
-    for which, value in (
-        (resource.RLIMIT_CPU, (min(cpu, total), total)),
-        (resource.RLIMIT_AS, (limits["memory"], limits["memory"])),
-        (resource.RLIMIT_FSIZE, (limits["file_size"], limits["file_size"])),
-        (resource.RLIMIT_NPROC, (limits["processes"], limits["processes"])),
-        (resource.RLIMIT_NOFILE, (256, 256)),
-        (resource.RLIMIT_CORE, (0, 0)),
-        (resource.RLIMIT_MSGQUEUE, (0, 0)),
-        (resource.RLIMIT_MEMLOCK, (0, 0)),
-    ):
-        resource.setrlimit(which, value)
+    """Every resource limit with hard = soft: what the program gets is what it can ever have
+    (it may lower a limit, never raise one). Those the sandbox does not set keep their soft
+    value as the hard one too."""
+    chosen = {
+        resource.RLIMIT_CPU: limits["cpu"],  # the whole job's; each run's is kept by the judge
+        resource.RLIMIT_AS: limits["memory"],
+        resource.RLIMIT_FSIZE: limits["file_size"],
+        resource.RLIMIT_NPROC: limits["processes"],
+        resource.RLIMIT_NOFILE: 256,
+        resource.RLIMIT_CORE: 0,
+        resource.RLIMIT_MSGQUEUE: 0,
+        resource.RLIMIT_MEMLOCK: 0,
+    }
+    for which in _rlimits():
+        soft, hard = resource.getrlimit(which)
+        value = chosen.get(which, soft)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard) if value != resource.RLIM_INFINITY else hard
+        resource.setrlimit(which, (value, value))
+
+
+def _rlimits() -> list[int]:
+    return [getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")]
+
+
+_CAPABILITY_VERSION_3 = 0x20080522
+SYS_CAPSET = 126  # x86_64; elsewhere the drop is skipped (see _drop_capabilities)
+
+
+def _drop_capabilities() -> None:
+    """No capability left. Root's uid drop clears them; a sandbox that is not root runs in a
+    user namespace it made, where every process holds all of them until it gives them up (the
+    program could otherwise rename the host in the session's UTS namespace or reconfigure its
+    network). Skipped where the system call number is not known (not x86_64)."""
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    if seccomp.supported():
+        _check(_libc.syscall(SYS_CAPSET, header, data), "capset")
 
 
 def _drop_privileges(uid: int, gid: int) -> None:
@@ -160,7 +200,7 @@ def _report_setup_failure(exc: BaseException) -> None:
 # ---- program mode -------------------------------------------------------------------------------
 
 
-def serve_program(load: dict, work: str, cpu: int) -> NoReturn:
+def serve_program(load: dict, work: str) -> NoReturn:
     """Run the program once per request, on the descriptors that come with it."""
     code = str(load["code"])
     files = {**(load.get("files") or {}), "main.py": code}
@@ -177,12 +217,11 @@ def serve_program(load: dict, work: str, cpu: int) -> NoReturn:
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
-        _move_cpu_limit(cpu)
-        status = _run_once(compiled, files, work)
+        status, end = _run_once(compiled, files, work)
         for fd in (0, 1, 2):  # the judge sees this run's outputs close
             os.dup2(DEVNULL, fd)
         baseline.restore()
-        wire.write_message(CHANNEL, {"nonce": request.get("nonce"), "exit": status})
+        wire.write_message(CHANNEL, {"nonce": request.get("nonce"), "exit": status, "end": end})
 
 
 def _receive(channel: socket.socket) -> tuple[dict, list[int]]:
@@ -199,15 +238,11 @@ def _receive(channel: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data[wire.HEADER.size :]), fds
 
 
-def _move_cpu_limit(cpu: int) -> None:
-    """Give the next run or call `cpu` seconds from now (the hard limit stays the process's)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    soft = math.ceil(usage.ru_utime + usage.ru_stime + cpu)
-    resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard), hard))
-
-
-def _run_once(compiled: types.CodeType | BaseException, files: dict[str, str], work: str) -> int:
+def _run_once(
+    compiled: types.CodeType | BaseException, files: dict[str, str], work: str
+) -> tuple[int, dict[str, Any]]:
+    """The program once, as `python main.py` would run it: its exit status and how it ended
+    (`ending`), or, in a process it forked, the end of that process."""
     owner = os.getpid()
     _fresh_streams()
     main = types.ModuleType("__main__")
@@ -220,21 +255,35 @@ def _run_once(compiled: types.CodeType | BaseException, files: dict[str, str], w
             raise compiled
         exec(compiled, main.__dict__)
         _join_threads()
-        status = 0
+        status, end = 0, {"kind": "returned"}
     except SystemExit as exc:
-        status = _system_exit_code(exc)
+        status, end = _system_exit_code(exc), {"kind": "exit"}
     except BaseException as exc:  # noqa: BLE001 - the program's error: reported as Python would
         with contextlib.suppress(BaseException):  # from the program's own frame on
             tb = exc.__traceback__.tb_next if exc is not compiled else None
             traceback.print_exception(type(exc), exc, tb)
-        status = 1
+        status, end = ending(exc, compiled=exc is compiled)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):  # an output the program closed or broke
             stream.flush()
     if os.getpid() != owner:  # a process the program forked, at the program's end: it ends here
-        os._exit(status)
+        os._exit(status & 0xFF)
     main.__dict__.clear()
-    return status
+    return status, end
+
+
+def ending(exc: BaseException, compiled: bool) -> tuple[int, dict[str, Any]]:
+    """The exit status and the kind of end of an uncaught exception: "syntax" when the program
+    does not compile, else "exception" with its type (and errno). An uncaught KeyboardInterrupt
+    ends CPython by SIGINT: status -2, as that signal would."""
+    if isinstance(exc, KeyboardInterrupt):
+        return -int(signal.SIGINT), {"kind": "signal"}
+    end: dict[str, Any] = {"kind": "exception", "type": type(exc).__name__[:100]}
+    if compiled and not isinstance(exc, MemoryError):
+        end["kind"] = "syntax"
+    if isinstance(exc, OSError) and isinstance(exc.errno, int):
+        end["errno"] = exc.errno
+    return 1, end
 
 
 def _fresh_streams() -> None:
@@ -314,96 +363,3 @@ def _system_exit_code(exc: SystemExit) -> int:
     with contextlib.suppress(BaseException):
         print(exc.code, file=sys.stderr)
     return 1
-
-
-# ---- calls mode ---------------------------------------------------------------------------------
-
-
-class _Handles:
-    """Objects of the program the judge refers to by number."""
-
-    def __init__(self) -> None:
-        self.objects: list[Any] = []
-
-    def add(self, obj: Any) -> int:
-        self.objects.append(obj)
-        return len(self.objects) - 1
-
-    def get(self, index: int, type_name: str = "") -> Any:
-        if not 0 <= index < len(self.objects):
-            raise LookupError(f"no object {index}")
-        return self.objects[index]
-
-
-def serve_calls(load: dict, cpu: int) -> NoReturn:
-    sys.path[:] = [p for p in sys.path if p.startswith(sys.base_prefix)]
-    sys.argv = ["solution.py"]
-    handles = _Handles()
-    module = types.ModuleType("solution")
-    module.__builtins__ = builtins
-    sys.modules["solution"] = module
-    try:
-        exec(compile(str(load["code"]), "solution.py", "exec", dont_inherit=True), module.__dict__)
-        names = {
-            k: _describe(v, handles) for k, v in list(module.__dict__.items()) if k[:2] != "__"
-        }
-        reply: dict[str, Any] = {"loaded": names}
-    except BaseException as exc:  # noqa: BLE001 - the program failed to load: reported, then out
-        _send(_raised(exc))
-        os._exit(1)
-    _send(reply)
-    while True:
-        request = wire.read_message(CHANNEL, REQUEST_LIMIT)
-        if request.get("op") == "bye":
-            os._exit(0)
-        _move_cpu_limit(cpu)
-        _send(_answer(request, module.__dict__, handles))
-
-
-def _describe(value: Any, handles: _Handles) -> dict[str, Any]:
-    if isinstance(value, types.ModuleType):
-        return {"module": getattr(value, "__name__", "")}
-    if callable(value):
-        return {"object": handles.add(value)}
-    try:
-        return {"value": wire.encode(value, handles.add)}
-    except BaseException:  # noqa: BLE001
-        return {"object": handles.add(value)}
-
-
-def _answer(request: dict, names: dict[str, Any], handles: _Handles) -> dict[str, Any]:
-    try:
-        target = _target(request["target"], names, handles)
-        if request["op"] == "getattr":
-            attr = str(request["attr"])
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            result = getattr(target, attr)
-        else:
-            args = wire.decode(request.get("args", []), handles.get)
-            kwargs = wire.decode(request.get("kwargs", {"$": "dict", "v": []}), handles.get)
-            result = target(*args, **kwargs)
-        return {"value": wire.encode(result, handles.add)}
-    except BaseException as exc:  # noqa: BLE001 - the program's own error, reported
-        return _raised(exc)
-
-
-def _target(ref: dict, names: dict[str, Any], handles: _Handles) -> Any:
-    if "handle" in ref:
-        return handles.get(int(ref["handle"]))
-    return names[str(ref["name"])]
-
-
-def _raised(exc: BaseException) -> dict[str, Any]:
-    try:
-        message = str(exc)[:300]
-    except BaseException:  # noqa: BLE001
-        message = "(unprintable)"
-    return {"raised": type(exc).__name__[:100], "message": message}
-
-
-def _send(reply: dict[str, Any]) -> None:
-    try:
-        wire.write_message(CHANNEL, reply)
-    except (TypeError, ValueError, RecursionError) as exc:  # a reply JSON cannot carry
-        wire.write_message(CHANNEL, {"raised": "WireError", "message": str(exc)[:300]})

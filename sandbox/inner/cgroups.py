@@ -172,6 +172,19 @@ def _empty_and_remove(read_procs, rmdir) -> None:
             time.sleep(0.005)
 
 
+# memory.stat keys of pages that reclaim cannot free without swap
+_HELD = {1: ("rss", "shmem", "unevictable"), 2: ("anon", "shmem", "unevictable")}
+
+
+def held_memory(stat: str, version: int) -> int:
+    """Bytes of a cgroup's memory.stat that only freeing (not reclaim) gives back."""
+    values = {}
+    for line in stat.splitlines():
+        key, _, value = line.partition(" ")
+        values[key] = value
+    return sum(int(values.get(key, "0")) for key in _HELD[version])
+
+
 class RunCgroups:
     """One child cgroup per program, made through the session directory's descriptor."""
 
@@ -214,9 +227,14 @@ class RunCgroups:
         return False
 
     def empty(self, name: str) -> bool:
+        """No process in the cgroup, and no memory charged to it that reclaim cannot take back
+        (without swap: anonymous and shared pages, tmpfs files and IPC segments among them, and
+        locked ones). Page cache left by reading files is reclaimable and does not count."""
         try:
-            return not self._read(name, "cgroup.procs").strip()
-        except OSError:
+            if self._read(name, "cgroup.procs").strip():
+                return False
+            return held_memory(self._read(name, "memory.stat"), self.version) == 0
+        except (OSError, ValueError):
             return False
 
     def remove(self, name: str) -> None:

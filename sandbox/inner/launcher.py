@@ -5,7 +5,8 @@ sandbox/runner.py. CONFIG is a marshalled dict in hex.
    user namespace when not root), then fork the init and wait for it.
 2. Init (A): PID 1 of the new PID namespace. It opens the session's cgroup directory, builds the
    private root (the system's /usr and the interpreter read-only, their site-packages masked by
-   empty directories, /dev/null and a few other devices, /work and /tmp writable) and enters it,
+   empty directories, /dev/null and a few other devices, /work and /tmp writable, /dev/shm a link
+   to /tmp) and enters it,
    finds whether a seccomp filter can be installed, reports the guards in force on the status
    pipe, then forks the judge and the zygote, connected by one SEQPACKET socket per judge worker.
    When the judge is done it ends the zygote and exits, and the kernel ends everything left in
@@ -124,6 +125,7 @@ def _build_root(cfg: dict) -> None:
         node = os.path.join(root, "dev", name)
         open(node, "w").close()
         _mount("/dev/" + name, node, None, MS_BIND)
+    os.symlink("/tmp", os.path.join(root, "dev", "shm"))  # POSIX shm: in each program's own /tmp
     for name in ("tmp", "work"):  # each program mounts its own over these (candidate.py)
         os.mkdir(os.path.join(root, name), 0o755)
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)

@@ -12,23 +12,26 @@ import time
 from typing import Any
 
 from sandbox.inner import wire
-from sandbox.inner.process import REPLY_LIMIT, SETUP_SECONDS, Ended, Process
+from sandbox.inner.process import SETUP_SECONDS, Ended, Process, Refused, Reporter
 
 DRAIN_SECONDS = 0.5  # outputs still read after the program has ended
+HARNESS_REPLY_LIMIT = 1 << 16  # a run's end, as the harness says it: a few fields
 
 
-def run_program(control: socket.socket, job: dict) -> dict[str, Any]:
-    """The program once per input, in one process while it keeps running normally."""
-    runs: list[dict[str, Any]] = []
+def run_program(control: socket.socket, job: dict, report: Reporter) -> dict[str, Any]:
+    """The program once per input, in one process while it keeps running normally; each run's
+    facts reported as they come, and what else there is to say (a setup error) returned."""
     process: Process | None = None
     for stdin in job["inputs"]:
         if process is None or not process.alive:
-            process = Process(control, job)
+            if process is not None:
+                process.finish(kill=True)
+            process = Process(control, job, report)
             if process.setup_error:
-                return {"runs": runs, "setup_error": process.setup_error}
+                return {"setup_error": process.setup_error}
             with contextlib.suppress(Ended):
                 process.send({"code": job["code"], "files": job.get("files") or {}})
-        runs.append(_run_once(process, stdin.encode("utf-8", "surrogatepass")))
+        report.item(_run_once(process, stdin.encode("utf-8", "surrogatepass")))
         if job["limits"]["spawn"] and process.alive:  # what it started ends with its process
             process.finish(kill=True)
     if process is not None:
@@ -36,7 +39,7 @@ def run_program(control: socket.socket, job: dict) -> dict[str, Any]:
             with contextlib.suppress(Ended):
                 process.send({"op": "bye"})
         process.finish(kill=not process.alive)
-    return {"runs": runs}
+    return {}
 
 
 def _run_once(process: Process, stdin: bytes) -> dict[str, Any]:
@@ -57,22 +60,37 @@ def _run_once(process: Process, stdin: bytes) -> dict[str, Any]:
     finally:
         os.close(out_r)
         os.close(err_r)
-    status = None
+    status, end, refused, leaving = None, {}, "", False
     if not exceeded and process.alive:
         try:
-            reply = process.read(process.deadline, REPLY_LIMIT)
+            reply = process.read(process.deadline, HARNESS_REPLY_LIMIT)
             if reply.get("nonce") == nonce and type(reply.get("exit")) is int:
-                status = reply["exit"]
-        except (Ended, wire.WireError):
-            pass
+                status, end = reply["exit"], _end(reply.get("end"))
+        except Ended:  # it closed the channel (exiting, or not): it has until its deadline
+            leaving = not (process.timed_out or process.cpu_exceeded)
+        except Refused as exc:  # the program wrote to the harness's channel itself
+            refused = str(exc)
     if status is None:  # the process ended, or was ended: its exit report says how
-        process.finish(kill=True)
+        process.finish(kill=not leaving)
     return {
         **process.facts(status),
+        "end": end,
+        "refused": refused,
         "output_exceeded": exceeded,
         "stdout": out.decode("latin-1"),
         "stderr": err.decode("latin-1"),
     }
+
+
+def _end(end: Any) -> dict[str, Any]:
+    """How the harness says the run ended (`{"kind": "exception", "type": "MemoryError"}`),
+    kept to plain fields: the harness runs in the program's process."""
+    if not isinstance(end, dict):
+        return {}
+    kept = {k: end[k] for k in ("kind", "type") if type(end.get(k)) is str}
+    if type(end.get("errno")) is int:
+        kept["errno"] = end["errno"]
+    return {k: v[:100] if isinstance(v, str) else v for k, v in kept.items()}
 
 
 def _communicate(
@@ -96,7 +114,9 @@ def _communicate(
             if left <= 0:
                 process.timed_out = not draining
                 break
-            for key, _ in selector.select(min(left, 1.0)):
+            if process.over_cpu():  # its CPU limit, kept from outside
+                break
+            for key, _ in selector.select(min(left, wire.TICK_SECONDS)):
                 if key.fd == stdin_fd:
                     feeder.write_some()
                 elif key.fd == process.control.fileno():

@@ -4,6 +4,9 @@ What it refuses (EPERM, so the program sees an ordinary error, except clone3: EN
 C library falls back to clone, whose flags the filter can read):
 - memory a process holds outside its address space: `memfd_create`, `memfd_secret`,
   `userfaultfd`, and a pipe grown past its default size (`fcntl(F_SETPIPE_SZ)`);
+- System V IPC (`shmget`, `shmat`, `semget`, `msgget` and the rest) and POSIX message queues
+  (`mq_open` and the rest): objects that outlive the process that made them, and that another
+  process could find by key or name (each program also has an IPC namespace of its own);
 - `io_uring_*` (asynchronous I/O beyond the filter's view), `bpf`, `perf_event_open`, the kernel
   keyring (`add_key`, `request_key`, `keyctl`);
 - sockets of any family but AF_UNIX (`socket`, `socketpair`);
@@ -29,6 +32,9 @@ X32_BIT = 0x40000000
 
 # x86_64 system call numbers (arch/x86/entry/syscalls/syscall_64.tbl)
 NR = {
+    "shmget": 29,
+    "shmat": 30,
+    "shmctl": 31,
     "socket": 41,
     "socketpair": 53,
     "clone": 56,
@@ -36,6 +42,14 @@ NR = {
     "vfork": 58,
     "execve": 59,
     "kill": 62,
+    "semget": 64,
+    "semop": 65,
+    "semctl": 66,
+    "shmdt": 67,
+    "msgget": 68,
+    "msgsnd": 69,
+    "msgrcv": 70,
+    "msgctl": 71,
     "fcntl": 72,
     "ptrace": 101,
     "rt_sigqueueinfo": 129,
@@ -44,7 +58,14 @@ NR = {
     "mount": 165,
     "umount2": 166,
     "tkill": 200,
+    "semtimedop": 220,
     "tgkill": 234,
+    "mq_open": 240,
+    "mq_unlink": 241,
+    "mq_timedsend": 242,
+    "mq_timedreceive": 243,
+    "mq_notify": 244,
+    "mq_getsetattr": 245,
     "add_key": 248,
     "request_key": 249,
     "keyctl": 250,
@@ -69,11 +90,17 @@ NR = {
     "memfd_secret": 447,
 }
 
+IPC_CALLS = (
+    "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semctl", "semtimedop", "msgget",
+    "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
+    "mq_notify", "mq_getsetattr",
+)  # fmt: skip
 ALWAYS_DENIED = (
     "memfd_create", "memfd_secret", "userfaultfd", "io_uring_setup", "io_uring_enter",
     "io_uring_register", "bpf", "perf_event_open", "add_key", "request_key", "keyctl", "ptrace",
     "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open", "pidfd_getfd",
     "pidfd_send_signal", "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "tkill",
+    *IPC_CALLS,
 )  # fmt: skip
 SPAWN_DENIED = ("fork", "vfork", "execve", "execveat")
 # Signal calls whose first argument names the target process (or group, when negative).
@@ -239,7 +266,7 @@ def pack(prog: list[Insn]) -> bytes:
 
 # The C library, with the functions the sandbox calls looked up once (here, in the zygote).
 LIBC = ctypes.CDLL(None, use_errno=True)
-for _name in ("prctl", "unshare", "mount"):
+for _name in ("prctl", "unshare", "mount", "syscall"):
     getattr(LIBC, _name)
 
 

@@ -5,12 +5,18 @@ expected output or test code: only the interpreter, the sandbox's own modules an
 library modules it imports ahead for the programs (`PRELOAD`). The judge's workers each hold one
 end of a SEQPACKET socket to it and send, per run:
 
-    {"op": "spawn", "setup": {...}}  with the process's channel to the judge attached (SCM_RIGHTS)
+    {"op": "spawn", "id": ID, "setup": {...}}  with the process's channel attached (SCM_RIGHTS)
     {"op": "kill", "pid": N}
+    {"op": "kill_all"}  every process spawned for this socket (its worker was replaced)
 
-and get back `{"op": "spawned", "pid": N}` (or `{"op": "spawn_failed", "error": ...}`) and, when
-the process has ended and been reaped, `{"op": "exit", "pid", "status", "cpu", "maxrss_kb",
-"oom"}` (status as `os.waitstatus_to_exitcode`: negative for a signal). Standard library only.
+and get back `{"op": "spawned", "id": ID, "pid": N}` (or `{"op": "spawn_failed", "id": ID,
+"error": ...}`) and, when the process has ended and been reaped, `{"op": "exit", "pid", "status",
+"cpu", "maxrss_kb", "oom"}` (status as `os.waitstatus_to_exitcode`: negative for a signal).
+
+A run's memory cgroup is reused by a later run only when it is empty: no process left in it, and
+no memory that cannot be reclaimed charged to it (anonymous, shared or locked pages: tmpfs
+files or IPC segments whose last user has gone but which the kernel has not freed yet). Else the
+next run gets a fresh one. Standard library only.
 """
 
 from __future__ import annotations
@@ -90,14 +96,20 @@ class Zygote:
             for fd in fds:
                 os.close(fd)
             return False
+        request: dict = {}
         try:
             request = json.loads(data)
             if request["op"] == "kill":
                 self._kill(int(request["pid"]))
+            elif request["op"] == "kill_all":
+                for pid, child in list(self.children.items()):
+                    if child.control is control:
+                        self._kill(pid)
             else:
                 self._spawn(control, request, fds)
         except Exception as exc:  # noqa: BLE001 - told to the judge, which counts it as ours
-            self._send(control, {"op": "spawn_failed", "error": f"{type(exc).__name__}: {exc}"})
+            error = f"{type(exc).__name__}: {exc}"
+            self._send(control, {"op": "spawn_failed", "id": request.get("id"), "error": error})
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -123,7 +135,7 @@ class Zygote:
         )
         if pidfd is not None:
             self.selector.register(pidfd, selectors.EVENT_READ, pid)
-        self._send(control, {"op": "spawned", "pid": pid})
+        self._send(control, {"op": "spawned", "id": request.get("id"), "pid": pid})
 
     def _cgroup(self, memory: int) -> str | None:
         """An empty cgroup with this memory limit: an idle one, or a new one."""
@@ -191,7 +203,7 @@ class Zygote:
         if self.cgroups is not None and child.cgroup is not None:
             oom = self.cgroups.oom_killed(child.cgroup)
             if oom or not self.cgroups.empty(child.cgroup):
-                self.cgroups.remove(child.cgroup)  # a fresh one next time: counters at zero
+                self.cgroups.remove(child.cgroup)  # a fresh one next time: nothing charged
             else:
                 self.idle_cgroups.append(child.cgroup)
         if not self.cfg["namespaces"]:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import pytest
 
 from sandbox.inner import cgroups, seccomp, wire
-from sandbox.inner.calls import SAME, _StrictEquality, same
+from sandbox.inner.calls import SAME, _importable, _StrictEquality, same
 from sandbox.limits import Limits
 from sandbox.outcome import classify, signal_name, verdict_of
 
@@ -126,6 +126,73 @@ def test_malformed_plain_data_is_refused(data):
         wire.decode(data)
 
 
+P = (1 << 61) - 1  # every multiple of it hashes to 0 as a plain int
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"$": "set", "v": [k * P for k in range(1, wire.MAX_SAME_HASH + 2)]},
+        {"$": "frozenset", "v": [k * P for k in range(1, wire.MAX_SAME_HASH + 2)]},
+        {"$": "dict", "v": [[k * P, k] for k in range(1, wire.MAX_SAME_HASH + 2)]},
+        {"$": "set", "v": [{"$": "tuple", "v": [k * P]} for k in range(1, wire.MAX_SAME_HASH + 2)]},
+        [0] * (wire.MAX_NODES + 1),
+        {"$": "int", "v": "f" * (wire.MAX_INT_BITS // 4 + 10)},
+        2 ** (wire.MAX_INT_BITS + 1),
+    ],
+    ids=["set", "frozenset", "dict-keys", "tuples", "too-many", "hex-int", "int"],
+)
+def test_decoding_is_bounded_whoever_wrote_the_data(data):
+    """Sets and dicts whose members share a hash would take quadratic time to build; every
+    check is linear."""
+    with pytest.raises(wire.WireError):
+        wire.decode(data)
+
+
+def test_sets_within_the_bounds_decode():
+    at_most = [k * P for k in range(1, wire.MAX_SAME_HASH + 1)]
+    assert wire.decode({"$": "set", "v": at_most}) == set(at_most)
+    assert wire.decode({"$": "set", "v": list(range(100_000))}) == set(range(100_000))
+    nested = 0
+    for _ in range(wire.MAX_DEPTH):
+        nested = [nested]
+    assert wire.decode(nested) == nested
+
+
+class OwnHash(int):
+    __hash__ = object.__hash__
+
+
+class Ordinary(int):
+    pass
+
+
+def test_set_members_that_hash_in_their_own_way_are_not_plain_data():
+    with pytest.raises(wire.WireError, match="own __hash__ or __eq__"):
+        wire.encode({OwnHash(1)})
+    with pytest.raises(wire.WireError, match="own __hash__ or __eq__"):
+        wire.encode({Lying(1): "x"})
+    assert round_trip({Colour.RED, Ordinary(4), Point(1, 2)}) == {3, 4, (1, 2)}
+    assert round_trip(OwnHash(5)) == 5  # alone, it is its plain int
+    with pytest.raises(wire.WireError, match="bits"):
+        wire.encode(1 << (wire.MAX_INT_BITS + 1))
+
+
+def test_frames_come_whole_from_pieces():
+    stream = wire.dumps({"a": 1}) + wire.dumps([2]) + wire.dumps("three")
+    frames = wire.Frames(100)
+    got = [m for i in range(0, len(stream), 3) for m in frames.feed(stream[i : i + 3])]
+    assert got == [{"a": 1}, [2], "three"]
+    with pytest.raises(wire.WireError, match="over the limit"):
+        wire.Frames(4).feed(wire.dumps("too long"))
+
+
+def test_the_judge_imports_no_module_that_acts_on_import():
+    assert _importable("math") and _importable("os.path") and _importable("collections.abc")
+    for name in ("antigravity", "this", "idlelib.idle", "unittest.__main__", "numpy"):
+        assert not _importable(name), name
+
+
 def test_messages_over_the_limit_are_refused(tmp_path):
     import os
 
@@ -185,27 +252,29 @@ def test_real_time_signals_are_named_from_sigrtmin():
 
 
 FACTS = {"status": 0, "cpu": 0.1, "seconds": 0.2, "stdout": "", "stderr": ""}
+RAISED = {"kind": "exception", "type": "ValueError"}
 
 
 @pytest.mark.parametrize(
     "changes,status,reason",
     [
         ({}, "ok", ""),
-        ({"status": 3}, "error", "exit"),
-        (
-            {"status": 1, "stderr": "Traceback (most recent call last):\nValueError: x\n"},
-            "error",
-            "exception",
-        ),
-        (
-            {"status": 1, "stderr": "Traceback (most recent call last):\nMemoryError\n"},
-            "error",
-            "memory",
-        ),
-        ({"status": 1, "stderr": "OSError: [Errno 27] File too large\n"}, "error", "file_size"),
-        ({"status": -24}, "killed", "cpu_time"),  # SIGXCPU
-        ({"status": -9, "cpu": 2.0}, "killed", "cpu_time"),  # the hard limit's SIGKILL
-        ({"status": -9, "cpu": 0.1}, "killed", "signal"),
+        ({"status": 3}, "error", "exit"),  # no word from the harness: os._exit(3)
+        ({"status": 3, "end": {"kind": "exit"}}, "error", "exit"),  # SystemExit(3)
+        ({"status": 1, "end": RAISED}, "error", "exception"),
+        # what it printed does not decide: the harness says how it ended
+        ({"status": 1, "stderr": "Traceback (most recent call last):\nValueError\n"}, "error",
+         "exit"),
+        ({"status": 1, "end": {"kind": "syntax", "type": "SyntaxError"}}, "error", "syntax"),
+        ({"status": 1, "end": {"kind": "exception", "type": "MemoryError"}}, "error", "memory"),
+        ({"status": 1, "end": {"kind": "exception", "type": "OSError", "errno": 27}}, "error",
+         "file_size"),
+        ({"status": 1, "end": {"kind": "exception", "type": "OSError", "errno": 2}}, "error",
+         "exception"),
+        ({"status": -24}, "killed", "signal"),  # SIGXCPU: never the limit's (hard = soft)
+        ({"status": -9, "cpu_limit": True}, "killed", "cpu_time"),  # the judge's or the rlimit's
+        ({"status": -9, "cpu": 5.0}, "killed", "signal"),  # a SIGKILL of its own, however long
+        ({"status": -2}, "killed", "signal"),  # an uncaught KeyboardInterrupt, as CPython ends
         ({"status": -25}, "killed", "file_size"),
         ({"status": -40}, "killed", "signal"),
         ({"status": -9, "oom": True}, "killed", "memory"),
@@ -214,7 +283,7 @@ FACTS = {"status": 0, "cpu": 0.1, "seconds": 0.2, "stdout": "", "stderr": ""}
         ({"setup_error": "unshare: not permitted"}, "sandbox_failed", "sandbox_failed"),
         ({"status": None}, "sandbox_failed", "sandbox_failed"),
     ],
-)
+)  # fmt: skip
 def test_classify(changes, status, reason):
     result = classify({**FACTS, **changes}, Limits(cpu_seconds=2))
     assert (result.status, result.reason) == (status, reason)
@@ -233,13 +302,12 @@ def test_verdicts_of_ended_programs_fail_with_the_cause():
     assert (verdict_of(ended, limits).passed, verdict_of(ended, limits).reason) == (False, "signal")
     left = {"passed": False, "why": "ended", "facts": FACTS}  # os._exit(0) in the middle of a call
     assert verdict_of(left, limits).reason == "exit"
-    load = {
-        "passed": False,
-        "why": "load",
-        "detail": "SyntaxError",
-        "facts": {**FACTS, "status": 1},
-    }
+    load = {"passed": False, "why": "load", "detail": "ValueError", "facts": {**FACTS, "status": 1}}
     assert verdict_of(load, limits).reason == "load"
+    syntax = {"passed": False, "why": "syntax", "detail": "SyntaxError: invalid syntax"}
+    assert verdict_of(syntax, limits).reason == "syntax"
+    reply = {"passed": False, "why": "reply", "detail": "more than 32 members share one hash"}
+    assert (verdict_of(reply, limits).passed, verdict_of(reply, limits).reason) == (False, "reply")
 
 
 # ---- the seccomp filter, against a slow reference interpreter ---------------------------------
@@ -278,6 +346,8 @@ def test_ordinary_calls_pass_and_the_listed_ones_are_refused(spawn):
     for nr in (READ, WRITE, MMAP, GETPID):
         assert run_filter(program, nr) == seccomp.RET_ALLOW
     for name in ("memfd_create", "io_uring_setup", "ptrace", "process_vm_readv", "bpf", "unshare"):
+        assert run_filter(program, NR[name]) == EPERM, name
+    for name in seccomp.IPC_CALLS:  # System V IPC and POSIX message queues
         assert run_filter(program, NR[name]) == EPERM, name
     assert run_filter(program, NR["clone3"]) == seccomp.RET_ERRNO(errno.ENOSYS)
     assert run_filter(program, NR["socket"], (AF_INET, SOCK_STREAM)) == EPERM
