@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
+from cluster.placement import close_sampler, stage_sampler
+from configs.cluster import ClusterConfig
 from configs.reinforcement import EvalConfig
 from contracts.answer_format import is_well_formed
 from evaluation.metrics import EvalReport, ProblemSamples, summarize
@@ -24,8 +26,8 @@ from rewards.accuracy import gold_is_verifiable
 from rewards.language import is_language_consistent
 from rewards.registry import RewardFn
 from rewards.verifiers import grade_all
-from sampling.factory import Sampler, open_sampler
-from sampling.interface import SamplingParams
+from sampling.factory import Sampler
+from sampling.interface import Completion, SamplingParams
 from stages.tracker import Tracker
 
 
@@ -74,20 +76,39 @@ def run(
     tracker: Tracker,
     general: Sequence[Problem] = (),
     scorer: RewardFn | None = None,
+    cluster: ClusterConfig | None = None,
 ) -> EvalReport:
     """Held-out reasoning metrics, and the general score when a reward model (`scorer`) and
-    general prompts are given."""
+    general prompts are given. On a Ray cluster (`cluster`) actors sample chunks of the prompts,
+    each prompt from its own stream: the same samples, so the same figures."""
     heldout = [p for p in load_problems(problems.heldout_path) if verifiable(p)]
     heldout = heldout[: config.max_problems]
     if not heldout:
         raise ValueError(f"{problems.heldout_path}: no held-out problem has a verifiable answer")
     tokenizer = load_tokenizer(model.path)
-    sampler = open_sampler(config.sampler, model.path, tokenizer, config.batch_size)
+    sampler = stage_sampler(config.sampler, model.path, tokenizer, config.batch_size, cluster)
     params = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, config.seed)
-    completions = sampler.generate(
-        [render_prompt(tokenizer, p.question) for p in heldout], config.n_samples, params
-    )
+    try:
+        completions = sampler.generate(
+            [render_prompt(tokenizer, p.question) for p in heldout], config.n_samples, params
+        )
+        metrics, rows = grade(config, heldout, completions)
+        if scorer is not None and general and config.general_prompts:
+            prompts = general[: config.general_prompts]
+            metrics |= general_score(sampler, tokenizer, prompts, scorer, params, config.n_samples)
+    finally:
+        close_sampler(sampler)
+    tracker.log_metrics({f"eval/{name}": value for name, value in metrics.items()})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    samples_path = out_dir / "eval_samples.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), samples_path)
+    return EvalReport(metrics=metrics, samples_path=samples_path, n_problems=len(heldout))
 
+
+def grade(
+    config: EvalConfig, heldout: Sequence[Problem], completions: Sequence[Sequence[Completion]]
+) -> tuple[dict[str, float], list[dict]]:
+    """The held-out metrics (overall and per family) and one row per sample."""
     flat_problems = [p for p, samples in zip(heldout, completions, strict=True) for _ in samples]
     texts = [c.text for samples in completions for c in samples]
     strict_grades = iter(grade_all(flat_problems, texts, strict=True))
@@ -132,12 +153,4 @@ def run(
             mine = [s for p, s in zip(heldout, graded, strict=True) if p.family == family]
             metrics |= {f"{family}/{k}": v for k, v in summarize(mine, config.k).items()}
     metrics["mean_completion_tokens"] = sum(r["completion_tokens"] for r in rows) / len(rows)
-    if scorer is not None and general and config.general_prompts:
-        metrics |= general_score(
-            sampler, tokenizer, general[: config.general_prompts], scorer, params, config.n_samples
-        )
-    tracker.log_metrics({f"eval/{name}": value for name, value in metrics.items()})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    samples_path = out_dir / "eval_samples.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), samples_path)
-    return EvalReport(metrics=metrics, samples_path=samples_path, n_problems=len(heldout))
+    return metrics, rows
