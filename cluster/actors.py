@@ -94,8 +94,8 @@ class SamplerActor:
         where = f"sampling actor on {self.node} (pid {os.getpid()})"
         if not path.is_dir():
             raise ModelMismatchError(
-                f"{where}: no model folder at {path}. The state folder must be on a filesystem "
-                "every node of the cluster sees at the same path (docs/cluster.md)"
+                f"{where}: no model folder at {path}. The state folder must be on a shared "
+                "filesystem that every node of the cluster sees at the same path (docs/cluster.md)"
             )
         found = tree_digest(path)
         if found != digests["model"]:
@@ -156,12 +156,19 @@ class ActorSampler:
 
     @classmethod
     def start(
-        cls, cluster: ClusterConfig, config: SamplerConfig, model_path: Path, batch_size: int
+        cls,
+        cluster: ClusterConfig,
+        config: SamplerConfig,
+        model_path: Path,
+        batch_size: int,
+        digest: str | None = None,
     ) -> ActorSampler:
+        """`cluster.workers` actors, each with the model at `model_path` loaded, once every one
+        has checked that its folder holds `digest` (default: the folder's digest here)."""
         from cluster.connect import connect
 
         ray = connect(cluster)
-        digests = {"model": tree_digest(model_path), "code": code_digest()}
+        digests = {"model": digest or tree_digest(model_path), "code": code_digest()}
         remote = ray.remote(
             num_cpus=cluster.cpus_per_worker,
             num_gpus=cluster.gpus_per_worker,

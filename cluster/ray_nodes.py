@@ -181,11 +181,13 @@ class RayNodes:
                 "(cluster.nodes, cpus_per_rank, gpus_per_rank, place_timeout_s)"
             )
         # each agent takes its whole bundle: Ray then hands its processes the bundle's GPUs
-        remote = ray.remote(max_restarts=0)(NodeAgent).options(
-            num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0)
-        )
+        remote = ray.remote(max_restarts=0)(NodeAgent)
         agents = [
-            remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)).remote(i)
+            remote.options(
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, i),
+            ).remote(i)
             for i in range(n)
         ]
         try:
