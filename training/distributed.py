@@ -2,10 +2,11 @@
 processes from the stage's own process, and what the two sides share.
 
 The stage writes a spec file into a run folder and launches `training.sft_worker` under
-torchrun (or the DeepSpeed launcher) as a child process. Rank 0 of the workers appends each logged
-step to `metrics.jsonl`, which the stage forwards to its tracker while the workers run, and
-writes `result.json` at the end (or the non-finite value that stopped it). The workers' output
-is logged here, and its tail goes into the error when they fail.
+torchrun (or the DeepSpeed launcher) as a child process, or, over several machines, one torchrun
+per node that a `NodeLauncher` starts (training.nodes, cluster.ray_nodes). Rank 0 of the
+workers appends each logged step to `metrics.jsonl`, which the stage forwards to its tracker
+while the workers run, and writes `result.json` at the end (or the non-finite value that stopped
+it). The workers' output is logged here, and its tail goes into the error when they fail.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch
 from configs.cluster import ClusterConfig
 from configs.supervised import EngineConfig, SFTConfig
 from models.loading import load_model
-from models.saved import ModelRef
+from models.saved import ModelRef, save_model
 from stages import sft
 from tests.training.test_deepspeed import (  # noqa: F401 (world: a fixture)
     TRAIN,
@@ -130,3 +130,22 @@ def test_a_dead_node_is_named_and_the_retry_resumes(world, ray_cluster, tmp_path
     trained = weights(resumed)  # resuming from a checkpoint: within the suite's tolerance
     for name, tensor in weights(straight).items():
         assert torch.allclose(trained[name], tensor, atol=WEIGHT_ATOL), name
+
+
+def test_grpo_on_two_listed_hosts_trains_the_weights_of_one_node(tmp_path):
+    """GRPO's ranks each sample their share of a step with a colocated sampler, on whichever
+    node they run: two nodes of one rank end where one node of two ranks ends."""
+    from problems.loader import write_problems
+    from problems.types import ProblemSet
+    from stages import reasoning_rl
+    from tests.rl.test_deepspeed_grpo import config as grpo_config
+    from tests.tiny_models import PROBLEMS, make_tokenizer, tiny_model
+
+    tokenizer = make_tokenizer()
+    base = save_model(tiny_model(tokenizer), tokenizer, tmp_path / "base")
+    train = write_problems(tmp_path / "train.jsonl", PROBLEMS)
+    problems = ProblemSet(train, train, len(PROBLEMS), 0)
+    cfg = grpo_config(2, steps=2)
+    one = reasoning_rl.run(cfg, base, problems, tmp_path / "one", Recorder(), "grpo")
+    two = reasoning_rl.run(cfg, base, problems, tmp_path / "two", Recorder(), "grpo", cluster=HOSTS)
+    assert_same_weights(two, one)
