@@ -23,7 +23,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -246,8 +246,7 @@ class ActorSampler:
         try:
             result: ChunkResult = self.ray.get(ref)
         except RayTaskError as error:
-            cause = error.cause if isinstance(error.cause, Exception) else None
-            raise (cause or error) from None
+            raise task_error(error) from None
         except RayActorError as error:
             raise ClusterSamplingError(
                 f"sampling actor {actor} died more than cluster.max_restarts "
@@ -275,9 +274,14 @@ class ActorSampler:
 
 
 def _shifted(params: SamplingParams, offset: int) -> SamplingParams:
-    from dataclasses import replace
-
     return replace(params, prompt_offset=offset)
+
+
+def task_error(error: Exception) -> Exception:
+    """What an actor's call raised (a ModelMismatchError, the sampler's own error), as raised
+    there: Ray wraps it in a RayTaskError."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, Exception) else error
 
 
 def _wait_ready(
@@ -291,8 +295,7 @@ def _wait_ready(
     try:
         return ray.get([actor.ready.remote() for actor in actors], timeout=limit)
     except RayTaskError as error:
-        cause = error.cause if isinstance(error.cause, Exception) else None
-        raise (cause or error) from None
+        raise task_error(error) from None
     except GetTimeoutError as error:
         raise ClusterSamplingError(
             f"{len(actors)} sampling actors ({cluster.cpus_per_worker:g} CPUs, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import shlex
 import signal
 import socket
 from collections import deque
@@ -51,14 +52,17 @@ class NodeAgent:
         self.fresh: deque[str] = deque()  # filled by the output reader, drained by poll
 
     def address(self, port: int | None) -> tuple[str, int, str]:
-        """This machine's address for the cluster, a free port on it, and its host name."""
+        """The address this node has in the cluster (the one its raylet registered, which the
+        other nodes reach it by), a free port on it, and its host name."""
         import ray
 
+        node_id = ray.get_runtime_context().get_node_id()
+        (address,) = [n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id]
         if port is None:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind(("", 0))
+                sock.bind((address, 0))
                 port = int(sock.getsockname()[1])
-        return ray.util.get_node_ip_address(), port, socket.gethostname()
+        return address, port, socket.gethostname()
 
     def start(
         self,
@@ -225,7 +229,8 @@ class RayNodes:
                 ),
                 timeout=RPC_TIMEOUT_S,
             )
-            log.info("%s: node %d on %s (%s): %s", spec.desc, rank, host, address, command)
+            launch = shlex.join(command)
+            log.info("%s: node %d on %s (%s): %s", spec.desc, rank, host, address, launch)
             nodes.append(
                 RayNode(ray, rank, f"{host} {address}", agent, deque(maxlen=TAIL_LINES), spec.desc)
             )

@@ -191,7 +191,7 @@ class HostNodes:
                 command = launch_command(engine, spec_path, port, spec.module, rendezvous)
                 if not is_this_machine(host):
                     command = remote_command(command, env, host, self.shell)
-                log.info("%s: node %d on %s: %s", spec.desc, rank, host, command)
+                log.info("%s: node %d on %s: %s", spec.desc, rank, host, shlex.join(command))
                 group = ProcessGroup(command, env, spec.desc, f"node {rank}")
                 nodes.append(HostProcess(rank, host, group))
         except BaseException:

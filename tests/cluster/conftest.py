@@ -15,11 +15,10 @@ import tempfile
 import pytest
 
 OBJECT_STORE = 100 * 2**20
-RAY_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # read on Linux too: every address on 127.0.0.1
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "TQDM_DISABLE": "1",
-}
+# Read when Ray is imported, so set before any test imports it: every address of the test
+# cluster (its nodes', and so the training rendezvous's) on 127.0.0.1, no usage statistics.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 
 @pytest.fixture(scope="session")
@@ -28,8 +27,6 @@ def ray_cluster():
     pytest.importorskip("ray", reason="the cluster extra is not installed (scripts/setup.sh)")
     from ray.cluster_utils import Cluster
 
-    saved = {key: os.environ.get(key) for key in RAY_ENV}
-    os.environ.update(RAY_ENV)
     temp = tempfile.mkdtemp(prefix="r1ray-", dir="/tmp")  # short: Ray's socket paths are capped
     node = {"num_cpus": 1, "object_store_memory": OBJECT_STORE}
     cluster = Cluster(
@@ -46,8 +43,3 @@ def ray_cluster():
         disconnect()
         cluster.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

@@ -16,31 +16,21 @@ import pyarrow.parquet as pq
 import pytest
 
 from configs.cluster import ClusterConfig
-from configs.reinforcement import EvalConfig, RewardTerm
-from configs.schema import FunnelConfig, RejectionConfig
+from configs.reinforcement import EvalConfig
 from models.saved import ModelRef, save_model
 from problems.loader import write_problems
 from problems.types import Problem, ProblemSet
 from stages import evaluate, rejection
 from stages.tracker import NullTracker
 from storage import rollout_store
+from tests.stages import test_rejection_stage as rejection_stage_test
 from tests.tiny_models import make_tokenizer, tiny_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.heavy]
 
-G = 3
-CONFIG = RejectionConfig(
-    samples_per_prompt=G,
-    max_new_tokens=16,
-    chunk_prompts=2,
-    general_prompts=2,
-    rewards=[
-        RewardTerm(name="accuracy", kinds=["reasoning"]),
-        RewardTerm(name="format"),
-        RewardTerm(name="tag_count"),
-    ],
-    funnel=FunnelConfig(require_correct=False, require_well_formed=False, min_language_share=None),
-)
+G = rejection_stage_test.G
+# the rejection stage test's settings, in chunks of two prompts so that both actors get several
+CONFIG = rejection_stage_test.CONFIG.model_copy(update={"chunk_prompts": 2, "max_new_tokens": 16})
 REASONING = [Problem(f"r{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(14)]
 GENERAL = [Problem(f"g{i}", f"Say hello {i} times.", "", kind="general") for i in range(2)]
 EVAL = EvalConfig(max_problems=None, n_samples=3, k=2, max_new_tokens=16, general_prompts=0)
@@ -110,16 +100,6 @@ def sampling_actor_pids() -> list[int]:
     return pids
 
 
-def test_rejection_rows_on_two_actors_are_one_process_rows(model, cluster, one_process, tmp_path):
-    db = tmp_path / "r1.duckdb"
-    prompts = rejection.select_prompts(CONFIG, REASONING, GENERAL)  # 16 prompts: 8 chunks
-    sink = Sink(db, "m")
-    report = rejection.run(CONFIG, model, "m", prompts, sink, NullTracker(), cluster=cluster)
-    assert (report.chunks, report.inserted) == (8, 16 * G)
-    assert stored_rows(db) == stored_rows(one_process)
-    assert sorted(sink.arrived) == sorted(p.id for p in prompts[::2])  # each chunk once
-
-
 def test_a_killed_actor_is_replaced_and_its_chunks_rerun(
     model, cluster, one_process, tmp_path, caplog
 ):
@@ -139,7 +119,7 @@ def test_a_killed_actor_is_replaced_and_its_chunks_rerun(
     assert killed and report.inserted == 16 * G
     assert "was replaced" in caplog.text and str(killed[0]) in caplog.text
     assert stored_rows(db) == stored_rows(one_process)  # the same rows, none twice
-    assert len(sink.arrived) == 8
+    assert sorted(sink.arrived) == sorted(p.id for p in prompts[::2])  # each chunk once
 
 
 def test_a_driver_killed_mid_stage_resumes_at_the_missing_chunks(
@@ -183,10 +163,11 @@ def test_evaluation_on_two_actors_gives_one_process_figures(model, cluster, tmp_
 def test_an_actor_that_sees_another_model_fails_at_once_saying_so(model, cluster):
     from cluster.actors import ActorSampler, ModelMismatchError
 
+    one = cluster.model_copy(update={"workers": 1})
     with pytest.raises(ModelMismatchError, match="has digest .* the stage's process has"):
-        ActorSampler.start(cluster, EVAL.sampler, model.path, 8, digest="0" * 64)
+        ActorSampler.start(one, EVAL.sampler, model.path, 8, digest="0" * 64)
     with pytest.raises(ModelMismatchError, match="no model folder at .*shared"):
-        ActorSampler.start(cluster, EVAL.sampler, model.path / "elsewhere", 8)
+        ActorSampler.start(one, EVAL.sampler, model.path / "elsewhere", 8)
 
 
 def test_an_unreachable_cluster_is_a_clear_error_before_anything_runs(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ named in the stage's error, and the retry resumes from the last committed checkp
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -69,14 +70,17 @@ def test_two_ray_nodes_train_the_weights_of_one_node(
     one_node,
     ray_cluster,
     tmp_path,
+    caplog,
 ):
     cluster = ClusterConfig(address=ray_cluster, nodes=2)
     recorder = Recorder()
-    ref = sft.run(
-        CONFIG, ModelRef(world["base"]), world["data"], tmp_path, recorder, cluster=cluster
-    )
+    with caplog.at_level(logging.INFO, logger="cluster.ray_nodes"):
+        ref = sft.run(
+            CONFIG, ModelRef(world["base"]), world["data"], tmp_path, recorder, cluster=cluster
+        )
     assert sorted(recorder.steps) == list(range(1, 9))
     assert_same_weights(ref, one_node)
+    assert "--master_addr 127.0.0.1" in caplog.text  # node 0's address in the cluster
 
 
 def rank_pid(spec: Path, rank: int) -> int | None:
