@@ -40,6 +40,7 @@ import torch  # noqa: E402
 
 from configs import load_profile  # noqa: E402
 from configs.cluster import ClusterConfig  # noqa: E402
+from contracts.reward_names import PREFERENCE  # noqa: E402
 from models.chat import render_prompt  # noqa: E402
 from models.loading import build_model, load_model, load_tokenizer  # noqa: E402
 from models.saved import save_model  # noqa: E402
@@ -93,8 +94,13 @@ def prepare(args: argparse.Namespace, folder: Path):
         )
         model_path = save_model(model, tokenizer, folder).path
     tokenizer = load_tokenizer(model_path)
+    rule_rewards = [t for t in profile.rejection.rewards if t.name != PREFERENCE]  # no RM here
     config = profile.rejection.model_copy(
-        update={"max_new_tokens": args.max_new_tokens, "batch_size": args.batch}
+        update={
+            "max_new_tokens": args.max_new_tokens,
+            "batch_size": args.batch,
+            "rewards": rule_rewards,
+        }
     )
     size, g = args.chunk, args.n
     chunks = [problems[i : i + size] for i in range(0, len(problems), size)]
