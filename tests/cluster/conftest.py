@@ -21,9 +21,11 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster():
-    """The two-node cluster's address ('127.0.0.1:PORT'); this process is not joined to it."""
+    """The two-node cluster's address ('127.0.0.1:PORT'), shared by this folder's tests and
+    shut down when they are done, before any other test (tests/reliability/test_sandbox.py
+    checks that the test process has no child left)."""
     pytest.importorskip("ray", reason="the cluster extra is not installed (scripts/setup.sh)")
     from ray.cluster_utils import Cluster
 
