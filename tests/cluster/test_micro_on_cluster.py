@@ -49,9 +49,13 @@ def runs(prefect_server, ray_cluster, tmp_path_factory):
 
 
 def rollouts(state: Path) -> list[tuple]:
+    """Every stored rollout, its columns by name (reward columns are added in the order a
+    process first meets them, which need not be the same in two runs)."""
     with duckdb.connect(str(state / "r1.duckdb"), read_only=True) as con:
+        names = con.execute("SELECT * EXCLUDE (created_at) FROM rollouts LIMIT 0").description
+        columns = ", ".join(sorted(name for name, *_ in names))
         return con.execute(
-            "SELECT * EXCLUDE (created_at) FROM rollouts ORDER BY model_id, prompt_id, sample_index"
+            f"SELECT {columns} FROM rollouts ORDER BY model_id, prompt_id, sample_index"
         ).fetchall()
 
 
