@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from configs.cluster import ClusterConfig
 from configs.data import DataConfig
 from configs.reinforcement import (
     EvalConfig,
@@ -211,6 +212,9 @@ class PipelineConfig(Strict):
     distillation: DistillConfig = DistillConfig()
     evaluation: EvalConfig = EvalConfig()
     faults: FaultConfig = FaultConfig()
+    cluster: ClusterConfig = Field(
+        ClusterConfig(), description="Ray and training nodes; never part of a stage's key"
+    )
 
     @model_validator(mode="after")
     def _solutions_exist(self) -> PipelineConfig:
@@ -220,6 +224,41 @@ class PipelineConfig(Strict):
                 "(data.source: files); the tiny world's problems have none"
             )
         return self
+
+    @model_validator(mode="after")
+    def _ranks_split_over_nodes(self) -> PipelineConfig:
+        """Each node of a DeepSpeed stage runs the same number of ranks."""
+        nodes = self.cluster.nodes
+        uneven = [
+            f"{stage} ({engine.processes} processes)"
+            for stage, engine in self.engines().items()
+            if engine.kind == "deepspeed" and engine.processes % nodes
+        ]
+        if uneven:
+            raise ValueError(
+                f"cluster.nodes is {nodes}, but {', '.join(uneven)} do not split evenly over "
+                "the nodes: make engine.processes a multiple of cluster.nodes"
+            )
+        launched = [s for s, e in self.engines().items() if e.kind == "deepspeed"]
+        by_deepspeed = [s for s in launched if self.engines()[s].launcher == "deepspeed"]
+        if nodes > 1 and by_deepspeed:
+            raise ValueError(
+                f"cluster.nodes is {nodes}: ranks start on each node under torchrun's static "
+                f"rendezvous, so set engine.launcher: torchrun for {', '.join(by_deepspeed)}"
+            )
+        return self
+
+    def engines(self) -> dict[str, EngineConfig]:
+        """Every training stage's engine, by the config key that holds it."""
+        return {
+            "cold_start_sft": self.cold_start_sft.engine,
+            "mixed_sft": self.mixed_sft.engine,
+            "r1_zero": self.r1_zero.engine,
+            "reasoning_rl": self.reasoning_rl.engine,
+            "all_scenarios_rl": self.all_scenarios_rl.engine,
+            "distillation": self.distillation.engine,
+            "distillation.rl_twin": self.distillation.rl_twin.engine,
+        }
 
     @model_validator(mode="after")
     def _reward_model_exists(self) -> PipelineConfig:

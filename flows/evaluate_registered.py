@@ -53,7 +53,9 @@ def evaluate_registered(
     settings = {"profile": profile, "overrides": " ".join(overrides or []), "max_drop": max_drop}
     run_id = open_evaluation_run(paths, target, settings, config.evaluation)
     data = prepare_data(config.data, paths, run_id)
-    report = evaluate_registered_model(config.evaluation, paths, target, data, reward_model, run_id)
+    report = evaluate_registered_model(
+        config.evaluation, paths, target, data, reward_model, run_id, config.cluster.active()
+    )
     watched = {metric: max_drop for metric in WATCHED}
     verdict = record_evaluation(paths, target, run_id, report.metrics, watched)
     if verdict.regressions:

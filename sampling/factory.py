@@ -68,20 +68,33 @@ def context_length(
     return max(len(x) for x in ids) + max_new_tokens
 
 
+def sized(
+    config: SamplerConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+) -> SamplerConfig:
+    """`config` with a vLLM engine's `max_model_len` set to the longest of `prompts` +
+    `max_new_tokens` (the context the stage needs, not the model's whole context), unless the
+    config sets one; other backends unchanged."""
+    if config.backend != "vllm" or config.max_model_len is not None or not prompts:
+        return config
+    return config.model_copy(
+        update={"max_model_len": context_length(tokenizer, prompts, max_new_tokens)}
+    )
+
+
 def open_sampler(
     config: SamplerConfig,
     model_path: str | Path,
     tokenizer: PreTrainedTokenizerBase,
     batch_size: int,
-    prompts: Sequence[str] = (),
-    max_new_tokens: int = 0,
 ) -> Sampler:
     """The configured sampler for a saved model; the hf model is loaded only when it is used.
-    vllm gets the whole config (tensor parallel size, memory share, lengths, time limits), its
-    engine sized for the longest of `prompts` + `max_new_tokens`. The caller closes it."""
+    vllm gets the whole config: tensor parallel size, memory share, lengths (`sized`), time
+    limits. The caller closes it."""
     if config.backend == "vllm":
-        longest = context_length(tokenizer, prompts, max_new_tokens) if prompts else None
-        return make_sampler("vllm", model_path=model_path, config=config, max_model_len=longest)
+        return make_sampler("vllm", model_path=model_path, config=config)
     from models.loading import load_model
 
     return make_sampler("hf", load_model(model_path), tokenizer, batch_size=batch_size)

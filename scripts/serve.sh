@@ -23,6 +23,7 @@ venv="${R1_VENV:-.venv}"
 port="${R1_PREFECT_PORT:-4200}"
 pool="${R1_WORK_POOL:-r1-local}"
 gpu_pool=r1-gpu  # prefect.yaml names it
+cluster_pool=r1-cluster  # and this one: a worker on a machine of a Ray cluster (docs/cluster.md)
 state="$(realpath -m "${R1_STATE_DIR:-state}")"
 logs="$state/logs"
 pids="$state/pids"
@@ -76,7 +77,7 @@ urllib.request.urlopen(sys.argv[1] + "/health", timeout=2)
 EOF
     sleep 1
   done
-  for name in "$pool" "$gpu_pool"; do
+  for name in "$pool" "$gpu_pool" "$cluster_pool"; do
     "$venv/bin/prefect" work-pool inspect "$name" > /dev/null 2>&1 ||
       "$venv/bin/prefect" work-pool create "$name" --type process > /dev/null
   done

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs the project with its dev tools, CPU-only.
+# Creates .venv (if missing) and installs the project with its dev tools and the cluster extra
+# (Ray, which the cluster tests start on loopback), CPU-only.
 # Re-running is cheap: it reinstalls only when pyproject.toml or the constraints change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ wanted="$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   echo "setup: installing the project into $venv (CPU build of torch; first time takes a few minutes)" >&2
   "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -c constraints/cpu.txt -e ".[dev]"
+  "$venv/bin/python" -m pip install --quiet -c constraints/cpu.txt -e ".[dev,cluster]"
   echo "$wanted" > "$stamp"
 fi
 

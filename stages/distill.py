@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from configs.cluster import ClusterConfig
 from configs.reinforcement import GRPOConfig
 from configs.schema import DistillConfig
 from configs.supervised import SFTConfig
@@ -45,6 +46,7 @@ def distill(
     out_dir: Path,
     tracker: Tracker,
     desc: str,
+    cluster: ClusterConfig | None = None,
 ) -> ModelRef:
     """SFT of the student base on the teacher's traces; then on-policy KL when configured."""
     model = sft.run(
@@ -54,6 +56,7 @@ def distill(
         out_dir / "sft",
         tracker,
         desc,
+        cluster,
     )
     if config.method == "sft":
         return model
@@ -91,9 +94,17 @@ def rl_twin(
     tracker: Tracker,
     desc: str,
     extra_rewards: dict[str, RewardFn] | None = None,
+    cluster: ClusterConfig | None = None,
 ) -> ModelRef:
     """The student base trained by GRPO alone for `seconds` of training time."""
     budget = config.model_copy(update={"max_seconds": seconds})
     return reasoning_rl.run(
-        budget, student_base, problems, out_dir, tracker, desc=desc, extra_rewards=extra_rewards
+        budget,
+        student_base,
+        problems,
+        out_dir,
+        tracker,
+        desc=desc,
+        extra_rewards=extra_rewards,
+        cluster=cluster,
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from contextlib import closing
 from itertools import islice
 from pathlib import Path
 
@@ -13,6 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
+from cluster.placement import close_sampler, stage_sampler
+from configs.cluster import ClusterConfig
 from configs.reinforcement import EvalConfig
 from contracts.answer_format import is_well_formed
 from evaluation.metrics import EvalReport, ProblemSamples, summarize
@@ -25,8 +26,8 @@ from rewards.accuracy import gold_is_verifiable
 from rewards.language import is_language_consistent
 from rewards.registry import RewardFn
 from rewards.verifiers import grade_all
-from sampling.factory import Sampler, open_sampler
-from sampling.interface import SamplingParams
+from sampling.factory import Sampler, sized
+from sampling.interface import Completion, SamplingParams
 from stages.tracker import Tracker
 
 
@@ -75,9 +76,11 @@ def run(
     tracker: Tracker,
     general: Sequence[Problem] = (),
     scorer: RewardFn | None = None,
+    cluster: ClusterConfig | None = None,
 ) -> EvalReport:
     """Held-out reasoning metrics, and the general score when a reward model (`scorer`) and
-    general prompts are given."""
+    general prompts are given. On a Ray cluster (`cluster`) actors sample chunks of the prompts,
+    each prompt from its own stream: the same samples, so the same figures."""
     heldout = [p for p in load_problems(problems.heldout_path) if verifiable(p)]
     heldout = heldout[: config.max_problems]
     if not heldout:
@@ -85,19 +88,34 @@ def run(
     tokenizer = load_tokenizer(model.path)
     prompts = [render_prompt(tokenizer, p.question) for p in heldout]
     scored = list(general[: config.general_prompts]) if scorer is not None else []
-    every_prompt = prompts + [render_prompt(tokenizer, p.question) for p in scored]
+    sampler_config = sized(
+        config.sampler, tokenizer,
+        prompts + [render_prompt(tokenizer, p.question) for p in scored], config.max_new_tokens,
+    )  # fmt: skip
+    sampler = stage_sampler(sampler_config, model.path, tokenizer, config.batch_size, cluster)
     params = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, config.seed)
     general_figures: dict[str, float] = {}
-    sampler = open_sampler(
-        config.sampler, model.path, tokenizer, config.batch_size, every_prompt,
-        config.max_new_tokens,
-    )  # fmt: skip
-    with closing(sampler):  # a vLLM engine's memory is let go of before grading starts
+    try:  # the sampler (a vLLM engine's memory, the actors) is let go of before grading
         completions = sampler.generate(prompts, config.n_samples, params)
         if scored and scorer is not None:
             general_figures = general_score(
                 sampler, tokenizer, scored, scorer, params, config.n_samples
             )
+    finally:
+        close_sampler(sampler)
+    metrics, rows = grade(config, heldout, completions)
+    metrics |= general_figures
+    tracker.log_metrics({f"eval/{name}": value for name, value in metrics.items()})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    samples_path = out_dir / "eval_samples.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), samples_path)
+    return EvalReport(metrics=metrics, samples_path=samples_path, n_problems=len(heldout))
+
+
+def grade(
+    config: EvalConfig, heldout: Sequence[Problem], completions: Sequence[Sequence[Completion]]
+) -> tuple[dict[str, float], list[dict]]:
+    """The held-out metrics (overall and per family) and one row per sample."""
     flat_problems = [p for p, samples in zip(heldout, completions, strict=True) for _ in samples]
     texts = [c.text for samples in completions for c in samples]
     strict_grades = iter(grade_all(flat_problems, texts, strict=True))
@@ -142,9 +160,4 @@ def run(
             mine = [s for p, s in zip(heldout, graded, strict=True) if p.family == family]
             metrics |= {f"{family}/{k}": v for k, v in summarize(mine, config.k).items()}
     metrics["mean_completion_tokens"] = sum(r["completion_tokens"] for r in rows) / len(rows)
-    metrics |= general_figures
-    tracker.log_metrics({f"eval/{name}": value for name, value in metrics.items()})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    samples_path = out_dir / "eval_samples.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), samples_path)
-    return EvalReport(metrics=metrics, samples_path=samples_path, n_problems=len(heldout))
+    return metrics, rows

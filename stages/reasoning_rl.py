@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import fmean as mean
 
+from cluster.placement import training_nodes
+from configs.cluster import ClusterConfig
 from configs.reinforcement import GRPOConfig
 from contracts.reward_names import PREFERENCE
 from evaluation.curves import plot_grpo_curves
@@ -67,14 +69,16 @@ def run(
     desc: str = "reasoning_rl",
     general: Sequence[Problem] = (),
     extra_rewards: dict[str, RewardFn] | None = None,
+    cluster: ClusterConfig | None = None,
 ) -> ModelRef:
     """GRPO on the training problems, plus `config.general_prompts` of `general` (stage 6),
-    drawn in proportion to their numbers; `extra_rewards` supplies the reward model's score."""
+    drawn in proportion to their numbers; `extra_rewards` supplies the reward model's score.
+    Under DeepSpeed the ranks span `cluster.nodes` machines when a cluster says so."""
     train = load_problems(problems.train_path) + list(general[: config.general_prompts])
     ckpt_fingerprint = fingerprint(config, policy.path, problems.train_path)
     if config.engine.kind == "deepspeed":
         return run_deepspeed(
-            config, policy, train, out_dir, tracker, desc, extra_rewards, ckpt_fingerprint
+            config, policy, train, out_dir, tracker, desc, extra_rewards, ckpt_fingerprint, cluster
         )
     tokenizer = load_tokenizer(policy.path)
     model = load_model(policy.path)
@@ -132,6 +136,7 @@ def run_deepspeed(
     desc: str,
     extra_rewards: dict[str, RewardFn] | None,
     ckpt_fingerprint: str,
+    cluster: ClusterConfig | None = None,
 ) -> ModelRef:
     """The same GRPO in `config.engine.processes` DeepSpeed worker processes (rl.grpo_worker),
     each sampling and training on its share of every step's prompts; the model lands where `run`
@@ -150,7 +155,7 @@ def run_deepspeed(
         module=GRPO_WORKER,
         extras=worker_rewards(extra_rewards),
     )
-    result = run_workers(spec, config.engine, tracker.log_metrics)
+    result = run_workers(spec, config.engine, tracker.log_metrics, training_nodes(cluster))
     for table in sorted((out_dir / "samples").glob("step_*.json")):
         tracker.log_artifact(table, "samples")
     for plot in plot_grpo_curves(result["history"], out_dir, desc):

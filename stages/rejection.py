@@ -17,14 +17,14 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from contextlib import closing
 from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
 
+from cluster.placement import close_sampler, stage_sampler
+from configs.cluster import ClusterConfig
 from configs.schema import RejectionConfig
 from models.chat import render_prompt
 from models.loading import load_tokenizer
@@ -32,7 +32,8 @@ from models.saved import ModelRef
 from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet
 from rl.scoring import score
-from sampling.factory import Sampler, open_sampler
+from sampling.chunks import ChunkJob, sample_chunks
+from sampling.factory import sized
 from sampling.interface import Completion, SamplingParams
 from stages.tracker import Tracker
 from training import PROGRESS
@@ -126,8 +127,11 @@ def run(
     tracker: Tracker,
     extra_rewards: dict[str, RewardFn] | None = None,
     desc: str = "rejection",
+    cluster: ClusterConfig | None = None,
 ) -> SamplingReport:
-    """Sample, score and store what the sink lacks; `model_id` keys the rows (a digest)."""
+    """Sample, score and store what the sink lacks; `model_id` keys the rows (a digest). On a
+    Ray cluster (`cluster`) the chunks go to actors and are stored here as they come back, in
+    whatever order: each chunk's seed makes its rows those of one process."""
     began = time.perf_counter()
     g, size = config.samples_per_prompt, config.chunk_prompts
     chunks = [list(prompts[i : i + size]) for i in range(0, len(prompts), size)]
@@ -141,19 +145,30 @@ def run(
 
     rewards = RewardSet.from_terms(config.rewards, extra_rewards)
     tokenizer = load_tokenizer(model_ref.path)
-    sized_for = (  # the prompts a vLLM engine is sized for
-        [render_prompt(tokenizer, p.question) for i in todo for p in chunks[i]]
-        if config.sampler.backend == "vllm"
-        else []
-    )
-    sampler = open_sampler(
-        config.sampler, model_ref.path, tokenizer, config.batch_size, sized_for,
-        config.max_new_tokens,
-    )  # fmt: skip
-    with closing(sampler):
-        sampled, inserted = _sample_chunks(
-            config, model_id, chunks, todo, sampler, tokenizer, rewards, sink, tracker, desc
-        )
+    rendered = {i: [render_prompt(tokenizer, p.question) for p in chunks[i]] for i in todo}
+    jobs = [ChunkJob(rendered[i], g, chunk_params(config, i)) for i in todo]
+    every_prompt = [prompt for i in todo for prompt in rendered[i]]
+    sampler_config = sized(config.sampler, tokenizer, every_prompt, config.max_new_tokens)
+    sampler = stage_sampler(sampler_config, model_ref.path, tokenizer, config.batch_size, cluster)
+    sampled = inserted = 0
+    try:
+        finished = tqdm(sample_chunks(sampler, jobs), desc=desc, unit="chunk", total=len(todo))
+        for position, (job, groups) in enumerate(finished):
+            index = todo[job]
+            lengths = [
+                len(ids)
+                for ids in tokenizer(rendered[index], add_special_tokens=False)["input_ids"]
+            ]
+            rows = rollout_rows(model_id, chunks[index], rendered[index], groups, lengths, rewards)
+            new = sink.insert(rows)
+            sampled += rows.num_rows
+            inserted += new
+            done = len(chunks) - len(todo) + position + 1
+            tracker.log_metrics(
+                {"rollouts/inserted": float(inserted), PROGRESS: done / len(chunks)}, step=index + 1
+            )
+    finally:
+        close_sampler(sampler)
     seconds = time.perf_counter() - began
     tracker.log_metrics(
         {"rollouts/sampled": float(sampled), "rollouts/seconds": seconds}, step=len(chunks)
@@ -163,38 +178,12 @@ def run(
     )
 
 
-def _sample_chunks(
-    config: RejectionConfig,
-    model_id: str,
-    chunks: list[list[Problem]],
-    todo: list[int],
-    sampler: Sampler,
-    tokenizer: PreTrainedTokenizerBase,
-    rewards: RewardSet,
-    sink: RolloutSink,
-    tracker: Tracker,
-    desc: str,
-) -> tuple[int, int]:
-    """Sample, score and insert each chunk of `todo` in turn; (rows sampled, rows new)."""
-    g = config.samples_per_prompt
-    sampled = inserted = 0
-    for position, index in enumerate(tqdm(todo, desc=desc, unit="chunk")):
-        chunk = chunks[index]
-        rendered = [render_prompt(tokenizer, p.question) for p in chunk]
-        params = SamplingParams(
-            config.temperature,
-            config.top_p,
-            config.max_new_tokens,
-            seed=config.seed * 1_000_003 + index,  # a chunk's samples do not depend on the run
-        )
-        groups = sampler.generate(rendered, g, params)
-        lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False)["input_ids"]]
-        rows = rollout_rows(model_id, chunk, rendered, groups, lengths, rewards)
-        new = sink.insert(rows)
-        sampled += rows.num_rows
-        inserted += new
-        done = len(chunks) - len(todo) + position + 1
-        tracker.log_metrics(
-            {"rollouts/inserted": float(inserted), PROGRESS: done / len(chunks)}, step=index + 1
-        )
-    return sampled, inserted
+def chunk_params(config: RejectionConfig, index: int) -> SamplingParams:
+    """Chunk `index`'s sampling: a seed of its own, so its samples do not depend on the run
+    (nor on which process or actor samples it)."""
+    return SamplingParams(
+        config.temperature,
+        config.top_p,
+        config.max_new_tokens,
+        seed=config.seed * 1_000_003 + index,
+    )

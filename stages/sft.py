@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cluster.placement import training_nodes
+from configs.cluster import ClusterConfig
 from configs.supervised import SFTConfig
 from models.loading import load_model, load_tokenizer
 from models.saved import ModelRef, save_model
@@ -25,10 +27,12 @@ def run(
     out_dir: Path,
     tracker: Tracker,
     desc: str = "sft",
+    cluster: ClusterConfig | None = None,
 ) -> ModelRef:
-    """Fine-tune `base` on a saved dataset with `question` and `completion` columns."""
+    """Fine-tune `base` on a saved dataset with `question` and `completion` columns; under
+    DeepSpeed, over `cluster.nodes` machines when a cluster says so."""
     if config.engine.kind == "deepspeed":
-        return run_deepspeed(config, base, dataset_path, out_dir, tracker, desc)
+        return run_deepspeed(config, base, dataset_path, out_dir, tracker, desc, cluster)
     tokenizer = load_tokenizer(base.path)
     model = load_model(base.path)
     examples = dataset_examples(tokenizer, dataset_path, config.train.max_length)
@@ -57,9 +61,11 @@ def run_deepspeed(
     out_dir: Path,
     tracker: Tracker,
     desc: str = "sft",
+    cluster: ClusterConfig | None = None,
 ) -> ModelRef:
-    """The same fine-tuning under DeepSpeed ZeRO in `config.engine.processes` worker processes;
-    the model lands where `run` saves it, and a stopped run resumes from its last checkpoint."""
+    """The same fine-tuning under DeepSpeed ZeRO in `config.engine.processes` worker processes
+    (split over `cluster.nodes` machines); the model lands where `run` saves it, and a stopped
+    run resumes from its last checkpoint."""
     require_deepspeed()
     examples = dataset_examples(load_tokenizer(base.path), dataset_path, config.train.max_length)
     examples.cuts.report(tracker.log_metrics, desc)  # the workers build the same examples
@@ -73,7 +79,7 @@ def run_deepspeed(
         run_dir=str(out_dir / "deepspeed"),
         fingerprint=fingerprint(config, base.path, dataset_path),
     )
-    result = run_workers(spec, config.engine, tracker.log_metrics)
+    result = run_workers(spec, config.engine, tracker.log_metrics, training_nodes(cluster))
     tracker.log_metrics(
         {"train/tokens_per_second": result["tokens_per_second"], "train/steps": result["steps"]}
     )

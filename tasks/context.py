@@ -14,6 +14,7 @@ from mlflow import MlflowClient
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from pydantic import BaseModel
 
+from configs.cluster import ClusterConfig
 from models.saved import ModelRef
 from problems.types import ProblemSet
 from storage import store
@@ -43,6 +44,7 @@ class RunContext:
     flow_run_id: str
     model_name: str
     fail_at: str | None = None  # `faults.fail_once_at`: "stage" or "stage@step"
+    cluster: ClusterConfig | None = None  # where stages run beyond this machine; not in keys
 
     @property
     def paths(self) -> StatePaths:
@@ -62,7 +64,8 @@ class RunContext:
 
     def stage_identity(self) -> dict[str, str]:
         """Its part of a stage key: the state folder (stages never share results across state
-        folders), never the run's ids."""
+        folders), never the run's ids, nor where the stages run (`cluster`): a run on one
+        machine and one on a cluster share their stages."""
         return {"state": str(self.state_root)}
 
 

@@ -91,6 +91,7 @@ def distill_student(
             ctx.stage_dir(stage),
             tracker,
             stage,
+            ctx.cluster,
         )
         inputs = [base.ref, teacher.ref, traces.ref]
         if config.method == "on_policy":  # the training problems are its prompts
@@ -125,6 +126,7 @@ def rl_only_twin(
             tracker,
             stage,
             runtime_rewards(reward_model),
+            ctx.cluster,
         )
         inputs = [base.ref, train_digest] + ([reward_model.ref] if reward_model else [])
         digest, version = record_model(ctx, tracker, stage, model, inputs)

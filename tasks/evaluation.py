@@ -41,6 +41,7 @@ def evaluate_model(
         tracker,
         general=general_prompts(general, "heldout"),
         scorer=preference_reward(reward_model),
+        cluster=ctx.cluster,
     )
     tracker.log_artifact(report.samples_path, "eval")
     samples = pq.read_table(report.samples_path).slice(0, SAMPLE_ROWS).to_pylist()

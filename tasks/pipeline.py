@@ -13,6 +13,7 @@ from prefect import get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.logging.loggers import flow_run_logger
 
+from cluster.connect import check_room
 from configs.preflight import check_inputs
 from configs.schema import PipelineConfig
 from curation.curated import CuratedSet
@@ -49,12 +50,15 @@ class PipelineResult:
 
 def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StatePaths:
     """Before any store is touched: every local checkpoint and data file the flow needs (and,
-    for a flow that trains, that its data fits the models), the thread count, and the state
-    folder with an MLflow store that answers (failing fast, naming it)."""
+    for a flow that trains, that its data fits the models), the Ray cluster it names (it
+    answers and has room), the thread count, and the state folder with an MLflow store that
+    answers (failing fast, naming it)."""
     check_inputs(config, flow)
     if trains:
         check_data_fit(config, flow)
         check_memory_fit(config, f"profile {config.name}")  # the GPU found here, if any
+    if config.cluster.uses_ray:
+        check_room(config.cluster)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     paths = StatePaths.from_env()
@@ -85,7 +89,8 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
         logger.info("flow run retried: MLflow parent run %s goes on", run_id)
         crash_leftover_task_runs(flow_run_id)
     fail_at = config.faults.fail_once_at
-    return RunContext(paths.root, run_id, flow_run_id, config.name, fail_at)
+    cluster = config.cluster.active()
+    return RunContext(paths.root, run_id, flow_run_id, config.name, fail_at, cluster)
 
 
 def crash_leftover_task_runs(flow_run_id: str) -> list[str]:

@@ -43,6 +43,7 @@ def grpo(
             desc=stage,
             general=general_prompts(general, "train") if config.general_prompts else [],
             extra_rewards=runtime_rewards(reward_model),
+            cluster=ctx.cluster,
         )
         inputs = [policy.ref, train_digest] + ([reward_model.ref] if reward_model else [])
         if general is not None and config.general_prompts:

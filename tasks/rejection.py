@@ -80,6 +80,7 @@ def rejection_sample(
             tracker,
             runtime_rewards(reward_model),
             stage,
+            ctx.cluster,
         )
         funnel = run_funnel(ctx.paths.duckdb, key, config.funnel, tracker.run_id)
         out = ctx.stage_dir(stage)

@@ -14,6 +14,7 @@ from mlflow import MlflowClient
 from prefect import get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 
+from configs.cluster import ClusterConfig
 from configs.data import DataConfig
 from configs.reinforcement import EvalConfig
 from evaluation.metrics import EvalReport
@@ -124,6 +125,7 @@ def evaluate_registered_model(
     data: EvalData,
     reward_model: RegisteredModel | None,
     run_id: str,
+    cluster: ClusterConfig | None = None,
 ) -> EvalReport:
     """The pipeline's held-out evaluation of the downloaded version, logged as `eval/*`."""
     client = tracking_client(paths)
@@ -137,6 +139,7 @@ def evaluate_registered_model(
         tracker,
         general=general,
         scorer=None if reward_model is None else PreferenceReward(reward_model.path),
+        cluster=cluster,
     )
     tracker.log_artifact(report.samples_path, "eval")
     samples = pq.read_table(report.samples_path).slice(0, SAMPLE_ROWS).to_pylist()

@@ -45,6 +45,7 @@ def cold_start_sft(
             ctx.stage_dir(STAGE),
             tracker,
             desc=STAGE,
+            cluster=ctx.cluster,
         )
         digest, version = record_model(ctx, tracker, STAGE, model, [base.ref, curated.ref])
     return StageResult(
@@ -73,7 +74,8 @@ def mixed_sft(
         rows = sum(counts.values())
         mixed = record_dataset(ctx, tracker, stage, data, digest, rows, sources, "mixed-sft")
         tracker.log_metrics({f"data/{kind}": float(n) for kind, n in counts.items()})
-        model = sft_stage.run(config, base.output, data, ctx.stage_dir(stage), tracker, desc=stage)
+        out = ctx.stage_dir(stage)
+        model = sft_stage.run(config, base.output, data, out, tracker, stage, ctx.cluster)
         inputs = [base.ref, rejected.ref, mixed]
         model_digest, version = record_model(ctx, tracker, stage, model, inputs)
     notes = {"data": ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))}

@@ -2,10 +2,11 @@
 processes from the stage's own process, and what the two sides share.
 
 The stage writes a spec file into a run folder and launches `training.sft_worker` under
-torchrun (or the DeepSpeed launcher) as a child process. Rank 0 of the workers appends each logged
-step to `metrics.jsonl`, which the stage forwards to its tracker while the workers run, and
-writes `result.json` at the end (or the non-finite value that stopped it). The workers' output
-is logged here, and its tail goes into the error when they fail.
+torchrun (or the DeepSpeed launcher) as a child process, or, over several machines, one torchrun
+per node that a `NodeLauncher` starts (training.nodes, cluster.ray_nodes). Rank 0 of the
+workers appends each logged step to `metrics.jsonl`, which the stage forwards to its tracker
+while the workers run, and writes `result.json` at the end (or the non-finite value that stopped
+it). The workers' output is logged here, and its tail goes into the error when they fail.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -113,10 +114,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """One node's place in a launch over several machines: torchrun's static rendezvous, whose
+    master (the TCP store, and global rank 0) is node 0 at `master_addr:master_port`."""
+
+    nodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+
+
 def launch_command(
-    engine: EngineConfig, spec_path: Path, port: int, module: str = WORKER_MODULE
+    engine: EngineConfig,
+    spec_path: Path,
+    port: int,
+    module: str = WORKER_MODULE,
+    node: Rendezvous | None = None,
 ) -> list[str]:
-    """The launcher command line for `engine.processes` workers of `module` on this machine."""
+    """The launcher command line for `engine.processes` workers of `module` on this machine, or,
+    with `node`, for that node's share of them (ranks `node_rank * share` on), under torchrun."""
+    if node is not None:
+        share = str(engine.processes // node.nodes)
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(node.nodes)]
+        launcher += ["--node_rank", str(node.node_rank), "--nproc_per_node", share]
+        launcher += ["--master_addr", node.master_addr, "--master_port", str(node.master_port)]
+        return [*launcher, "-m", module, str(spec_path)]
     n = str(engine.processes)
     if engine.launcher == "deepspeed":
         launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", n]
@@ -180,68 +203,121 @@ class MetricsTail:
         return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
 
 
+class WorkerGroup(Protocol):
+    """The launched workers of one stage, on this machine or over several nodes."""
+
+    tail: deque[str]  # their last lines of output
+
+    def poll(self) -> int | None:
+        """None while they run; then 0 if every worker finished, else a failing status."""
+        ...
+
+    def failure(self, spec: WorkerSpec) -> str:
+        """What failed, naming where ('' when the rank error files say it all)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop whatever still runs (nothing when all have ended)."""
+        ...
+
+
+class NodeLauncher(Protocol):
+    """Starts a stage's workers across nodes (training.nodes, cluster.nodes)."""
+
+    def start(self, spec: WorkerSpec, spec_path: Path, engine: EngineConfig) -> WorkerGroup: ...
+
+
+class LocalLauncher:
+    """`engine.processes` workers on this machine under one launcher process."""
+
+    def start(self, spec: WorkerSpec, spec_path: Path, engine: EngineConfig) -> WorkerGroup:
+        port = engine.master_port or free_port()
+        command = launch_command(engine, spec_path, port, spec.module)
+        log.info("%s: launching %d DeepSpeed workers: %s", spec.desc, engine.processes, command)
+        return ProcessGroup(command, worker_env(engine), spec.desc)
+
+
 def run_workers(
     spec: WorkerSpec,
     engine: EngineConfig,
     log_metrics: Callable[[dict[str, float], int], None],
+    nodes: NodeLauncher | None = None,
 ) -> dict[str, Any]:
-    """Launch the workers for `spec`, forward their metrics while they run and return rank 0's
-    result. A non-finite loss in the workers raises NonFiniteLossError here; any other failure
-    (or the timeout) raises WorkerFailedError with the tail of their output."""
+    """Launch the workers for `spec` (on this machine, or across the nodes that `nodes` starts),
+    forward their metrics while they run and return rank 0's result. A non-finite loss in the
+    workers raises NonFiniteLossError here; any other failure (or the timeout) raises
+    WorkerFailedError with the tail of their output and, over nodes, the node that failed."""
     require_deepspeed()
     spec_path = spec.write()
     for stale in (spec.metrics_path, spec.result_path, *Path(spec.run_dir).glob("error-*")):
         stale.unlink(missing_ok=True)
-    port = engine.master_port or free_port()
-    command = launch_command(engine, spec_path, port, spec.module)
-    log.info("%s: launching %d DeepSpeed workers: %s", spec.desc, engine.processes, command)
-    tail: deque[str] = deque(maxlen=TAIL_LINES)
     metrics = MetricsTail(spec.metrics_path)
-    with _workers(command, worker_env(engine), spec.desc, tail) as process:
+    group = (nodes or LocalLauncher()).start(spec, spec_path, engine)
+    try:
         deadline = time.monotonic() + engine.timeout_s
-        while process.poll() is None:
+        while (status := group.poll()) is None:
             _forward(metrics, log_metrics)
             if time.monotonic() > deadline:
                 raise WorkerFailedError(
                     f"{spec.desc}: the DeepSpeed workers ran past engine.timeout_s "
                     f"({engine.timeout_s:g} s) and were stopped; their last output:\n"
-                    + "".join(tail)
+                    + "".join(group.tail)
                 )
             time.sleep(0.2)
         _forward(metrics, log_metrics)
-    return _result(spec, process.returncode, tail)
-
-
-@contextlib.contextmanager
-def _workers(
-    command: list[str], env: dict[str, str], desc: str, tail: deque[str]
-) -> Iterator[subprocess.Popen[str]]:
-    """The launcher process, its output logged and kept in `tail`; stopped (with its workers) if
-    the block is left while it still runs."""
-    process = subprocess.Popen(
-        command,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group, so a stop reaches every worker
-    )
-    reader = threading.Thread(target=_pump, args=(process, desc, tail), daemon=True)
-    reader.start()
-    try:
-        yield process
     finally:
-        if process.poll() is None:
-            _stop(process)
-        reader.join(timeout=10)
+        group.stop()
+    return _result(spec, status, group.tail, group.failure(spec) if status else "")
 
 
-def _pump(process: subprocess.Popen[str], desc: str, tail: deque[str]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        tail.append(line)
-        log.info("%s [workers] %s", desc, line.rstrip())
+class ProcessGroup:
+    """A launcher process on this machine, in its own process group, its output logged (or
+    handed to `on_line`) and kept in `tail`."""
+
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        desc: str,
+        label: str = "workers",
+        on_line: Callable[[str], None] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ):
+        self.desc, self.label = desc, label
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.on_line = on_line or self._log
+        self.process = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group, so a stop reaches every worker
+            preexec_fn=preexec_fn,
+        )
+        self.reader = threading.Thread(target=self._pump, daemon=True)
+        self.reader.start()
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def failure(self, spec: WorkerSpec) -> str:
+        return ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            _stop(self.process)
+        self.reader.join(timeout=10)
+
+    def _log(self, line: str) -> None:
+        log.info("%s [%s] %s", self.desc, self.label, line.rstrip())
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.tail.append(line)
+            self.on_line(line)
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
@@ -261,15 +337,16 @@ def _forward(metrics: MetricsTail, log_metrics: Callable[[dict[str, float], int]
         log_metrics(record["metrics"], record["step"])
 
 
-def _result(spec: WorkerSpec, returncode: int, tail: deque[str]) -> dict[str, Any]:
+def _result(spec: WorkerSpec, returncode: int, tail: deque[str], where: str = "") -> dict[str, Any]:
     result = json.loads(spec.result_path.read_text()) if spec.result_path.exists() else {}
     if result.get("non_finite"):
         bad = result["non_finite"]
         raise NonFiniteLossError(spec.desc, bad["step"], bad["what"], bad["value"])
     if returncode != 0 or result.get("fingerprint") != spec.fingerprint:
+        cause = f"; {where}" if where else _first_error(spec)
         raise WorkerFailedError(
             f"{spec.desc}: the DeepSpeed workers exited with status {returncode} "
-            f"(spec {Path(spec.run_dir) / 'spec.json'}){_first_error(spec)}\n"
+            f"(spec {Path(spec.run_dir) / 'spec.json'}){cause}\n"
             "their last output:\n" + "".join(tail)
         )
     return result

@@ -1,0 +1,305 @@
+"""Sampling on a Ray cluster: `cluster.workers` actors, each loading the stage's model once,
+sampling the chunks of prompts the stage's process sends them.
+
+Rows are the same as one process's because a prompt's samples depend only on its stream
+(sampling/streams.py: seed, prompt index, sample index): a chunk carries its prompts' global
+index in `prompt_offset` (evaluation) or its own seed (rejection sampling), so which actor
+samples it, and beside which other prompts, changes nothing.
+
+Faults: an actor that dies is restarted by Ray (`max_restarts`) on whatever node has room, loads
+the model again and re-runs the chunks it held (`max_task_retries`); the stage sees the same
+results. Every wait is bounded: actors must be ready within the sampler's `start_timeout_s`
+and some chunk must come back within `start_timeout_s + generate_timeout_s` (a restarted
+actor loads its model again before it samples). An actor whose model folder does not hold the
+driver's model (another checkpoint at that path, or no shared filesystem) fails at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from configs.cluster import ClusterConfig
+from configs.reinforcement import SamplerConfig
+from sampling.chunks import ChunkJob
+from sampling.interface import Completion, SamplingParams
+from storage.digests import tree_digest
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLING_CODE = ("configs", "models", "sampling")  # what decides a sample, digested on both sides
+IN_FLIGHT = 2  # chunks queued per actor, so it never waits for the driver between two
+
+
+class ModelMismatchError(RuntimeError):
+    """A sampling actor sees another model (or other sampling code) than the stage's process."""
+
+
+class ClusterSamplingError(RuntimeError):
+    """Sampling on the cluster failed for a reason other than the model."""
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    groups: list[list[Completion]]
+    seconds: float  # the actor's time in generate
+    pid: int
+    node: str
+
+
+def code_digest() -> str:
+    """Digest of the sampling code (configs, models, sampling packages' sources)."""
+    h = hashlib.sha256()
+    for package in SAMPLING_CODE:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            h.update(path.relative_to(ROOT).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+class SamplerActor:
+    """One sampler on one node (made a Ray actor by `ActorSampler.start`). Its constructor never
+    raises: a mismatch is kept and raised by every call, so that Ray reports it as the call's
+    error (an actor whose constructor raises is only 'dead')."""
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        model_path: str,
+        digests: dict[str, str],
+        batch: int,
+        threads: int,
+    ):
+        began = time.perf_counter()
+        self.node = socket.gethostname()
+        self.error: Exception | None = None
+        self.sampler: Any = None
+        try:
+            self._check(Path(model_path), digests)
+            self.sampler = self._open(config, Path(model_path), batch, threads)
+        except Exception as error:  # raised again by every call
+            self.error = error
+        self.load_seconds = time.perf_counter() - began
+
+    def _check(self, path: Path, digests: dict[str, str]) -> None:
+        where = f"sampling actor on {self.node} (pid {os.getpid()})"
+        if not path.is_dir():
+            raise ModelMismatchError(
+                f"{where}: no model folder at {path}. The state folder must be on a shared "
+                "filesystem that every node of the cluster sees at the same path (docs/cluster.md)"
+            )
+        found = tree_digest(path)
+        if found != digests["model"]:
+            raise ModelMismatchError(
+                f"{where}: the model at {path} has digest {found[:12]}, the stage's process has "
+                f"{digests['model'][:12]}: this node sees another folder at that path. Share "
+                "the state folder at the same path on every node (docs/cluster.md)"
+            )
+        code = code_digest()
+        if code != digests["code"]:
+            raise ModelMismatchError(
+                f"{where}: its sampling code ({ROOT}) differs from the stage's process "
+                f"(digest {code[:12]} against {digests['code'][:12]}): run the same checkout "
+                "on every node"
+            )
+
+    @staticmethod
+    def _open(config: SamplerConfig, path: Path, batch: int, threads: int) -> Any:
+        import torch
+
+        from models.loading import load_tokenizer
+        from sampling.factory import open_sampler
+
+        torch.set_num_threads(threads)
+        os.environ.setdefault("TQDM_DISABLE", "1")  # progress is the stage's, per chunk
+        return open_sampler(config, path, load_tokenizer(path), batch)
+
+    def ready(self) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
+        return {"node": self.node, "pid": os.getpid(), "load_seconds": self.load_seconds}
+
+    def generate(self, prompts: list[str], n: int, params: SamplingParams) -> ChunkResult:
+        if self.error is not None:
+            raise self.error
+        began = time.perf_counter()
+        groups = self.sampler.generate(prompts, n, params)
+        return ChunkResult(groups, time.perf_counter() - began, os.getpid(), self.node)
+
+    def close(self) -> None:
+        close = getattr(self.sampler, "close", None)
+        if callable(close):
+            close()
+
+
+@dataclass
+class ActorSampler:
+    """The stage's sampler on a cluster: `generate` splits its prompts into chunks over the
+    actors and returns them in order; `run_chunks` yields whole chunks as they come back."""
+
+    ray: Any
+    actors: list[Any]
+    cluster: ClusterConfig
+    config: SamplerConfig
+    pids: list[int]
+    startup: list[dict[str, Any]]
+    replaced: list[tuple[int, int, int]] = field(default_factory=list)  # (actor, old pid, new)
+
+    @classmethod
+    def start(
+        cls,
+        cluster: ClusterConfig,
+        config: SamplerConfig,
+        model_path: Path,
+        batch_size: int,
+        digest: str | None = None,
+    ) -> ActorSampler:
+        """`cluster.workers` actors, each with the model at `model_path` loaded, once every one
+        has checked that its folder holds `digest` (default: the folder's digest here)."""
+        from cluster.connect import connect
+
+        ray = connect(cluster)
+        digests = {"model": digest or tree_digest(model_path), "code": code_digest()}
+        remote = ray.remote(
+            num_cpus=cluster.cpus_per_worker,
+            num_gpus=cluster.gpus_per_worker,
+            max_restarts=cluster.max_restarts,
+            max_task_retries=cluster.max_restarts,
+            scheduling_strategy="SPREAD",
+        )(SamplerActor)
+        args = (config, str(model_path.resolve()), digests, batch_size, cluster.threads_per_worker)
+        actors = [remote.remote(*args) for _ in range(cluster.workers)]
+        try:
+            startup = _wait_ready(ray, actors, cluster, config)
+        except BaseException:
+            for actor in actors:
+                ray.kill(actor)
+            raise
+        log.info(
+            "%d sampling actors ready on %s",
+            len(actors),
+            ", ".join(sorted({s["node"] for s in startup})),
+        )
+        return cls(ray, actors, cluster, config, [s["pid"] for s in startup], startup)
+
+    def generate(
+        self, prompts: Sequence[str], n: int, params: SamplingParams
+    ) -> list[list[Completion]]:
+        """n completions per prompt, in prompt order: chunks of `cluster.chunk_prompts`, each
+        with the global index of its first prompt as its offset."""
+        size = self.cluster.chunk_prompts
+        jobs = [
+            ChunkJob(
+                list(prompts[i : i + size]),
+                n,
+                _shifted(params, params.prompt_offset + i),
+            )
+            for i in range(0, len(prompts), size)
+        ]
+        results: dict[int, list[list[Completion]]] = dict(self.run_chunks(jobs))
+        return [group for index in range(len(jobs)) for group in results[index]]
+
+    def run_chunks(self, jobs: Sequence[ChunkJob]) -> Iterator[tuple[int, list[list[Completion]]]]:
+        """(job index, its groups) for every job, in the order they finish."""
+        for index, result in self.run_chunk_results(jobs):
+            yield index, result.groups
+
+    def run_chunk_results(self, jobs: Sequence[ChunkJob]) -> Iterator[tuple[int, ChunkResult]]:
+        pending = deque(enumerate(jobs))
+        running: dict[Any, tuple[int, int]] = {}  # object ref -> (actor, job index)
+
+        def submit(actor: int) -> None:
+            if pending:
+                index, job = pending.popleft()
+                ref = self.actors[actor].generate.remote(job.prompts, job.n, job.params)
+                running[ref] = (actor, index)
+
+        for actor in range(len(self.actors)):
+            for _ in range(IN_FLIGHT):
+                submit(actor)
+        limit = self.config.start_timeout_s + self.config.generate_timeout_s
+        while running:
+            done, _ = self.ray.wait(list(running), num_returns=1, timeout=limit)
+            if not done:
+                raise ClusterSamplingError(
+                    f"no chunk came back from the sampling actors within {limit:g} s "
+                    f"(sampler.start_timeout_s + sampler.generate_timeout_s); "
+                    f"{len(running)} chunks were out. Raise those limits if sampling is only slow"
+                )
+            actor, index = running.pop(done[0])
+            result = self._result(done[0], actor, index)
+            submit(actor)
+            yield index, result
+
+    def _result(self, ref: Any, actor: int, index: int) -> ChunkResult:
+        from ray.exceptions import RayActorError, RayTaskError
+
+        try:
+            result: ChunkResult = self.ray.get(ref)
+        except RayTaskError as error:
+            raise task_error(error) from None
+        except RayActorError as error:
+            raise ClusterSamplingError(
+                f"sampling actor {actor} died more than cluster.max_restarts "
+                f"({self.cluster.max_restarts}) times; chunk {index} was not sampled: {error}"
+            ) from error
+        if result.pid != self.pids[actor]:
+            log.warning(
+                "sampling actor %d was replaced (pid %d -> %d on %s) and re-ran its chunks",
+                actor,
+                self.pids[actor],
+                result.pid,
+                result.node,
+            )
+            self.replaced.append((actor, self.pids[actor], result.pid))
+            self.pids[actor] = result.pid
+        return result
+
+    def close(self) -> None:
+        """Close each actor's sampler, then end the actors."""
+        closing = [actor.close.remote() for actor in self.actors]
+        self.ray.wait(closing, num_returns=len(closing), timeout=60)
+        for actor in self.actors:
+            self.ray.kill(actor, no_restart=True)
+        self.actors = []
+
+
+def _shifted(params: SamplingParams, offset: int) -> SamplingParams:
+    return replace(params, prompt_offset=offset)
+
+
+def task_error(error: Exception) -> Exception:
+    """What an actor's call raised (a ModelMismatchError, the sampler's own error), as raised
+    there: Ray wraps it in a RayTaskError."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, Exception) else error
+
+
+def _wait_ready(
+    ray: Any, actors: list[Any], cluster: ClusterConfig, config: SamplerConfig
+) -> list[dict[str, Any]]:
+    """Each actor's node, pid and load time, once all loaded their model; a mismatch or a
+    cluster without room fails here, before any chunk is sent."""
+    from ray.exceptions import GetTimeoutError, RayTaskError
+
+    limit = cluster.place_timeout_s + config.start_timeout_s
+    try:
+        return ray.get([actor.ready.remote() for actor in actors], timeout=limit)
+    except RayTaskError as error:
+        raise task_error(error) from None
+    except GetTimeoutError as error:
+        raise ClusterSamplingError(
+            f"{len(actors)} sampling actors ({cluster.cpus_per_worker:g} CPUs, "
+            f"{cluster.gpus_per_worker:g} GPUs each) were not ready within {limit:g} s "
+            "(cluster.place_timeout_s + sampler.start_timeout_s): the cluster lacks room for "
+            "them, or loading the model is that slow"
+        ) from error

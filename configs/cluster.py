@@ -1,0 +1,85 @@
+"""Where the pipeline's work runs when it outgrows one machine: the Ray cluster that samples,
+and the nodes that training ranks span.
+
+Placement is not identity: these settings never enter a stage key or a rollout key (the run
+context carries them, and its part of a key is the state folder alone), because a run on one
+worker and a run on many store the same rows and train the same weights. With `address` unset
+and one node, nothing imports Ray and every stage runs as on one machine.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from configs.strict import Strict
+
+DEFAULT_SHELL = ["ssh", "-o", "BatchMode=yes", "-tt", "{host}"]
+
+
+class ClusterConfig(Strict):
+    """The `cluster` section of a profile (docs/cluster.md)."""
+
+    address: str | None = Field(
+        None,
+        description="the Ray cluster to sample on and place training nodes with: 'auto' (the "
+        "cluster this machine joined with `ray start`) or HOST:PORT of its head; None: no Ray",
+    )
+    workers: int = Field(
+        2, ge=1, description="sampling actors, each loading the stage's model once"
+    )
+    cpus_per_worker: float = Field(1.0, gt=0, description="Ray CPUs each sampling actor takes")
+    gpus_per_worker: float = Field(
+        0.0, ge=0, description="Ray GPUs each sampling actor takes (vLLM: tensor_parallel_size)"
+    )
+    threads_per_worker: int = Field(1, ge=1, description="torch threads of an hf sampling actor")
+    chunk_prompts: int = Field(
+        64,
+        ge=1,
+        description="evaluation prompts per chunk sent to an actor (rejection sampling keeps "
+        "its own chunk_prompts, which sets its seeds)",
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="times a dead sampling actor is replaced, its chunks re-run"
+    )
+    nodes: int = Field(
+        1, ge=1, description="machines a DeepSpeed stage's engine.processes are split over"
+    )
+    cpus_per_rank: float = Field(1.0, gt=0, description="Ray CPUs reserved per training rank")
+    gpus_per_rank: float = Field(0.0, ge=0, description="Ray GPUs reserved per training rank")
+    hosts: list[str] = Field(
+        default_factory=list,
+        description="without Ray: the training nodes' host names, node 0 (the rendezvous "
+        "master) first; one per node",
+    )
+    remote_shell: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SHELL),
+        description="without Ray: how a node's launch command reaches a host that is not this "
+        "machine ({host} is replaced; the command is appended as one argument)",
+    )
+    connect_timeout_s: float = Field(
+        30.0, gt=0, description="reaching the cluster's head before anything runs"
+    )
+    place_timeout_s: float = Field(
+        300.0, gt=0, description="the cluster finding room for the actors or training nodes"
+    )
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.address is not None
+
+    def active(self) -> ClusterConfig | None:
+        """This section where it asks for anything beyond one machine, else None."""
+        return self if self.uses_ray or self.nodes > 1 else None
+
+    @model_validator(mode="after")
+    def _nodes_have_a_launcher(self) -> ClusterConfig:
+        if self.nodes > 1 and self.address is None and len(self.hosts) != self.nodes:
+            raise ValueError(
+                f"nodes is {self.nodes}: set address (Ray places the nodes) or list one host "
+                f"per node in hosts (got {len(self.hosts)})"
+            )
+        if self.hosts and self.address is not None:
+            raise ValueError("give address (Ray places the nodes) or hosts, not both")
+        if not self.remote_shell:
+            raise ValueError("remote_shell must name a command, e.g. ssh {host}")
+        return self

@@ -1,0 +1,47 @@
+"""A Ray cluster of two nodes on loopback, started and stopped by the tests that use it.
+
+Two raylets (a head and one joined node, one CPU each, object stores capped at 100 MiB, usage
+statistics off) in a temporary folder of their own. The fixture shuts down exactly the cluster
+it started (`Cluster.shutdown`), never `ray stop`, which would end every Ray process on the
+machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+OBJECT_STORE = 100 * 2**20
+# Read when Ray is imported, so set before any test imports it: every address of the test
+# cluster (its nodes', and so the training rendezvous's) on 127.0.0.1, no usage statistics.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
+
+@pytest.fixture(scope="package")
+def ray_cluster():
+    """The two-node cluster's address ('127.0.0.1:PORT'), shared by this folder's tests and
+    shut down when they are done, before any other test (tests/reliability/test_sandbox.py
+    checks that the test process has no child left)."""
+    pytest.importorskip("ray", reason="the cluster extra is not installed (scripts/setup.sh)")
+    from ray.cluster_utils import Cluster
+
+    temp = tempfile.mkdtemp(prefix="r1ray-", dir="/tmp")  # short: Ray's socket paths are capped
+    node = {"num_cpus": 1, "object_store_memory": OBJECT_STORE}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={**node, "include_dashboard": False, "temp_dir": temp},
+    )
+    try:
+        cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        from cluster.connect import disconnect
+
+        disconnect()
+        cluster.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)

@@ -1,0 +1,186 @@
+"""Rejection sampling and evaluation on two Ray actors (one per node of a local two-node
+cluster) store the rows and give the figures of one process; an actor killed mid-run changes
+nothing; an actor that sees another model, and a cluster that does not answer, fail at once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from configs.cluster import ClusterConfig
+from configs.reinforcement import EvalConfig
+from models.saved import ModelRef, save_model
+from problems.loader import write_problems
+from problems.types import Problem, ProblemSet
+from stages import evaluate, rejection
+from stages.tracker import NullTracker
+from storage import rollout_store
+from tests.stages import test_rejection_stage as rejection_stage_test
+from tests.tiny_models import make_tokenizer, tiny_model
+
+pytestmark = [pytest.mark.cluster, pytest.mark.heavy]
+
+G = rejection_stage_test.G
+# the rejection stage test's settings, in chunks of two prompts so that both actors get several
+CONFIG = rejection_stage_test.CONFIG.model_copy(update={"chunk_prompts": 2, "max_new_tokens": 16})
+REASONING = [Problem(f"r{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(14)]
+GENERAL = [Problem(f"g{i}", f"Say hello {i} times.", "", kind="general") for i in range(2)]
+EVAL = EvalConfig(max_problems=None, n_samples=3, k=2, max_new_tokens=16, general_prompts=0)
+ROW_COLUMNS = (
+    "prompt_id, sample_index, model_id, kind, family, language, prompt, completion, "
+    "prompt_tokens, completion_tokens, finish_reason, reward_total, reward_accuracy, "
+    "reward_format, reward_tag_count"
+)
+
+
+class Sink:
+    """The stage's DuckDB sink, recording the order chunks arrived in; `on_insert` runs after
+    each insert (the test's fault)."""
+
+    def __init__(self, db: Path, model_id: str, on_insert=None):
+        self.db, self.model_id, self.on_insert, self.arrived = db, model_id, on_insert, []
+
+    def stored(self):
+        return rollout_store.existing_samples(self.db, self.model_id)
+
+    def insert(self, rows: pa.Table) -> int:
+        new = rollout_store.insert_rollouts(self.db, rows)
+        self.arrived.append(rows.column("prompt_id")[0].as_py())
+        if self.on_insert is not None:
+            self.on_insert(len(self.arrived))
+        return new
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> ModelRef:
+    tokenizer = make_tokenizer()
+    return save_model(tiny_model(tokenizer), tokenizer, tmp_path_factory.mktemp("policy"))
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster) -> ClusterConfig:
+    return ClusterConfig(address=ray_cluster, workers=2, chunk_prompts=3)
+
+
+@pytest.fixture(scope="module")
+def one_process(model, tmp_path_factory) -> Path:
+    """The rows of rejection sampling in this process."""
+    db = tmp_path_factory.mktemp("local") / "r1.duckdb"
+    prompts = rejection.select_prompts(CONFIG, REASONING, GENERAL)
+    rejection.run(CONFIG, model, "m", prompts, Sink(db, "m"), NullTracker())
+    return db
+
+
+def stored_rows(db: Path) -> list[tuple]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(
+            f"SELECT {ROW_COLUMNS} FROM rollouts ORDER BY prompt_id, sample_index"
+        ).fetchall()
+
+
+def sampling_actor_pids() -> list[int]:
+    """This machine's processes that are sampling actors (Ray titles them by their class)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                title = (entry / "cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if title.startswith(b"ray::SamplerActor"):
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_a_killed_actor_is_replaced_and_its_chunks_rerun(
+    model, cluster, one_process, tmp_path, caplog
+):
+    killed: list[int] = []
+
+    def kill_one_actor(inserts: int) -> None:
+        if inserts == 1:  # chunks are still out on both actors
+            pid = sorted(sampling_actor_pids())[0]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    db = tmp_path / "r1.duckdb"
+    prompts = rejection.select_prompts(CONFIG, REASONING, GENERAL)
+    sink = Sink(db, "m", kill_one_actor)
+    with caplog.at_level(logging.WARNING, logger="cluster.actors"):
+        report = rejection.run(CONFIG, model, "m", prompts, sink, NullTracker(), cluster=cluster)
+    assert killed and report.inserted == 16 * G
+    assert "was replaced" in caplog.text and str(killed[0]) in caplog.text
+    assert stored_rows(db) == stored_rows(one_process)  # the same rows, none twice
+    assert sorted(sink.arrived) == sorted(p.id for p in prompts[::2])  # each chunk once
+
+
+def test_a_driver_killed_mid_stage_resumes_at_the_missing_chunks(
+    model, cluster, one_process, tmp_path
+):
+    class Killed(RuntimeError):
+        pass
+
+    def die(inserts: int) -> None:
+        if inserts == 3:
+            raise Killed
+
+    db = tmp_path / "r1.duckdb"
+    prompts = rejection.select_prompts(CONFIG, REASONING, GENERAL)
+    with pytest.raises(Killed):
+        rejection.run(
+            CONFIG, model, "m", prompts, Sink(db, "m", die), NullTracker(), cluster=cluster
+        )
+    resumed = rejection.run(
+        CONFIG, model, "m", prompts, Sink(db, "m"), NullTracker(), cluster=cluster
+    )
+    assert (resumed.chunks_skipped, resumed.inserted) == (3, 5 * 2 * G)
+    assert stored_rows(db) == stored_rows(one_process)
+
+
+def test_evaluation_on_two_actors_gives_one_process_figures(model, cluster, tmp_path):
+    heldout = [Problem(f"h{i}", f"What is {i} + {i + 1}?", str(2 * i + 1)) for i in range(10)]
+    path = write_problems(tmp_path / "heldout.jsonl", heldout)
+    problems = ProblemSet(path, path, len(heldout), len(heldout))
+    local = evaluate.run(EVAL, model, problems, tmp_path / "local", NullTracker())
+    spread = evaluate.run(
+        EVAL, model, problems, tmp_path / "cluster", NullTracker(), cluster=cluster
+    )
+    assert spread.metrics == local.metrics
+    assert (
+        pq.read_table(spread.samples_path).to_pylist()
+        == pq.read_table(local.samples_path).to_pylist()
+    )
+
+
+def test_an_actor_that_sees_another_model_fails_at_once_saying_so(model, cluster):
+    from cluster.actors import ActorSampler, ModelMismatchError
+
+    one = cluster.model_copy(update={"workers": 1})
+    with pytest.raises(ModelMismatchError, match="has digest .* the stage's process has"):
+        ActorSampler.start(one, EVAL.sampler, model.path, 8, digest="0" * 64)
+    with pytest.raises(ModelMismatchError, match="no model folder at .*shared"):
+        ActorSampler.start(one, EVAL.sampler, model.path / "elsewhere", 8)
+
+
+def test_an_unreachable_cluster_is_a_clear_error_before_anything_runs(tmp_path, monkeypatch):
+    from cluster.connect import ClusterUnreachableError
+    from configs import load_profile
+    from tasks.pipeline import open_state
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    state = tmp_path / "state"
+    monkeypatch.setenv("R1_STATE_DIR", str(state))
+    config = load_profile("micro", [f"cluster.address=127.0.0.1:{port}"])
+    with pytest.raises(ClusterUnreachableError, match=f"cannot reach the Ray cluster.*{port}"):
+        open_state(config, "r1_pipeline")
+    assert not state.exists()  # nothing ran, no store was made
