@@ -30,6 +30,12 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     temp = tempfile.mkdtemp(prefix="r1ray-", dir="/tmp")  # short: Ray's socket paths are capped
+    # Ray writes the cluster's address into its default temp folder whatever temp_dir says
+    # (ray_current_cluster): that folder is ours too, so nothing outside it is touched, and a
+    # fresh machine without /tmp/ray works
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp
+    os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
     node = {"num_cpus": 1, "object_store_memory": OBJECT_STORE}
     cluster = Cluster(
         initialize_head=True,
@@ -45,3 +51,7 @@ def ray_cluster():
         disconnect()
         cluster.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
