@@ -32,6 +32,7 @@ from storage.tracking import (
     tracking_client,
 )
 from tasks.context import RunContext, StageResult
+from tasks.plan import planned_stages
 
 log = logging.getLogger(__name__)
 RUN_DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as a run's description
@@ -61,7 +62,7 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
     return paths
 
 
-@task(name="open-pipeline-run")
+@task(name="open-pipeline-run", task_run_name="open-pipeline-run")
 def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunContext:
     paths = open_state(config, flow)
     client = tracking_client(paths)
@@ -83,7 +84,8 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
         logger.info("flow run retried: MLflow parent run %s goes on", run_id)
         crash_leftover_task_runs(flow_run_id)
     fail_at = config.faults.fail_once_at
-    return RunContext(paths.root, run_id, flow_run_id, config.name, fail_at)
+    plan = planned_stages(config, flow)
+    return RunContext(paths.root, run_id, flow_run_id, config.name, fail_at, plan)
 
 
 def crash_leftover_task_runs(flow_run_id: str) -> list[str]:
@@ -137,7 +139,7 @@ def retried_pipeline_run(client: MlflowClient, experiment: str, flow_run_id: str
     return run_id
 
 
-@task(name="close-pipeline-run")
+@task(name="close-pipeline-run", task_run_name="close-pipeline-run")
 def close_pipeline_run(
     ctx: RunContext, stages: list[StageResult], evals: dict[str, EvalReport], k: int = 4
 ) -> PipelineResult:

@@ -14,7 +14,7 @@ from storage.tracking import alias_for, tracking_client
 from tasks.context import StageResult
 
 
-@task(name="registered-model")
+@task(name="registered-model", task_run_name="registered-model: {uri}")
 def registered_model(paths: StatePaths, uri: str) -> RegisteredModel:
     """`uri` (`models:/NAME@ALIAS`, `NAME@ALIAS` or `models:/NAME/VERSION`) resolved and fetched."""
     spec = model_registry.parse_model(uri)
@@ -23,7 +23,7 @@ def registered_model(paths: StatePaths, uri: str) -> RegisteredModel:
     return model
 
 
-@task(name="registered-reward-model")
+@task(name="registered-reward-model", task_run_name="registered-reward-model: {name}")
 def registered_reward_model(paths: StatePaths, name: str) -> RegisteredModel | None:
     """`name@reward-model` fetched, or None when none is registered (no general score)."""
     spec = model_registry.ModelSpec(name, alias=alias_for("reward_model"))

@@ -73,7 +73,7 @@ def model_tags(model: RegisteredModel, flow_run_id: str) -> dict[str, str]:
     }
 
 
-@task(name="open-evaluation-run")
+@task(name="open-evaluation-run", task_run_name="open-evaluation-run")
 def open_evaluation_run(
     paths: StatePaths, model: RegisteredModel, settings: dict[str, Any], config: EvalConfig
 ) -> str:
@@ -94,7 +94,7 @@ def open_evaluation_run(
     return run_id
 
 
-@task(name="prepare-heldout-data")
+@task(name="prepare-heldout-data", task_run_name="prepare-heldout-data")
 def prepare_data(config: DataConfig, paths: StatePaths, run_id: str) -> EvalData:
     """Regenerate the profile's held-out problems and general prompts (the same seeds give the
     same files the pipeline evaluated on) and record them as the run's inputs."""
@@ -116,7 +116,7 @@ def prepare_data(config: DataConfig, paths: StatePaths, run_id: str) -> EvalData
     return EvalData(problems, None if general is None else general.eval_prompts_path, digests)
 
 
-@task(name="evaluate-registered-model")
+@task(name="evaluate-registered-model", task_run_name="evaluate-registered-model")
 def evaluate_registered_model(
     config: EvalConfig,
     paths: StatePaths,
@@ -161,7 +161,7 @@ def evaluate_registered_model(
     return report
 
 
-@task(name="record-evaluation")
+@task(name="record-evaluation", task_run_name="record-evaluation")
 def record_evaluation(
     paths: StatePaths,
     model: RegisteredModel,

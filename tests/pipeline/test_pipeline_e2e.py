@@ -71,15 +71,21 @@ def test_prefect_recorded_a_completed_flow_run_with_every_task(micro_run):
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
         )
     assert flow_run.state.is_completed()
-    names = {t.name.rsplit("-", 1)[0] for t in task_runs}
-    assert {
-        "prepare-problems",
-        "bootstrap-base-model",
-        "curate-cold-start",
-        "cold-start-sft",
-        "evaluate-model",
-    } <= names
+    names = [t.name for t in task_runs]
+    # each task run is named after its stage, each evaluation after the stage it judges
+    assert STAGES | {f"evaluate: {stage}" for stage in MODEL_STAGES} <= set(names)
+    assert {"prepare-problems", "open-pipeline-run", "close-pipeline-run"} <= set(names)
+    assert len(names) == len(set(names)) == len(STAGES) + len(MODEL_STAGES) + 4, names
     assert all(t.state.is_completed() for t in task_runs)
+
+
+def test_the_plan_names_the_stages_the_flow_ran(micro_run):
+    """What "stage i of n" counts is what the flow ran."""
+    from tasks.plan import planned_stages
+
+    _, result = micro_run
+    assert list(planned_stages(load_profile("micro"), "r1_pipeline")) == ROW_STAGES
+    assert [r.stage for r in result.rows] == ROW_STAGES
 
 
 def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
@@ -232,6 +238,14 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
             )
             logs += page
     assert any("per-stage report" in log.message and "| mixed_sft |" in log.message for log in logs)
+    messages = [log.message for log in logs]
+    # every task run's line says which stage it is about, and long stages say how far along
+    assert "reasoning_rl: Finished in state Completed()" in messages
+    assert "evaluate: reasoning_rl: Finished in state Completed()" in messages
+    unnamed = [m for m in messages if m.startswith("Finished in state")]
+    assert unnamed == ["Finished in state Completed()"]  # the flow run's own, and no task's
+    assert "reasoning_rl: stage 6 of 16, step 2 of 2 (100%)" in messages
+    assert any(m.startswith("reasoning_rl: stage 6 of 16 starts; MLflow run ") for m in messages)
 
 
 def test_rejection_sampling_filled_duckdb_and_fed_mixed_sft(micro_run):
@@ -410,6 +424,9 @@ def test_r1_zero_flow_runs_grpo_on_the_base(prefect_server, tmp_path, monkeypatc
     result = r1_zero(profile="micro")
     # micro's R1-Zero rewards include the reward model's score, so the flow trains one
     assert [r.stage for r in result.rows] == ["bootstrap", "reward_model", "r1_zero_rl"]
+    from tasks.plan import planned_stages
+
+    assert list(planned_stages(load_profile("micro"), "r1_zero")) == [r.stage for r in result.rows]
     client = MlflowClient(f"sqlite:///{tmp_path}/state/mlflow.db")
     parent = client.get_run(result.parent_run_id)
     assert parent.data.tags["r1.flow"] == "r1_zero" and parent.info.status == "FINISHED"
@@ -425,6 +442,9 @@ def test_the_distill_flow_distils_the_registered_final_model(micro_run):
     result = distill(profile="micro", teacher="models:/r1-micro@final")
     stages = [r.stage for r in result.rows]
     assert stages[0] == "distill_traces" and {"student_qwen", "student_llama"} <= set(stages)
+    from tasks.plan import planned_stages
+
+    assert list(planned_stages(load_profile("micro"), "distill")) == stages
     client = MlflowClient(f"sqlite:///{state}/mlflow.db")
     final = client.get_model_version_by_alias("r1-micro", "final")
     student = client.get_model_version_by_alias("r1-micro", "student-qwen")
