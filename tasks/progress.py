@@ -9,6 +9,8 @@ deployment run --watch` (with the server's log stream on, as `scripts/serve.sh` 
 from __future__ import annotations
 
 import logging
+import sys
+import traceback
 from dataclasses import dataclass
 
 from prefect import get_run_logger
@@ -20,7 +22,10 @@ PROGRESS_EVERY = 0.1  # a progress line each time another tenth of a stage's ste
 
 class TaskNamedFormatter(logging.Formatter):
     """`reasoning_rl: Finished in state Completed()`: a task run's record, as the Prefect server
-    stores it, starts with the task run's name; a flow run's record is left as it is."""
+    stores it, starts with the task run's name; a flow run's record is left as it is. A
+    traceback keeps the project's own frames and the exception (a task's failure is logged
+    twice, by its task run and its flow run, each time through Prefect's engine: forty lines of
+    library frames each); the worker's log keeps it whole."""
 
     def format(self, record: logging.LogRecord) -> str:
         message = super().format(record)
@@ -28,6 +33,26 @@ class TaskNamedFormatter(logging.Formatter):
         if not name or message.startswith(f"{name}: "):
             return message
         return f"{name}: {message}"
+
+    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+        kind, value, tb = ei
+        frames = traceback.extract_tb(tb)
+        own = [frame for frame in frames if not library_file(frame.filename)]
+        left_out = len(frames) - len(own)
+        if not own or not left_out or value is None:
+            return super().formatException(ei)
+        lines = [f"Traceback (most recent call last; {left_out} library frames left out):\n"]
+        lines += traceback.format_list(own)
+        lines += traceback.format_exception_only(kind, value)
+        if value.__cause__ is not None:
+            cause = value.__cause__
+            lines += ["caused by: "] + traceback.format_exception_only(type(cause), cause)
+        return "".join(lines).rstrip("\n")
+
+
+def library_file(path: str) -> bool:
+    """Whether a traceback frame is an installed library's (or Python's own), not the project's."""
+    return "site-packages" in path or path.startswith((sys.prefix, sys.base_prefix, "<"))
 
 
 def name_task_run_logs() -> None:
