@@ -24,6 +24,14 @@ def smoothed(values: list[float]) -> list[float]:
     ]
 
 
+def ends(values: Sequence[float]) -> tuple[float, float]:
+    """The mean of the first and of the last tenth of `values` (at least one value each)."""
+    if not values:
+        return float("nan"), float("nan")
+    window = max(1, len(values) // 10)
+    return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
 def series(history: History, key: str) -> tuple[list[float], list[float]]:
     """(steps, values) of `key` where the history has it."""
     points = [(h["step"], h[key]) for h in history if key in h]
@@ -72,6 +80,30 @@ def plot_heldout(history: History, path: Path, title: str) -> Path:
     length.plot(steps, held, marker="o", color="tab:orange", label="held-out responses")
     length.set(xlabel="GRPO step", ylabel="mean response tokens", title=f"{title}: length")
     length.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_training_curves(history: History, path: Path, title: str) -> Path:
+    """A GRPO run at a glance, three panels in a row: the reward (total and per family), the
+    length of the sampled completions, and the KL to the reference (when the loss has one)."""
+    fig, (reward, length, kl) = plt.subplots(1, 3, figsize=(12, 3.2))
+    steps, total = series(history, "reward/mean")
+    reward.plot(steps, smoothed(total), lw=2, color="black", label="total")
+    for family in families(history, "reward/family/"):
+        fsteps, values = series(history, f"reward/family/{family}/mean")
+        reward.plot(fsteps, smoothed(values), lw=1.5, label=family)
+    reward.set(xlabel="GRPO step", title=f"{title}: reward")
+    reward.legend(fontsize=7)
+    steps, tokens = series(history, "completion/mean_tokens")
+    length.plot(steps, tokens, lw=1, alpha=0.35, color="tab:blue")
+    length.plot(steps, smoothed(tokens), lw=2, color="tab:blue")
+    length.set(xlabel="GRPO step", title="completion length (tokens)")
+    steps, values = series(history, "kl")
+    if values:
+        kl.plot(steps, smoothed(values), lw=2, color="tab:red")
+    else:
+        kl.text(0.5, 0.5, "no KL term (beta = 0)", ha="center", va="center")
+    kl.set(xlabel="GRPO step", title="KL to the reference")
     return _save(fig, path)
 
 

@@ -74,12 +74,13 @@ def markdown_table(rows: Sequence[StageRow], k: int) -> str:
     return "\n".join(lines) + "\n\n" + LEGEND
 
 
-def table_dict(rows: Sequence[StageRow], k: int) -> dict[str, list]:
-    """Column -> values, the shape MLflow's log_table takes."""
-    table: dict[str, list] = {"stage": [r.stage for r in rows], "seconds": []}
-    table["seconds"] = [round(r.seconds, 1) for r in rows]
+def table_dict(rows: Sequence[StageRow], k: int) -> dict[str, list[str]]:
+    """Column -> cells as the markdown table shows them, the shape MLflow's log_table takes and
+    its Artifacts view shows as a table (the figures themselves are the parent run's metrics)."""
+    table = {"stage": [r.stage for r in rows], "time": [f"{r.seconds:.0f}s" for r in rows]}
     for title, key in columns(k):
-        table[title] = [r.metrics.get(key) for r in rows]
+        table[title] = [cell(r.metrics, key) for r in rows]
+    table["notes"] = [r.note for r in rows]
     return table
 
 

@@ -33,9 +33,9 @@ from storage.tracking import (
 )
 from tasks.context import RunContext, StageResult
 from tasks.plan import planned_stages
+from tasks.run_pages import RUN_DESCRIPTION_TAG, report_description
 
 log = logging.getLogger(__name__)
-RUN_DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as a run's description
 
 
 @dataclass(frozen=True)
@@ -173,18 +173,17 @@ def cached_from(client: MlflowClient, ctx: RunContext, result: StageResult) -> s
 
 def publish_report(ctx: RunContext, rows: list[StageRow], k: int) -> None:
     """The per-stage table where each person meets it: the parent run's description in the
-    MLflow UI, a table and plot among its artifacts, a markdown artifact and a log line of the
-    flow run (`prefect flow-run logs <id>`)."""
+    MLflow UI (tasks.run_pages), a table and plot among its artifacts, a markdown artifact and
+    a log line of the flow run (`prefect flow-run logs <id>`)."""
     client = ctx.client()
     table = markdown_table(rows, k)
-    client.set_tag(
-        ctx.parent_run_id, RUN_DESCRIPTION_TAG, f"Held-out figures after each stage\n\n{table}"
-    )
+    experiment = client.get_run(ctx.parent_run_id).info.experiment_id
+    description = report_description(experiment, ctx.parent_run_id, rows, table)
+    client.set_tag(ctx.parent_run_id, RUN_DESCRIPTION_TAG, description)
     get_run_logger().info("per-stage report:\n%s", table)
     client.log_table(ctx.parent_run_id, table_dict(rows, k), "report/stages.json")
     plot = plot_stages(rows, k, ctx.run_dir("report") / "stages.png")
     client.log_artifact(ctx.parent_run_id, str(plot), "report")
-    experiment = client.get_run(ctx.parent_run_id).info.experiment_id
     create_markdown_artifact(
         key="r1-stage-report",
         markdown=f"# R1 pipeline: per-stage report\n\n{table}\n\n"

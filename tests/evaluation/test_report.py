@@ -39,12 +39,14 @@ def test_markdown_table_has_a_row_per_stage_and_dashes_for_missing_figures():
     assert "strict" in lines[-1] and "lenient" in lines[-1]  # the legend says which is which
 
 
-def test_table_dict_is_column_major_with_none_for_missing():
+def test_table_dict_is_column_major_with_the_markdown_tables_cells():
     table = table_dict(ROWS, k=4)
     assert table["stage"] == ["bootstrap", "cold_start_curation", "mixed_sft", "all_scenarios_rl"]
-    assert table["pass@1"] == [0.8, None, 0.6, None]
-    assert table["strict"] == [0.1, None, None, None]
-    assert table["general score"] == [None, None, 1.25, 1.5]
+    assert table["time"] == ["10s", "2s", "5s", "6s"]
+    assert table["pass@1"] == ["0.800", "-", "0.600", "-"]
+    assert table["strict"] == ["0.100", "-", "-", "-"]
+    assert table["general score"] == ["-", "-", "1.250", "1.500 ± 0.040"]
+    assert table["notes"] == ["", "kept 5/9", "", ""]
 
 
 def test_plot_is_written(tmp_path):

@@ -221,7 +221,12 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
     assert "| mixed_sft |" in report.data and "general score" in report.data
     assert "?workflowType=machine_learning)" in report.data  # the MLflow UI opens on runs
     parent = client.get_run(result.parent_run_id)
-    assert "| mixed_sft |" in parent.data.tags["mlflow.note.content"]  # the run's description
+    description = parent.data.tags["mlflow.note.content"]  # what the run's page shows first
+    assert "| mixed_sft |" in description
+    first_line = description.splitlines()[0]  # within the 100 pixels MLflow shows unfolded
+    table_view = f"/runs/{result.parent_run_id}/artifacts/report/stages.json)"
+    assert "[the table](#/experiments/" in first_line and table_view in first_line
+    assert "final model (all_scenarios_rl): pass@1 " in first_line
     experiment = client.get_experiment(parent.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on runs
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -332,6 +337,11 @@ def test_reasoning_rl_logs_grpo_signals_samples_and_a_reward_curve(micro_run):
     } <= set(rl.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(rl.info.run_id)}
     assert {"reward_curve.png", "samples", "model", "config.json"} <= artifacts
+    assert "training_curves.png" in artifacts  # reward and its families, length, KL
+    description = rl.data.tags["mlflow.note.content"]
+    assert description.startswith("**Training curves**: [reward, per family; length; KL](")
+    assert "2 steps: reward " in description and " · length " in description
+    assert f"get-artifact?path=training_curves.png&run_uuid={rl.info.run_id}" in description
     assert len(client.list_artifacts(rl.info.run_id, "samples")) == 2
     assert client.get_model_version_by_alias("r1-micro", "reasoning-rl").run_id == rl.info.run_id
     (sft,) = client.search_runs(

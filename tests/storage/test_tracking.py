@@ -39,11 +39,13 @@ def log_steps(tracker, steps: range) -> None:
 
 def test_a_resumed_stage_logs_each_step_once_and_counts_both_attempts(store):
     client, parent = store
-    with pytest.raises(RuntimeError, match="died at step 2"):
-        with stage_run(client, parent, STAGE, {}, KEY) as first:
-            log_steps(first, range(1, 3))  # steps 1 and 2; the checkpoint holds step 1
-            time.sleep(0.2)
-            raise RuntimeError("died at step 2")
+    with (
+        pytest.raises(RuntimeError, match="died at step 2"),
+        stage_run(client, parent, STAGE, {}, KEY) as first,
+    ):
+        log_steps(first, range(1, 3))  # steps 1 and 2; the checkpoint holds step 1
+        time.sleep(0.2)
+        raise RuntimeError("died at step 2")
     with stage_run(client, parent, STAGE, {}, KEY) as second:
         assert second.run_id == first.run_id and second.attempts.number == 2
         assert second.attempts.earlier_seconds >= 0.2

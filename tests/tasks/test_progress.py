@@ -45,7 +45,9 @@ def test_step_text_and_position():
 
 
 def record(message: str, task_run_name: str | None, exc_info=None) -> logging.LogRecord:
-    made = logging.LogRecord("prefect.task_runs", logging.INFO, __file__, 1, message, None, exc_info)
+    made = logging.LogRecord(
+        "prefect.task_runs", logging.INFO, __file__, 1, message, None, exc_info
+    )
     if task_run_name is not None:
         made.task_run_name = task_run_name
     return made
