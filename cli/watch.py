@@ -93,7 +93,7 @@ def ending(client: Any, run: Any) -> tuple[list[str], int]:
     """What to say when the run has ended, and the exit status (0 only for Completed)."""
     if run.state.is_completed():
         seconds = round(run.total_run_time.total_seconds()) if run.total_run_time else 0
-        took = f" in {seconds // 60} min {seconds % 60} s" if seconds else ""
+        took = f" (run time, all attempts: {seconds // 60} min {seconds % 60} s)" if seconds else ""
         return [f"flow run {run.id} Completed{took}"], 0
     lines = [f"flow run {run.id} {run.state.name}: {failure_reason(client, run)}"]
     if run.state.is_failed() or run.state.is_crashed():

@@ -83,20 +83,32 @@ def plot_heldout(history: History, path: Path, title: str) -> Path:
     return _save(fig, path)
 
 
+def reward_terms(history: History) -> list[str]:
+    """The reward's own terms (accuracy, format, ...): `reward/<term>/mean`, families aside."""
+    names = {k.split("/")[1] for h in history for k in h if k.count("/") == 2}
+    return sorted(n for n in names if f"reward/{n}/mean" in {k for h in history for k in h})
+
+
 def plot_training_curves(history: History, path: Path, title: str) -> Path:
-    """A GRPO run at a glance, three panels in a row: the reward (total and per family), the
-    length of the sampled completions, and the KL to the reference (when the loss has one)."""
-    fig, (reward, length, kl) = plt.subplots(1, 3, figsize=(12, 3.2))
-    steps, total = series(history, "reward/mean")
-    reward.plot(steps, smoothed(total), lw=2, color="black", label="total")
+    """A GRPO run at a glance: the total reward and each family's, each reward term, the length
+    of the sampled completions, and the KL to the reference (when the loss has one); each curve
+    smoothed over a tenth of the run."""
+    fig, axes = plt.subplots(2, 2, figsize=(9, 5.6))
+    (total, terms), (length, kl) = axes
+    steps, values = series(history, "reward/mean")
+    total.plot(steps, values, lw=1, alpha=0.3, color="black")
+    total.plot(steps, smoothed(values), lw=2, color="black", label="total")
     for family in families(history, "reward/family/"):
-        fsteps, values = series(history, f"reward/family/{family}/mean")
-        reward.plot(fsteps, smoothed(values), lw=1.5, label=family)
-    reward.set(xlabel="GRPO step", title=f"{title}: reward")
-    reward.legend(fontsize=7)
-    steps, tokens = series(history, "completion/mean_tokens")
-    length.plot(steps, tokens, lw=1, alpha=0.35, color="tab:blue")
-    length.plot(steps, smoothed(tokens), lw=2, color="tab:blue")
+        fsteps, fvalues = series(history, f"reward/family/{family}/mean")
+        total.plot(fsteps, smoothed(fvalues), lw=1.5, label=family)
+    total.set(title=f"{title}: reward, per family")
+    for term in reward_terms(history):
+        tsteps, tvalues = series(history, f"reward/{term}/mean")
+        terms.plot(tsteps, smoothed(tvalues), lw=1.5, label=term)
+    terms.set(title="reward terms")
+    steps, values = series(history, "completion/mean_tokens")
+    length.plot(steps, values, lw=1, alpha=0.3, color="tab:blue")
+    length.plot(steps, smoothed(values), lw=2, color="tab:blue")
     length.set(xlabel="GRPO step", title="completion length (tokens)")
     steps, values = series(history, "kl")
     if values:
@@ -104,6 +116,9 @@ def plot_training_curves(history: History, path: Path, title: str) -> Path:
     else:
         kl.text(0.5, 0.5, "no KL term (beta = 0)", ha="center", va="center")
     kl.set(xlabel="GRPO step", title="KL to the reference")
+    for ax in (total, terms):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     return _save(fig, path)
 
 

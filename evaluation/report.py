@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from html import escape
 from pathlib import Path
 
 import matplotlib
@@ -72,6 +73,32 @@ def markdown_table(rows: Sequence[StageRow], k: int) -> str:
         cells = " | ".join(cell(row.metrics, key) for _, key in cols)
         lines.append(f"| {row.stage} | {row.seconds:.0f}s | {cells} | {row.note} |")
     return "\n".join(lines) + "\n\n" + LEGEND
+
+
+HTML_STYLE = (
+    "body{font-family:system-ui,sans-serif;font-size:13px;margin:8px;color:#11171c}"
+    "table{border-collapse:collapse}th,td{padding:3px 8px;border-bottom:1px solid #dde}"
+    "th{text-align:left;background:#f4f6f8}td.n{text-align:right;font-variant-numeric:tabular-nums}"
+    "p{max-width:60em;color:#5f7281}"
+)
+
+
+def html_table(rows: Sequence[StageRow], k: int) -> str:
+    """The markdown table's cells as a page of their own, compact enough that every column
+    shows at once where MLflow's Artifacts view shows an HTML file."""
+    cols = columns(k)
+    head = "".join(f"<th>{escape(t)}</th>" for t in ["stage", "time", *(t for t, _ in cols)])
+    body = []
+    for row in rows:
+        figures = "".join(f'<td class="n">{escape(cell(row.metrics, key))}</td>' for _, key in cols)
+        body.append(
+            f'<tr><td>{escape(row.stage)}</td><td class="n">{row.seconds:.0f}s</td>{figures}'
+            f"<td>{escape(row.note)}</td></tr>"
+        )
+    return (
+        f"<!doctype html><meta charset='utf-8'><style>{HTML_STYLE}</style>"
+        f"<table><tr>{head}<th>notes</th></tr>{''.join(body)}</table><p>{escape(LEGEND)}</p>"
+    )
 
 
 def table_dict(rows: Sequence[StageRow], k: int) -> dict[str, list[str]]:

@@ -17,7 +17,7 @@ from configs.preflight import check_inputs
 from configs.schema import PipelineConfig
 from curation.curated import CuratedSet
 from evaluation.metrics import EvalReport
-from evaluation.report import StageRow, markdown_table, plot_stages, table_dict
+from evaluation.report import StageRow, html_table, markdown_table, plot_stages, table_dict
 from problems.fit import check_data_fit
 from storage.paths import StatePaths
 from storage.tracking import (
@@ -182,6 +182,7 @@ def publish_report(ctx: RunContext, rows: list[StageRow], k: int) -> None:
     client.set_tag(ctx.parent_run_id, RUN_DESCRIPTION_TAG, description)
     get_run_logger().info("per-stage report:\n%s", table)
     client.log_table(ctx.parent_run_id, table_dict(rows, k), "report/stages.json")
+    client.log_text(ctx.parent_run_id, html_table(rows, k), "report/stages.html")
     plot = plot_stages(rows, k, ctx.run_dir("report") / "stages.png")
     client.log_artifact(ctx.parent_run_id, str(plot), "report")
     create_markdown_artifact(

@@ -7,7 +7,7 @@ behind "Show more"; the Model metrics tab orders its chart sections by metric-na
 alphabetically, and keeps any rearrangement in the browser's local storage only, so the server
 cannot put the reward curves first there. Each description therefore starts with what the run
 holds and links to where MLflow shows it whole on one screen: the parent run's per-stage table
-as MLflow renders a logged table (the Artifacts view of `report/stages.json`), a GRPO stage's
+as a compact HTML page (the Artifacts view shows `report/stages.html` as it is), a GRPO stage's
 reward, length and KL as one image, which the description also shows below its first lines.
 """
 
@@ -33,8 +33,8 @@ def run_link(experiment: str, run_id: str, tail: str = "") -> str:
 
 
 def headline(rows: Sequence[StageRow], seconds: float) -> str:
-    """`final model (all_scenarios_rl): pass@1 0.817, base (bootstrap) 0.709 · 16 stages in
-    21 min`, from what the rows hold."""
+    """`final model (all_scenarios_rl): pass@1 0.817, base (bootstrap) 0.709 · 16 stages, 21
+    min of stage time`, from what the rows hold."""
     evaluated = [row for row in rows if "pass_at_1_lenient" in row.metrics]
     parts = []
     if evaluated:
@@ -44,7 +44,7 @@ def headline(rows: Sequence[StageRow], seconds: float) -> str:
             f"final model ({final.stage}): pass@1 {cell(final.metrics, 'pass_at_1_lenient')}, "
             f"base ({first.stage}) {cell(first.metrics, 'pass_at_1_lenient')}"
         )
-    parts.append(f"{len(rows)} stages in {seconds / 60:.0f} min")
+    parts.append(f"{len(rows)} stages, {seconds / 60:.0f} min of stage time")
     return " · ".join(parts)
 
 
@@ -54,7 +54,7 @@ def report_description(experiment: str, run_id: str, rows: Sequence[StageRow], t
     report = run_link(experiment, run_id, "/artifacts/report")
     seconds = sum(row.seconds for row in rows)
     return (
-        f"**Held-out figures after each stage**: [the table]({report}/stages.json) · "
+        f"**Held-out figures after each stage**: [the table]({report}/stages.html) · "
         f"[bar chart]({report}/stages.png) · {headline(rows, seconds)}\n\n"
         f"Below in full (Show more); each stage's run is among this run's children.\n\n{table}"
     )
@@ -70,10 +70,11 @@ def run_history(client: MlflowClient, run_id: str, keys: Sequence[str]) -> list[
 
 
 def curve_keys(metrics: Sequence[str]) -> list[str]:
-    """The GRPO metrics the curves show: total reward, each family's, length, KL."""
+    """The GRPO metrics the curves show: the total reward, each family's and each term's,
+    length, KL."""
     wanted = {"reward/mean", "completion/mean_tokens", "kl"}
-    family = [k for k in metrics if k.startswith("reward/family/") and k.endswith("/mean")]
-    return sorted(wanted & set(metrics)) + sorted(family)
+    rewards = [k for k in metrics if k.startswith("reward/") and k.endswith("/mean")]
+    return sorted(wanted & set(metrics)) + sorted(set(rewards) - wanted)
 
 
 def curves_summary(history: Sequence[dict[str, float]]) -> str:
@@ -108,7 +109,8 @@ def describe_curves(client: MlflowClient, run_id: str, title: str, out_dir: Path
     client.set_tag(
         run_id,
         RUN_DESCRIPTION_TAG,
-        f"**Training curves**: [reward, per family; length; KL]({page}/artifacts/{CURVES}) · "
-        f"[every chart]({page}/model-metrics)\n\n{curves_summary(history)}\n\n"
+        f"**Training curves**: [reward, per family and term; length; KL]"
+        f"({page}/artifacts/{CURVES}) · [every chart]({page}/model-metrics)\n\n"
+        f"{curves_summary(history)}\n\n"
         f"![training curves](get-artifact?path={CURVES}&run_uuid={run_id})\n",
     )

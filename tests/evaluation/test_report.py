@@ -2,7 +2,7 @@
 
 import pytest
 
-from evaluation.report import StageRow, markdown_table, plot_stages, table_dict
+from evaluation.report import StageRow, html_table, markdown_table, plot_stages, table_dict
 from models.saved import ModelRef
 from stages.distill import check_smaller
 
@@ -58,3 +58,11 @@ def test_a_student_must_be_smaller_than_its_teacher():
     check_smaller(ModelRef("s", 10), ModelRef("t", 20), "qwen")
     with pytest.raises(ValueError, match="not fewer than the teacher"):
         check_smaller(ModelRef("s", 20), ModelRef("t", 20), "qwen")
+
+
+def test_html_table_has_every_cell_escaped():
+    rows = ROWS + [StageRow("x<script>", 1.0, {}, "a & b")]
+    page = html_table(rows, k=4)
+    assert page.count("<tr>") == len(rows) + 1
+    assert '<td class="n">1.500 ± 0.040</td>' in page
+    assert "x&lt;script&gt;" in page and "a &amp; b" in page and "<script>" not in page

@@ -206,7 +206,7 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
     state, result = micro_run
     client = MlflowClient(f"sqlite:///{state}/mlflow.db")
     artifacts = {a.path for a in client.list_artifacts(result.parent_run_id, "report")}
-    assert {"report/stages.json", "report/stages.png"} <= artifacts
+    assert {"report/stages.json", "report/stages.html", "report/stages.png"} <= artifacts
     local = client.download_artifacts(result.parent_run_id, "report/stages.json")
     table = json.loads(Path(local).read_text(encoding="utf-8"))
     stage_column = table["columns"].index("stage")
@@ -224,7 +224,7 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
     description = parent.data.tags["mlflow.note.content"]  # what the run's page shows first
     assert "| mixed_sft |" in description
     first_line = description.splitlines()[0]  # within the 100 pixels MLflow shows unfolded
-    table_view = f"/runs/{result.parent_run_id}/artifacts/report/stages.json)"
+    table_view = f"/runs/{result.parent_run_id}/artifacts/report/stages.html)"
     assert "[the table](#/experiments/" in first_line and table_view in first_line
     assert "final model (all_scenarios_rl): pass@1 " in first_line
     experiment = client.get_experiment(parent.info.experiment_id)
@@ -339,7 +339,7 @@ def test_reasoning_rl_logs_grpo_signals_samples_and_a_reward_curve(micro_run):
     assert {"reward_curve.png", "samples", "model", "config.json"} <= artifacts
     assert "training_curves.png" in artifacts  # reward and its families, length, KL
     description = rl.data.tags["mlflow.note.content"]
-    assert description.startswith("**Training curves**: [reward, per family; length; KL](")
+    assert description.startswith("**Training curves**: [reward, per family and term; length; KL](")
     assert "2 steps: reward " in description and " · length " in description
     assert f"get-artifact?path=training_curves.png&run_uuid={rl.info.run_id}" in description
     assert len(client.list_artifacts(rl.info.run_id, "samples")) == 2

@@ -13,15 +13,16 @@ ROWS = [
 
 def test_the_headline_names_the_final_model_and_the_base():
     assert headline(ROWS, 1260.0) == (
-        "final model (all_scenarios_rl): pass@1 0.817, base (bootstrap) 0.709 · 4 stages in 21 min"
+        "final model (all_scenarios_rl): pass@1 0.817, base (bootstrap) 0.709 · 4 stages, 21 min "
+        "of stage time"
     )
-    assert headline(ROWS[1:2], 60.0) == "1 stages in 1 min"
+    assert headline(ROWS[1:2], 60.0) == "1 stages, 1 min of stage time"
 
 
 def test_the_report_description_starts_with_links_to_the_table_and_the_chart():
     text = report_description("3", "abc", ROWS, "| table |")
     first = text.splitlines()[0]
-    assert "[the table](#/experiments/3/runs/abc/artifacts/report/stages.json)" in first
+    assert "[the table](#/experiments/3/runs/abc/artifacts/report/stages.html)" in first
     assert "[bar chart](#/experiments/3/runs/abc/artifacts/report/stages.png)" in first
     assert text.endswith("| table |")
 
