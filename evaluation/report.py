@@ -76,8 +76,9 @@ def markdown_table(rows: Sequence[StageRow], k: int) -> str:
 
 
 HTML_STYLE = (
-    "body{font-family:system-ui,sans-serif;font-size:13px;margin:8px;color:#11171c}"
-    "table{border-collapse:collapse}th,td{padding:3px 8px;border-bottom:1px solid #dde}"
+    "body{font-family:system-ui,sans-serif;font-size:12px;margin:8px;color:#11171c}"
+    "table{border-collapse:collapse}"
+    "th,td{padding:3px 7px;border-bottom:1px solid #dde;white-space:nowrap}"
     "th{text-align:left;background:#f4f6f8}td.n{text-align:right;font-variant-numeric:tabular-nums}"
     "p{max-width:60em;color:#5f7281}"
 )

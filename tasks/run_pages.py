@@ -23,13 +23,15 @@ from evaluation.report import StageRow, cell
 from storage.tracking import alias_for
 
 RUN_DESCRIPTION_TAG = "mlflow.note.content"
+MODEL_TRAINING = "?workflowType=machine_learning"
 CURVES = "training_curves.png"
 FINAL_ALIAS = alias_for("all_scenarios_rl")
 
 
 def run_link(experiment: str, run_id: str, tail: str = "") -> str:
-    """A link the MLflow UI follows within itself: a run's page, or one of its tabs."""
-    return f"#/experiments/{experiment}/runs/{run_id}{tail}"
+    """A link the MLflow UI follows within itself: a run's page, or one of its tabs (in its
+    model-training view: it would else switch to its GenAI one)."""
+    return f"#/experiments/{experiment}/runs/{run_id}{tail}{MODEL_TRAINING}"
 
 
 def headline(rows: Sequence[StageRow], seconds: float) -> str:
@@ -48,15 +50,18 @@ def headline(rows: Sequence[StageRow], seconds: float) -> str:
     return " · ".join(parts)
 
 
-def report_description(experiment: str, run_id: str, rows: Sequence[StageRow], table: str) -> str:
+def report_description(
+    experiment: str, run_id: str, rows: Sequence[StageRow], markdown: str
+) -> str:
     """The parent run's description: links to the table and the bar chart as MLflow shows them,
     the headline, then the markdown table itself (behind "Show more")."""
-    report = run_link(experiment, run_id, "/artifacts/report")
+    table = run_link(experiment, run_id, "/artifacts/report/stages.html")
+    chart = run_link(experiment, run_id, "/artifacts/report/stages.png")
     seconds = sum(row.seconds for row in rows)
     return (
-        f"**Held-out figures after each stage**: [the table]({report}/stages.html) · "
-        f"[bar chart]({report}/stages.png) · {headline(rows, seconds)}\n\n"
-        f"Below in full (Show more); each stage's run is among this run's children.\n\n{table}"
+        f"**Held-out figures after each stage**: [the table]({table}) · "
+        f"[bar chart]({chart}) · {headline(rows, seconds)}\n\n"
+        f"Below in full (Show more); each stage's run is among this run's children.\n\n{markdown}"
     )
 
 
@@ -105,12 +110,14 @@ def describe_curves(client: MlflowClient, run_id: str, title: str, out_dir: Path
         return
     plot = plot_training_curves(history, out_dir / CURVES, title)
     client.log_artifact(run_id, str(plot))
-    page = run_link(run.info.experiment_id, run_id)
+    experiment = run.info.experiment_id
+    image = run_link(experiment, run_id, f"/artifacts/{CURVES}")
+    charts = run_link(experiment, run_id, "/model-metrics")
     client.set_tag(
         run_id,
         RUN_DESCRIPTION_TAG,
-        f"**Training curves**: [reward, per family and term; length; KL]"
-        f"({page}/artifacts/{CURVES}) · [every chart]({page}/model-metrics)\n\n"
+        f"**Training curves**: [reward, per family and term; length; KL]({image}) · "
+        f"[every chart]({charts})\n\n"
         f"{curves_summary(history)}\n\n"
         f"![training curves](get-artifact?path={CURVES}&run_uuid={run_id})\n",
     )

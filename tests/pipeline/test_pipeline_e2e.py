@@ -224,7 +224,7 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
     description = parent.data.tags["mlflow.note.content"]  # what the run's page shows first
     assert "| mixed_sft |" in description
     first_line = description.splitlines()[0]  # within the 100 pixels MLflow shows unfolded
-    table_view = f"/runs/{result.parent_run_id}/artifacts/report/stages.html)"
+    table_view = f"/runs/{result.parent_run_id}/artifacts/report/stages.html?"
     assert "[the table](#/experiments/" in first_line and table_view in first_line
     assert "final model (all_scenarios_rl): pass@1 " in first_line
     experiment = client.get_experiment(parent.info.experiment_id)

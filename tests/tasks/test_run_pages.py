@@ -22,8 +22,8 @@ def test_the_headline_names_the_final_model_and_the_base():
 def test_the_report_description_starts_with_links_to_the_table_and_the_chart():
     text = report_description("3", "abc", ROWS, "| table |")
     first = text.splitlines()[0]
-    assert "[the table](#/experiments/3/runs/abc/artifacts/report/stages.html)" in first
-    assert "[bar chart](#/experiments/3/runs/abc/artifacts/report/stages.png)" in first
+    assert "[the table](#/experiments/3/runs/abc/artifacts/report/stages.html?workflowType" in first
+    assert "[bar chart](#/experiments/3/runs/abc/artifacts/report/stages.png?workflowType" in first
     assert text.endswith("| table |")
 
 
