@@ -89,11 +89,26 @@ def follow(
     return run
 
 
+def attempt_seconds(client: Any, run: Any) -> float | None:
+    """From the latest attempt's start (its last Running state) to the run's final state."""
+    from prefect.client.schemas.objects import StateType
+
+    states = client.read_flow_run_states(run.id)
+    running = [state.timestamp for state in states if state.type == StateType.RUNNING]
+    if not running or run.state.timestamp is None:
+        return None
+    return (run.state.timestamp - max(running)).total_seconds()
+
+
 def ending(client: Any, run: Any) -> tuple[list[str], int]:
     """What to say when the run has ended, and the exit status (0 only for Completed)."""
     if run.state.is_completed():
-        seconds = round(run.total_run_time.total_seconds()) if run.total_run_time else 0
-        took = f" (run time, all attempts: {seconds // 60} min {seconds % 60} s)" if seconds else ""
+        seconds = attempt_seconds(client, run)
+        took = (
+            ""
+            if seconds is None
+            else f" (this attempt ran {seconds // 60:.0f} min {seconds % 60:.0f} s)"
+        )
         return [f"flow run {run.id} Completed{took}"], 0
     lines = [f"flow run {run.id} {run.state.name}: {failure_reason(client, run)}"]
     if run.state.is_failed() or run.state.is_crashed():

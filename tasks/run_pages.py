@@ -83,8 +83,8 @@ def curve_keys(metrics: Sequence[str]) -> list[str]:
 
 
 def curves_summary(history: Sequence[dict[str, float]]) -> str:
-    """`200 steps: reward 0.12 → 0.45 (math 0.30 → 0.52, ...) · length 58 → 67 tokens · KL ...`:
-    each curve's mean over its first and last tenth."""
+    """`200 steps: reward 0.12 → 0.45 · length 58 → 67 tokens · KL ...`, and on a line of its
+    own `per family: math 0.30 → 0.52, ...`: each curve's mean over its first and last tenth."""
 
     def change(key: str, digits: int = 2) -> str:
         start, end = ends(series(history, key)[1])
@@ -92,13 +92,15 @@ def curves_summary(history: Sequence[dict[str, float]]) -> str:
 
     steps = max((int(h["step"]) for h in history), default=0)
     text = f"{steps} steps: reward {change('reward/mean')}"
-    names = families(history, "reward/family/")
-    if names:
-        text += " (" + ", ".join(f"{n} {change(f'reward/family/{n}/mean')}" for n in names) + ")"
     if series(history, "completion/mean_tokens")[1]:
         text += f" · length {change('completion/mean_tokens', 0)} tokens"
     if series(history, "kl")[1]:
         text += f" · KL {change('kl', 4)}"
+    names = families(history, "reward/family/")
+    if names:  # a markdown line break: MLflow's box shows about four lines before "Show more"
+        text += "  \nper family: " + ", ".join(
+            f"{n} {change(f'reward/family/{n}/mean')}" for n in names
+        )
     return text
 
 

@@ -59,5 +59,5 @@ def test_the_summary_gives_each_curve_from_its_first_to_its_last_tenth():
     ]
     # 20 steps: each end is the mean of two points
     assert curves_summary(history) == (
-        "20 steps: reward 0.15 → 1.95 (math 0.30 → 3.90) · length 52 → 70 tokens"
+        "20 steps: reward 0.15 → 1.95 · length 52 → 70 tokens  \nper family: math 0.30 → 3.90"
     )
