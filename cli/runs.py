@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -55,7 +56,7 @@ class RunLine:
 
     def lines(self) -> list[str]:
         when = self.started.strftime("%m-%d %H:%M") if self.started else "-"
-        head = f"{self.id}  {self.state:<13} {when:<11} {self.source}"
+        head = f"{self.id}  {self.state:<10} {when:<11} {self.source}"
         return [head] + ([f"    {self.reason}"] if self.reason else [])
 
 
@@ -145,20 +146,30 @@ def flow_names(client: Any, runs: list[Any]) -> dict[Any, str]:
     return named
 
 
-def runs_command(state_dir: str | None, states: list[str], limit: int) -> int:
-    from cli.environment import prepare_environment
+def connect(state_dir: str | None) -> str | None:
+    """Point this process at the Prefect server that serves the state folder (one that is there:
+    asking creates none); what is missing when there is no server."""
+    paths = StatePaths(Path(state_dir).resolve()) if state_dir else StatePaths.from_env()
+    if paths.root.is_dir():
+        from cli.environment import prepare_environment
 
-    paths = prepare_environment(state_dir)
+        prepare_environment(paths.root)
     try:
         use_served_api(paths)
     except NoServer as err:
-        print(f"r1 runs: {err}")
+        return str(err)
+    return None
+
+
+def runs_command(state_dir: str | None, states: list[str], limit: int) -> int:
+    if missing := connect(state_dir):
+        print(f"r1 runs: {missing}", file=sys.stderr)
         return 2
     from prefect import get_client
 
     with get_client(sync_client=True) as client:
         lines = run_lines(client, states, limit)
-    print(f"{'flow run id':<36}  {'state':<13} {'UTC start':<11} deployment")
+    print(f"{'flow run id':<36}  {'state':<10} {'UTC start':<11} deployment")
     for line in lines:
         print("\n".join(line.lines()))
     if not lines:

@@ -9,13 +9,14 @@ attempt's `Failed`. This reads the server's logs of the latest attempt only, eve
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from cli.runs import NoServer, failure_reason, use_served_api
+from cli.runs import connect, failure_reason
 
 POLL_SECONDS = 2.0
 STRAGGLER_SECONDS = 6.0  # a flow run's last lines reach the server as its process exits
@@ -122,18 +123,16 @@ def ending(client: Any, run: Any) -> tuple[list[str], int]:
 
 
 def watch_command(state_dir: str | None, flow_run_id: str) -> int:
-    from cli.environment import prepare_environment
-
-    paths = prepare_environment(state_dir)
     try:
         run_id = UUID(flow_run_id)
     except ValueError:
-        print(f"r1 watch: {flow_run_id!r} is not a flow run id (`r1 runs` lists them)")
+        print(
+            f"r1 watch: {flow_run_id!r} is not a flow run id (`r1 runs` lists them)",
+            file=sys.stderr,
+        )
         return 2
-    try:
-        use_served_api(paths)
-    except NoServer as err:
-        print(f"r1 watch: {err}")
+    if missing := connect(state_dir):
+        print(f"r1 watch: {missing}", file=sys.stderr)
         return 2
     from prefect import get_client
     from prefect.exceptions import ObjectNotFound
@@ -142,7 +141,7 @@ def watch_command(state_dir: str | None, flow_run_id: str) -> int:
         try:
             run = client.read_flow_run(run_id)
         except ObjectNotFound:
-            print(f"r1 watch: the server has no flow run {run_id} (`r1 runs` lists them)")
+            print(f"r1 watch: no flow run {run_id} (`r1 runs` lists them)", file=sys.stderr)
             return 2
         print(f"flow run {run.id} ({run.name}), following its latest attempt")
         try:
