@@ -261,8 +261,9 @@ def resume_stage_run(client: MlflowClient, run: Run) -> tuple[str, Attempts]:
     started = int(run.data.tags.get(ATTEMPT_STARTED_TAG, run.info.start_time))
     if run.info.status == "RUNNING":
         ended = "killed: its process ended without closing the run"
-        spent.setdefault(attempt, max(0.0, (max(last_record_ms, started) - started) / 1000))
-        client.log_metric(run_id, ATTEMPT_SECONDS, spent[attempt], step=attempt)
+        if attempt not in spent:  # until its last record: what came after it was lost
+            spent[attempt] = max(0.0, (max(last_record_ms, started) - started) / 1000)
+            client.log_metric(run_id, ATTEMPT_SECONDS, spent[attempt], step=attempt)
     else:
         ended = f"{run.info.status.lower()}: {run.data.tags.get(ERROR_TAG, 'no error recorded')}"
     client.set_tag(run_id, f"r1.attempt.{attempt}", ended[:5000])
