@@ -1,6 +1,7 @@
 """`r1 run` runs the pipeline flow on a profile and prints the per-stage table; `r1 config`
 shows the validated profile (and, exit status 3, the local inputs it lacks); `r1 lineage MODEL`
-prints a registered model's chain back to the raw problems."""
+prints a registered model's chain back to the raw problems; `r1 runs` lists the Prefect
+server's flow runs and why each failed; `r1 watch ID` follows one to its end."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from types import FrameType
 import yaml
 
 from cli.environment import prepare_environment
+from cli.runs import STATE_TYPES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +57,27 @@ def _parser() -> argparse.ArgumentParser:
     lineage.add_argument(
         "--state-dir", help="the state folder to read (default: $R1_STATE_DIR or ./state)"
     )
+    runs = sub.add_parser(
+        "runs", help="list the Prefect server's recent flow runs, ids whole, and why each failed"
+    )
+    runs.add_argument(
+        "--state",
+        dest="states",
+        action="append",
+        default=[],
+        type=str.lower,
+        choices=STATE_TYPES,
+        help="only runs in this state (repeatable), e.g. --state failed --state crashed",
+    )
+    runs.add_argument("--limit", type=int, default=15, help="how many runs (default 15)")
+    watch = sub.add_parser(
+        "watch", help="follow a flow run (a retry too) to its end; say why it failed"
+    )
+    watch.add_argument("flow_run_id", help="the flow run's id, as `r1 runs` prints it")
+    for cmd in (runs, watch):
+        cmd.add_argument(
+            "--state-dir", help="the state folder `scripts/serve.sh` serves (default: ./state)"
+        )
     return parser
 
 
@@ -64,6 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         from cli.lineage import lineage_command
 
         return lineage_command(args.model, args.state_dir, args.json)
+    if args.command == "runs":  # ask the Prefect server of `scripts/serve.sh`
+        from cli.runs import runs_command
+
+        return runs_command(args.state_dir, args.states, args.limit)
+    if args.command == "watch":
+        from cli.watch import watch_command
+
+        return watch_command(args.state_dir, args.flow_run_id)
     paths = prepare_environment(args.state_dir)
     from configs.preflight import MissingInputsError, check_inputs
     from configs.profiles import ConfigError, load_profile, profile_path

@@ -24,6 +24,14 @@ def smoothed(values: list[float]) -> list[float]:
     ]
 
 
+def ends(values: Sequence[float]) -> tuple[float, float]:
+    """The mean of the first and of the last tenth of `values` (at least one value each)."""
+    if not values:
+        return float("nan"), float("nan")
+    window = max(1, len(values) // 10)
+    return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
 def series(history: History, key: str) -> tuple[list[float], list[float]]:
     """(steps, values) of `key` where the history has it."""
     points = [(h["step"], h[key]) for h in history if key in h]
@@ -72,6 +80,45 @@ def plot_heldout(history: History, path: Path, title: str) -> Path:
     length.plot(steps, held, marker="o", color="tab:orange", label="held-out responses")
     length.set(xlabel="GRPO step", ylabel="mean response tokens", title=f"{title}: length")
     length.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def reward_terms(history: History) -> list[str]:
+    """The reward's own terms (accuracy, format, ...): `reward/<term>/mean`, families aside."""
+    names = {k.split("/")[1] for h in history for k in h if k.count("/") == 2}
+    return sorted(n for n in names if f"reward/{n}/mean" in {k for h in history for k in h})
+
+
+def plot_training_curves(history: History, path: Path, title: str) -> Path:
+    """A GRPO run at a glance: the total reward and each family's, each reward term, the length
+    of the sampled completions, and the KL to the reference (when the loss has one); each curve
+    smoothed over a tenth of the run."""
+    fig, axes = plt.subplots(2, 2, figsize=(9, 5.6))
+    (total, terms), (length, kl) = axes
+    steps, values = series(history, "reward/mean")
+    total.plot(steps, values, lw=1, alpha=0.3, color="black")
+    total.plot(steps, smoothed(values), lw=2, color="black", label="total")
+    for family in families(history, "reward/family/"):
+        fsteps, fvalues = series(history, f"reward/family/{family}/mean")
+        total.plot(fsteps, smoothed(fvalues), lw=1.5, label=family)
+    total.set(title=f"{title}: reward, per family")
+    for term in reward_terms(history):
+        tsteps, tvalues = series(history, f"reward/{term}/mean")
+        terms.plot(tsteps, smoothed(tvalues), lw=1.5, label=term)
+    terms.set(title="reward terms")
+    steps, values = series(history, "completion/mean_tokens")
+    length.plot(steps, values, lw=1, alpha=0.3, color="tab:blue")
+    length.plot(steps, smoothed(values), lw=2, color="tab:blue")
+    length.set(xlabel="GRPO step", title="completion length (tokens)")
+    steps, values = series(history, "kl")
+    if values:
+        kl.plot(steps, smoothed(values), lw=2, color="tab:red")
+    else:
+        kl.text(0.5, 0.5, "no KL term (beta = 0)", ha="center", va="center")
+    kl.set(xlabel="GRPO step", title="KL to the reference")
+    for ax in (total, terms):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     return _save(fig, path)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from html import escape
 from pathlib import Path
 
 import matplotlib
@@ -74,12 +75,40 @@ def markdown_table(rows: Sequence[StageRow], k: int) -> str:
     return "\n".join(lines) + "\n\n" + LEGEND
 
 
-def table_dict(rows: Sequence[StageRow], k: int) -> dict[str, list]:
-    """Column -> values, the shape MLflow's log_table takes."""
-    table: dict[str, list] = {"stage": [r.stage for r in rows], "seconds": []}
-    table["seconds"] = [round(r.seconds, 1) for r in rows]
+HTML_STYLE = (
+    "body{font-family:system-ui,sans-serif;font-size:12px;margin:8px;color:#11171c}"
+    "table{border-collapse:collapse}"
+    "th,td{padding:3px 7px;border-bottom:1px solid #dde;white-space:nowrap}"
+    "th{text-align:left;background:#f4f6f8}td.n{text-align:right;font-variant-numeric:tabular-nums}"
+    "p{max-width:60em;color:#5f7281}"
+)
+
+
+def html_table(rows: Sequence[StageRow], k: int) -> str:
+    """The markdown table's cells as a page of their own, compact enough that every column
+    shows at once where MLflow's Artifacts view shows an HTML file."""
+    cols = columns(k)
+    head = "".join(f"<th>{escape(t)}</th>" for t in ["stage", "time", *(t for t, _ in cols)])
+    body = []
+    for row in rows:
+        figures = "".join(f'<td class="n">{escape(cell(row.metrics, key))}</td>' for _, key in cols)
+        body.append(
+            f'<tr><td>{escape(row.stage)}</td><td class="n">{row.seconds:.0f}s</td>{figures}'
+            f"<td>{escape(row.note)}</td></tr>"
+        )
+    return (
+        f"<!doctype html><meta charset='utf-8'><style>{HTML_STYLE}</style>"
+        f"<table><tr>{head}<th>notes</th></tr>{''.join(body)}</table><p>{escape(LEGEND)}</p>"
+    )
+
+
+def table_dict(rows: Sequence[StageRow], k: int) -> dict[str, list[str]]:
+    """Column -> cells as the markdown table shows them, the shape MLflow's log_table takes and
+    its Artifacts view shows as a table (the figures themselves are the parent run's metrics)."""
+    table = {"stage": [r.stage for r in rows], "time": [f"{r.seconds:.0f}s" for r in rows]}
     for title, key in columns(k):
-        table[title] = [r.metrics.get(key) for r in rows]
+        table[title] = [cell(r.metrics, key) for r in rows]
+    table["notes"] = [r.note for r in rows]
     return table
 
 

@@ -1,4 +1,5 @@
-"""Scheduled evaluation of a registered model: `models:/NAME@ALIAS` on the held-out suites.
+"""Scheduled evaluation of a registered model: `models:/NAME@ALIAS` on the held-out suites (by
+default the profile's final model, `models:/<profile's model name>@final`).
 
 The flow resolves the alias in the state folder's MLflow registry, downloads that version,
 regenerates the profile's held-out problems (and general prompts) deterministically, evaluates
@@ -21,9 +22,11 @@ from tasks.registered import registered_model, registered_reward_model
 from tasks.scheduled_eval import (
     evaluate_registered_model,
     mark_evaluation_failed,
+    model_to_evaluate,
     open_evaluation_run,
     prepare_data,
     record_evaluation,
+    retarget_hint,
 )
 
 
@@ -33,21 +36,24 @@ from tasks.scheduled_eval import (
     on_crashed=[mark_evaluation_failed],
 )
 def evaluate_registered(
-    model: str = "models:/r1-tiny@final",
+    model: str | None = None,
     profile: str = "tiny",
     overrides: list[str] | None = None,
     max_drop: float = 0.02,
 ) -> dict:
-    """Evaluate `models:/NAME@ALIAS` on the profile's held-out suites, record it, and fail on a
-    regression against the previous evaluation of the alias (pass@1 or general score dropping
-    by more than `max_drop`)."""
-    spec = parse_alias_uri(model)
+    """Evaluate `models:/NAME@ALIAS` (by default the profile's final model, e.g.
+    `models:/r1-micro@final` for `micro`) on the profile's held-out suites, record it, and fail
+    on a regression against the previous evaluation of the alias (pass@1 or general score
+    dropping by more than `max_drop`)."""
+    if model is not None:
+        parse_alias_uri(model)  # a bad URI fails before the profile loads or a store opens
     if max_drop < 0:
         raise ValueError(f"max_drop must be 0 or more, got {max_drop}")
     config = load_profile(profile, overrides or [])
+    spec = model_to_evaluate(model, config)
     paths = open_state(config, "evaluate_registered", trains=False)
 
-    target = registered_model(paths, spec.uri)
+    target = registered_model(paths, spec.uri, missing_hint=retarget_hint(spec, profile, paths))
     scored = config.data.general is not None and config.evaluation.general_prompts > 0
     reward_model = registered_reward_model(paths, spec.name) if scored else None
     settings = {"profile": profile, "overrides": " ".join(overrides or []), "max_drop": max_drop}

@@ -1,32 +1,43 @@
 #!/usr/bin/env bash
-# Operations on one machine: a local Prefect server and a process worker on loopback, with their
-# state in the project's state folder, and every deployment of prefect.yaml registered.
+# The whole local stack on loopback, with its state in the project's state folder: a Prefect
+# server (UI and API), a process worker with every deployment of prefect.yaml registered, and
+# the MLflow UI on the state folder's store.
 #
-#   bash scripts/serve.sh          start server + worker (if not running) and deploy
-#   bash scripts/serve.sh stop     stop both
-#   bash scripts/serve.sh status   show what runs
+#   bash scripts/serve.sh          start what is not running, and deploy
+#   bash scripts/serve.sh stop     stop all three: nothing they started is left running
+#   bash scripts/serve.sh status   show what runs, and where
 #
 # Then, in any shell:
 #   export PREFECT_API_URL=http://127.0.0.1:4200/api
-#   .venv/bin/prefect deployment run 'r1-pipeline/tiny' --watch
+#   .venv/bin/prefect deployment run 'r1-pipeline/micro' --watch
 #
-# Settings: R1_STATE_DIR (default ./state), R1_PREFECT_PORT (default 4200), R1_WORK_POOL
-# (default r1-local), R1_VENV (default .venv).
+# Settings: R1_STATE_DIR (default ./state), R1_PREFECT_PORT (default 4200), R1_MLFLOW_PORT
+# (default 5000), R1_WORK_POOL (default r1-local), R1_VENV (default .venv).
 #
-# The pool r1-gpu is created but gets no worker here: `prefect deploy --all` refuses a
-# deployment whose pool does not exist, and the runs of r1-pipeline/gpu wait in it for a worker
-# on a GPU machine (README, "GPU profile").
+# Each component runs in a session of its own (setsid), so `stop` signals it with everything it
+# started (uvicorn workers, flow-run processes) and waits until none of them is left. SIGTERM
+# ends each of them within seconds when idle; only one that is still there after
+# R1_STOP_SECONDS (default 30: a flow run busy in a stage) gets SIGKILL, and `stop` says so.
+# The worker is `python -m cli.worker` (cli/worker.py says why not `prefect worker start`).
+#
+# The server streams each flow run's logs, so `prefect deployment run --watch` prints them:
+# which stage runs, how far along, and why a run failed. The pool r1-gpu is created but gets no
+# worker here: `prefect deploy --all` refuses a deployment whose pool does not exist, and the
+# runs of r1-pipeline/gpu wait in it for a worker on a GPU machine (README, "GPU profile").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv="${R1_VENV:-.venv}"
 port="${R1_PREFECT_PORT:-4200}"
+mlflow_port="${R1_MLFLOW_PORT:-5000}"
 pool="${R1_WORK_POOL:-r1-local}"
+stop_seconds="${R1_STOP_SECONDS:-30}"
 gpu_pool=r1-gpu  # prefect.yaml names it
 cluster_pool=r1-cluster  # and this one: a worker on a machine of a Ray cluster (docs/cluster.md)
 state="$(realpath -m "${R1_STATE_DIR:-state}")"
 logs="$state/logs"
 pids="$state/pids"
+components="worker mlflow server"  # the order `stop` takes: the worker's runs report to both
 
 export R1_STATE_DIR="$state"
 export PREFECT_HOME="$state/prefect"
@@ -35,48 +46,89 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_SERVER_API_HOST=127.0.0.1
 export MLFLOW_TRACKING_URI="sqlite:///$state/mlflow.db"
 export MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK=true
+export R1_MLFLOW_UI="http://127.0.0.1:$mlflow_port"  # where the runs' reports link to
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 running() { [ -f "$pids/$1" ] && kill -0 "$(cat "$pids/$1")" 2>/dev/null; }
+# the processes of a component's session: itself and whatever it started
+session() { pgrep -s "$1" 2>/dev/null || true; }
+
+stop_one() {
+  local name="$1" pid waited=0
+  pid="$(cat "$pids/$name")"
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  while [ -n "$(session "$pid")" ] && [ "$waited" -lt $((stop_seconds * 4)) ]; do
+    sleep 0.25
+    waited=$((waited + 1))
+  done
+  if [ -n "$(session "$pid")" ]; then
+    pkill -KILL -s "$pid" 2>/dev/null || true
+    while [ -n "$(session "$pid")" ]; do sleep 0.1; done
+    echo "serve: killed the $name (still running ${stop_seconds}s after SIGTERM)"
+  else
+    echo "serve: stopped the $name ($((waited / 4)).$((waited % 4 * 25))s)"
+  fi
+}
 
 stop() {
-  for name in worker server; do
-    if running "$name"; then
-      pid="$(cat "$pids/$name")"
-      kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-      # a worker busy with a flow run may not stop on SIGTERM within 10 s
-      kill -0 "$pid" 2>/dev/null && { kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null || true; }
-      echo "serve: stopped the $name"
-    fi
+  for name in $components; do
+    if running "$name"; then stop_one "$name"; fi
     rm -f "$pids/$name"
   done
+  rm -f "$state/serve.env"
 }
 
 status() {
-  for name in server worker; do
+  for name in server worker mlflow; do
     if running "$name"; then echo "$name: running (pid $(cat "$pids/$name"))"
     else echo "$name: stopped"; fi
   done
-  echo "API: $PREFECT_API_URL   UI: http://127.0.0.1:$port   state: $state"
+  echo "Prefect UI: http://127.0.0.1:$port   API: $PREFECT_API_URL"
+  echo "MLflow UI:  $R1_MLFLOW_UI/#/experiments?workflowType=machine_learning"
+  echo "state:      $state"
+}
+
+# start_one NAME LOG COMMAND...: COMMAND in a session of its own, its output in LOG
+start_one() {
+  local name="$1" log="$2"
+  shift 2
+  setsid "$@" > "$log" 2>&1 &
+  echo $! > "$pids/$name"
+}
+
+wait_healthy() {  # URL NAME LOG: up to 120 s for URL to answer, or fail naming the log
+  for _ in $(seq 1 240); do
+    if "$venv/bin/python" - "$1" <<'EOF' 2>/dev/null; then return 0; fi
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1], timeout=2)
+EOF
+    if ! running "$2"; then break; fi
+    sleep 0.5
+  done
+  echo "serve: the $2 did not come up; its log, $3:" >&2
+  tail -20 "$3" >&2
+  exit 1
 }
 
 start() {
   bash scripts/setup.sh
   mkdir -p "$logs" "$pids" "$PREFECT_HOME"
   if ! running server; then
-    setsid "$venv/bin/prefect" server start --host 127.0.0.1 --port "$port" \
-      > "$logs/prefect-server.log" 2>&1 &
-    echo $! > "$pids/server"
+    # the log stream lets `prefect deployment run --watch` print each run's logs
+    start_one server "$logs/prefect-server.log" env PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED=true \
+      PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED=true \
+      "$venv/bin/prefect" server start --host 127.0.0.1 --port "$port"
     echo "serve: Prefect server starting on 127.0.0.1:$port (log: $logs/prefect-server.log)"
   fi
-  for _ in $(seq 1 120); do
-    if "$venv/bin/python" - "$PREFECT_API_URL" <<'EOF' 2>/dev/null; then break; fi
-import sys, urllib.request
-urllib.request.urlopen(sys.argv[1] + "/health", timeout=2)
-EOF
-    sleep 1
-  done
+  if ! running mlflow; then
+    # one worker and no job runner: two processes rather than the dozen of `mlflow ui`
+    start_one mlflow "$logs/mlflow-ui.log" env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
+      "$venv/bin/mlflow" server --host 127.0.0.1 --port "$mlflow_port" --workers 1 \
+      --backend-store-uri "$MLFLOW_TRACKING_URI" \
+      --default-artifact-root "file://$state/mlartifacts"
+    echo "serve: MLflow UI starting on 127.0.0.1:$mlflow_port (log: $logs/mlflow-ui.log)"
+  fi
+  wait_healthy "$PREFECT_API_URL/health" server "$logs/prefect-server.log"
   for name in "$pool" "$gpu_pool" "$cluster_pool"; do
     "$venv/bin/prefect" work-pool inspect "$name" > /dev/null 2>&1 ||
       "$venv/bin/prefect" work-pool create "$name" --type process > /dev/null
@@ -85,14 +137,15 @@ EOF
     { cat "$logs/deploy.log" >&2; exit 1; }
   echo "serve: deployed $(grep -c "^  - name:" prefect.yaml) deployments (log: $logs/deploy.log)"
   if ! running worker; then
-    setsid "$venv/bin/prefect" worker start --pool "$pool" --type process \
-      > "$logs/prefect-worker.log" 2>&1 &
-    echo $! > "$pids/worker"
+    start_one worker "$logs/prefect-worker.log" "$venv/bin/python" -m cli.worker --pool "$pool"
     echo "serve: worker started on pool $pool (log: $logs/prefect-worker.log)"
   fi
+  wait_healthy "$R1_MLFLOW_UI/health" mlflow "$logs/mlflow-ui.log"
+  printf 'export PREFECT_API_URL=%s\nexport R1_MLFLOW_UI=%s\n' "$PREFECT_API_URL" "$R1_MLFLOW_UI" \
+    > "$state/serve.env"
   status
   echo "next: export PREFECT_API_URL=$PREFECT_API_URL"
-  echo "      $venv/bin/prefect deployment run 'r1-pipeline/tiny' --watch"
+  echo "      $venv/bin/prefect deployment run 'r1-pipeline/micro' --watch"
 }
 
 case "${1:-start}" in

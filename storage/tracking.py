@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -148,17 +149,35 @@ def start_pipeline_run(
     return run.info.run_id
 
 
-class MlflowTracker:
-    """The stages' Tracker, writing to one MLflow run."""
+@dataclass(frozen=True)
+class Attempts:
+    """What the earlier attempts of a resumed stage run left in it: the last step each metric
+    reached (a resumed stage goes over the steps after its checkpoint again), and their time."""
 
-    def __init__(self, client: MlflowClient, run_id: str):
+    number: int = 1  # this attempt's
+    last_steps: dict[str, int] = field(default_factory=dict)
+    earlier_seconds: float = 0.0
+
+
+class MlflowTracker:
+    """The stages' Tracker, writing to one MLflow run. In a resumed run, a point of a curve at
+    a step an earlier attempt already logged is not logged again: one point per step."""
+
+    def __init__(self, client: MlflowClient, run_id: str, attempts: Attempts | None = None):
         self.client = client
         self.run_id = run_id
+        self.attempts = attempts or Attempts()
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)
-        batch = [Metric(key, float(value), now, step or 0) for key, value in metrics.items()]
-        self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
+        last = self.attempts.last_steps
+        batch = [
+            Metric(key, float(value), now, step or 0)
+            for key, value in metrics.items()
+            if not step or step > last.get(key, 0)  # step 0: a stage's figure, not a curve
+        ]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if path.is_dir():
@@ -169,6 +188,8 @@ class MlflowTracker:
 
 STAGE_KEY_TAG = "r1.stage_key"
 ATTEMPTS_TAG = "r1.attempts"
+ATTEMPT_STARTED_TAG = "r1.attempt_started"  # epoch ms when a resumed run's latest attempt began
+ATTEMPT_SECONDS = "stage/attempt_seconds"  # metric: each ended attempt's seconds, at step N
 ERROR_TAG = "r1.error"
 
 
@@ -185,13 +206,14 @@ def stage_run(
 
     With the stage's cache `key`, an earlier attempt of the same stage under the same parent
     that did not finish (it failed, or its process was killed and left it RUNNING) is resumed
-    rather than joined by a second run: its end is recorded as `r1.attempt.N` and its curves go
-    on where the stage resumes from its checkpoint.
+    rather than joined by a second run: its end is recorded as `r1.attempt.N`, its time as the
+    point N of `stage/attempt_seconds`, and its curves go on where the stage resumes from its
+    checkpoint, one point per step (the tracker's `attempts`).
     """
     parent = client.get_run(parent_run_id)
     earlier = unfinished_stage_run(client, parent, stage, key) if key else None
     if earlier is not None:
-        run_id = resume_stage_run(client, earlier)
+        run_id, attempts = resume_stage_run(client, earlier)
     else:
         tags = {
             PARENT_TAG: parent_run_id,
@@ -201,10 +223,13 @@ def stage_run(
         if key:
             tags[STAGE_KEY_TAG] = key
         run_id = client.create_run(parent.info.experiment_id, run_name=stage, tags=tags).info.run_id
+        attempts = Attempts()
+    began = time.time()
     client.log_dict(run_id, config, "config.json")
     try:
-        yield MlflowTracker(client, run_id)
+        yield MlflowTracker(client, run_id, attempts)
     except BaseException as err:
+        client.log_metric(run_id, ATTEMPT_SECONDS, time.time() - began, step=attempts.number)
         client.set_tag(run_id, ERROR_TAG, f"{type(err).__name__}: {err}"[:5000])
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
         raise
@@ -225,21 +250,42 @@ def unfinished_stage_run(client: MlflowClient, parent: Run, stage: str, key: str
     return runs[0] if runs else None
 
 
-def resume_stage_run(client: MlflowClient, run: Run) -> str:
-    """Reopen an unfinished stage run, recording how its last attempt ended."""
+def resume_stage_run(client: MlflowClient, run: Run) -> tuple[str, Attempts]:
+    """Reopen an unfinished stage run, recording how its last attempt ended and how long it
+    took (a killed attempt: until its last record). Returns the run and what its earlier
+    attempts left."""
     attempt = int(run.data.tags.get(ATTEMPTS_TAG, "1"))
+    run_id = run.info.run_id
+    last_steps, last_record_ms = logged_steps(client, run)
+    spent = {int(m.step): m.value for m in client.get_metric_history(run_id, ATTEMPT_SECONDS)}
+    started = int(run.data.tags.get(ATTEMPT_STARTED_TAG, run.info.start_time))
     if run.info.status == "RUNNING":
         ended = "killed: its process ended without closing the run"
+        if attempt not in spent:  # until its last record: what came after it was lost
+            spent[attempt] = max(0.0, (max(last_record_ms, started) - started) / 1000)
+            client.log_metric(run_id, ATTEMPT_SECONDS, spent[attempt], step=attempt)
     else:
         ended = f"{run.info.status.lower()}: {run.data.tags.get(ERROR_TAG, 'no error recorded')}"
-    run_id = run.info.run_id
     client.set_tag(run_id, f"r1.attempt.{attempt}", ended[:5000])
     client.set_tag(run_id, ATTEMPTS_TAG, str(attempt + 1))
+    client.set_tag(run_id, ATTEMPT_STARTED_TAG, str(int(time.time() * 1000)))
     if ERROR_TAG in run.data.tags:
         client.delete_tag(run_id, ERROR_TAG)
     client.update_run(run_id, status="RUNNING")
     log.info("stage run %s resumed (attempt %d; the last one %s)", run_id, attempt + 1, ended)
-    return run_id
+    return run_id, Attempts(attempt + 1, last_steps, sum(spent.values()))
+
+
+def logged_steps(client: MlflowClient, run: Run) -> tuple[dict[str, int], int]:
+    """The last step each of the run's metrics reached, and the time (epoch ms) of its latest
+    record (0 when it has none)."""
+    steps: dict[str, int] = {}
+    latest = 0
+    for key in run.data.metrics:
+        history = client.get_metric_history(run.info.run_id, key)
+        steps[key] = max((int(m.step) for m in history), default=0)
+        latest = max([latest] + [m.timestamp for m in history])
+    return steps, latest
 
 
 def finish_run(client: MlflowClient, run_id: str, failed: bool = False) -> None:

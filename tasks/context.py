@@ -8,10 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
-from uuid import UUID
 
 from mlflow import MlflowClient
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from pydantic import BaseModel
 
 from configs.cluster import ClusterConfig
@@ -29,6 +27,7 @@ from storage.tracking import (
     stage_run,
     tracking_client,
 )
+from tasks.progress import ProgressLines, run_logger, stage_position, step_text
 from tasks.stage_cache import KEY_LENGTH, current_stage_key, identity
 from training import PROGRESS
 
@@ -45,6 +44,7 @@ class RunContext:
     model_name: str
     fail_at: str | None = None  # `faults.fail_once_at`: "stage" or "stage@step"
     cluster: ClusterConfig | None = None  # where stages run beyond this machine; not in keys
+    stages: tuple[str, ...] = ()  # the stages the flow will run, in order (tasks.plan)
 
     @property
     def paths(self) -> StatePaths:
@@ -155,43 +155,31 @@ def tag_checkpoint(tracker: MlflowTracker, path: Path, hub_id: str | None) -> No
         tracker.client.set_tag(tracker.run_id, f"{CHECKPOINT_TAG}.hub_id", hub_id)
 
 
-PROGRESS_STEP = 5.0  # percentage points between updates of a stage's progress artifact
-
-
 class InjectedFailure(RuntimeError):
     """The one-time failure that `faults.fail_once_at` asked for."""
 
 
 class StageTracker(MlflowTracker):
-    """A stage's MLflow run, plus what Prefect shows while it runs: a progress artifact fed by
-    the `progress/fraction` metric, and the one-time failure of `faults.fail_once_at`."""
+    """A stage's MLflow run, plus what a person following the flow run reads: a log line when
+    another tenth of the stage's steps is done (`stage 6 of 16, step 40 of 200 (20%)`, from the
+    `progress/fraction` metric), and the one-time failure of `faults.fail_once_at`."""
 
-    def __init__(self, client: MlflowClient, run_id: str, ctx: RunContext, stage: str):
-        super().__init__(client, run_id)
+    def __init__(self, run: MlflowTracker, ctx: RunContext, stage: str):
+        super().__init__(run.client, run.run_id, run.attempts)
         self.ctx = ctx
         self.stage = stage
-        self._progress_id: UUID | None = None
-        self._shown = -1.0
+        self.position = stage_position(stage, ctx.stages)
+        self.step = 0  # the last step logged
+        self._lines = ProgressLines()
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         super().log_metrics(metrics, step)
-        if PROGRESS in metrics:
-            self._show_progress(metrics[PROGRESS])
+        if step:
+            self.step = step
+        if PROGRESS in metrics and self._lines.due(metrics[PROGRESS]):
+            run_logger().info("%s, %s", self.position, step_text(step or 0, metrics[PROGRESS]))
         if step is not None:
             self.fail_if_asked(step)
-
-    def _show_progress(self, fraction: float) -> None:
-        percent = round(100 * fraction, 1)
-        # every 5 points at most: each update is an event that `prefect ... --watch` prints
-        if percent - self._shown < PROGRESS_STEP and percent < 100:
-            return
-        self._shown = percent
-        description = f"{self.stage}: {percent:.0f}% (MLflow run {self.run_id})"
-        if self._progress_id is None:
-            key = f"progress-{self.stage.replace('_', '-')}"
-            self._progress_id = create_progress_artifact(percent, key, description)
-        else:
-            update_progress_artifact(self._progress_id, percent, description)
 
     def fail_if_asked(self, step: int = 0) -> None:
         """Raise once per flow run when this stage is the one `faults.fail_once_at` names and it
@@ -213,14 +201,28 @@ class StageTracker(MlflowTracker):
 def tracked_stage(
     ctx: RunContext, stage: str, config: BaseModel
 ) -> Iterator[tuple[StageTracker, dict]]:
-    """A nested MLflow run around a stage; the dict collects `seconds` when the block ends."""
+    """A nested MLflow run around a stage; the dict collects `seconds` when the block ends: the
+    stage's time over all its attempts, when a retry resumed it."""
     client = ctx.client()
     timing: dict[str, float] = {}
     settings = config.model_dump(mode="json")
     with stage_run(client, ctx.parent_run_id, stage, settings, current_stage_key()) as run:
-        tracker = StageTracker(client, run.run_id, ctx, stage)
-        tracker.fail_if_asked()
+        tracker = StageTracker(run, ctx, stage)
+        announce(tracker)
         began = time.perf_counter()
-        yield tracker, timing
-        timing["seconds"] = time.perf_counter() - began
+        try:
+            tracker.fail_if_asked()
+            yield tracker, timing
+        except Exception as err:
+            at = f" at step {tracker.step}" if tracker.step else ""
+            run_logger().error("%s failed%s: %s: %s", tracker.position, at, type(err).__name__, err)
+            raise
+        timing["seconds"] = run.attempts.earlier_seconds + time.perf_counter() - began
         tracker.log_metrics({"stage/seconds": timing["seconds"]})
+
+
+def announce(tracker: StageTracker) -> None:
+    """The stage's first line: its place in the run, its MLflow run, and the attempt."""
+    attempt = tracker.attempts.number
+    again = f", attempt {attempt} (resumed)" if attempt > 1 else ""
+    run_logger().info("%s starts%s; MLflow run %s", tracker.position, again, tracker.run_id)

@@ -24,6 +24,7 @@ from tasks.context import (
 )
 from tasks.general import runtime_rewards, uses_reward_model
 from tasks.rejection import RejectionSet
+from tasks.run_pages import describe_curves
 from tasks.stage_cache import stage_task
 
 
@@ -130,5 +131,6 @@ def rl_only_twin(
         )
         inputs = [base.ref, train_digest] + ([reward_model.ref] if reward_model else [])
         digest, version = record_model(ctx, tracker, stage, model, inputs)
+        describe_curves(tracker.client, tracker.run_id, stage, ctx.stage_dir(stage))
     notes = {"budget": f"{seconds:.0f}s", "model": f"v{version}"}
     return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)

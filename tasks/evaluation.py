@@ -7,6 +7,7 @@ from prefect import get_run_logger
 
 from configs.reinforcement import EvalConfig
 from evaluation.metrics import EvalReport
+from evaluation.report import cell, columns
 from models.saved import ModelRef
 from problems.general_files import GeneralFiles
 from problems.types import ProblemSet
@@ -20,7 +21,12 @@ from tasks.stage_cache import stage_task
 SAMPLE_ROWS = 50  # completions shown in the MLflow table; all of them stay in the Parquet file
 
 
-@stage_task("evaluate-model")
+def evaluation_name(parameters: dict) -> str:
+    """`evaluate: cold_start_sft`: the task run named after the stage whose model it judges."""
+    return f"evaluate: {parameters['stage'].stage}"
+
+
+@stage_task("evaluate-model", run_name=evaluation_name)
 def evaluate_model(
     config: EvalConfig,
     ctx: RunContext,
@@ -48,7 +54,6 @@ def evaluate_model(
     client.log_table(
         stage.run_id, {k: [r[k] for r in samples] for k in samples[0]}, "eval/samples.json"
     )
-    get_run_logger().info(
-        "%s: %s", stage.stage, ", ".join(f"{k}={v:.3f}" for k, v in report.metrics.items())
-    )
+    figures = [f"{title} {cell(report.metrics, key)}" for title, key in columns(config.k)]
+    get_run_logger().info("held-out: %s", ", ".join(f for f in figures if not f.endswith(" -")))
     return report

@@ -18,7 +18,7 @@ from configs.preflight import check_inputs
 from configs.schema import PipelineConfig
 from curation.curated import CuratedSet
 from evaluation.metrics import EvalReport
-from evaluation.report import StageRow, markdown_table, plot_stages, table_dict
+from evaluation.report import StageRow, html_table, markdown_table, plot_stages, table_dict
 from problems.fit import check_data_fit
 from storage.paths import StatePaths
 from storage.tracking import (
@@ -34,9 +34,10 @@ from storage.tracking import (
 )
 from tasks.context import RunContext, StageResult
 from training.memory_fit import check_memory_fit
+from tasks.plan import planned_stages
+from tasks.run_pages import RUN_DESCRIPTION_TAG, report_description
 
 log = logging.getLogger(__name__)
-RUN_DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as a run's description
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
     return paths
 
 
-@task(name="open-pipeline-run")
+@task(name="open-pipeline-run", task_run_name="open-pipeline-run")
 def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunContext:
     paths = open_state(config, flow)
     client = tracking_client(paths)
@@ -90,7 +91,10 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
         crash_leftover_task_runs(flow_run_id)
     fail_at = config.faults.fail_once_at
     cluster = config.cluster.active()
-    return RunContext(paths.root, run_id, flow_run_id, config.name, fail_at, cluster)
+    plan = planned_stages(config, flow)
+    return RunContext(
+        paths.root, run_id, flow_run_id, config.name, fail_at, cluster=cluster, stages=plan
+    )
 
 
 def crash_leftover_task_runs(flow_run_id: str) -> list[str]:
@@ -144,7 +148,7 @@ def retried_pipeline_run(client: MlflowClient, experiment: str, flow_run_id: str
     return run_id
 
 
-@task(name="close-pipeline-run")
+@task(name="close-pipeline-run", task_run_name="close-pipeline-run")
 def close_pipeline_run(
     ctx: RunContext, stages: list[StageResult], evals: dict[str, EvalReport], k: int = 4
 ) -> PipelineResult:
@@ -178,18 +182,18 @@ def cached_from(client: MlflowClient, ctx: RunContext, result: StageResult) -> s
 
 def publish_report(ctx: RunContext, rows: list[StageRow], k: int) -> None:
     """The per-stage table where each person meets it: the parent run's description in the
-    MLflow UI, a table and plot among its artifacts, a markdown artifact and a log line of the
-    flow run (`prefect flow-run logs <id>`)."""
+    MLflow UI (tasks.run_pages), a table and plot among its artifacts, a markdown artifact and
+    a log line of the flow run (`prefect flow-run logs <id>`)."""
     client = ctx.client()
     table = markdown_table(rows, k)
-    client.set_tag(
-        ctx.parent_run_id, RUN_DESCRIPTION_TAG, f"Held-out figures after each stage\n\n{table}"
-    )
+    experiment = client.get_run(ctx.parent_run_id).info.experiment_id
+    description = report_description(experiment, ctx.parent_run_id, rows, table)
+    client.set_tag(ctx.parent_run_id, RUN_DESCRIPTION_TAG, description)
     get_run_logger().info("per-stage report:\n%s", table)
     client.log_table(ctx.parent_run_id, table_dict(rows, k), "report/stages.json")
+    client.log_text(ctx.parent_run_id, html_table(rows, k), "report/stages.html")
     plot = plot_stages(rows, k, ctx.run_dir("report") / "stages.png")
     client.log_artifact(ctx.parent_run_id, str(plot), "report")
-    experiment = client.get_run(ctx.parent_run_id).info.experiment_id
     create_markdown_artifact(
         key="r1-stage-report",
         markdown=f"# R1 pipeline: per-stage report\n\n{table}\n\n"

@@ -14,6 +14,7 @@ from stages.reward_model import RewardModelRef
 from storage.digests import file_digest
 from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
 from tasks.general import general_prompts, runtime_rewards, uses_reward_model
+from tasks.run_pages import describe_curves
 from tasks.stage_cache import stage_task
 
 
@@ -49,6 +50,7 @@ def grpo(
         if general is not None and config.general_prompts:
             inputs.append(file_digest(general.rl_prompts_path))
         digest, version = record_model(ctx, tracker, stage, model, inputs)
+        describe_curves(tracker.client, tracker.run_id, stage, ctx.stage_dir(stage))
     notes = probe_notes(ctx.stage_dir(stage) / reasoning_rl.PROBE_SUMMARY)
     return StageResult(
         stage, tracker.run_id, model, timing["seconds"], digest, notes | {"model": f"v{version}"}

@@ -14,16 +14,22 @@ from storage.tracking import alias_for, tracking_client
 from tasks.context import StageResult
 
 
-@task(name="registered-model")
-def registered_model(paths: StatePaths, uri: str) -> RegisteredModel:
-    """`uri` (`models:/NAME@ALIAS`, `NAME@ALIAS` or `models:/NAME/VERSION`) resolved and fetched."""
+@task(name="registered-model", task_run_name="registered-model: {uri}")
+def registered_model(paths: StatePaths, uri: str, missing_hint: str = "") -> RegisteredModel:
+    """`uri` (`models:/NAME@ALIAS`, `NAME@ALIAS` or `models:/NAME/VERSION`) resolved and fetched;
+    when the registry lacks it, the error ends with `missing_hint` (how to name another)."""
     spec = model_registry.parse_model(uri)
-    model = model_registry.fetch(tracking_client(paths), spec, paths.root / "registry")
+    try:
+        model = model_registry.fetch(tracking_client(paths), spec, paths.root / "registry")
+    except model_registry.RegistryError as err:
+        if not missing_hint:
+            raise
+        raise model_registry.RegistryError(f"{err}. {missing_hint}") from None
     get_run_logger().info("%s is version %s, in %s", model.uri, model.version, model.path)
     return model
 
 
-@task(name="registered-reward-model")
+@task(name="registered-reward-model", task_run_name="registered-reward-model: {name}")
 def registered_reward_model(paths: StatePaths, name: str) -> RegisteredModel | None:
     """`name@reward-model` fetched, or None when none is registered (no general score)."""
     spec = model_registry.ModelSpec(name, alias=alias_for("reward_model"))

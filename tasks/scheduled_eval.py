@@ -16,7 +16,9 @@ from prefect.artifacts import create_markdown_artifact
 
 from configs.cluster import ClusterConfig
 from configs.data import DataConfig
+from configs.profiles import ConfigError, known_profiles, load_profile
 from configs.reinforcement import EvalConfig
+from configs.schema import PipelineConfig
 from evaluation.metrics import EvalReport
 from evaluation.verdict import EvaluationVerdict, artifact_key, verdict_markdown
 from models.saved import ModelRef
@@ -29,12 +31,13 @@ from stages import problems as problems_stage
 from storage import eval_history, store
 from storage.digests import file_digest
 from storage.lineage import InputRef
-from storage.model_registry import RegisteredModel
+from storage.model_registry import ModelSpec, RegisteredModel, parse_alias_uri
 from storage.paths import StatePaths
 from storage.tracking import (
     FLOW_RUN_TAG,
     STAGE_TAG,
     MlflowTracker,
+    alias_for,
     experiment_id,
     finish_run,
     log_dataset,
@@ -44,6 +47,8 @@ from storage.tracking import (
 log = logging.getLogger(__name__)
 
 EVALUATION_STAGE = "evaluation"
+DEPLOYMENT = "evaluate-model/final-nightly"  # prefect.yaml
+FINAL_ALIAS = alias_for("all_scenarios_rl")
 SAMPLE_ROWS = 50  # completions shown in the MLflow table; all of them stay in the Parquet file
 
 
@@ -54,6 +59,49 @@ class EvalData:
     problems: ProblemSet
     general_prompts_path: Path | None
     digests: dict[str, str]
+
+
+def model_to_evaluate(model: str | None, config: PipelineConfig) -> ModelSpec:
+    """`model`, or the profile's final model: `models:/<the profile's model name>@final`."""
+    spec = parse_alias_uri(model or f"models:/{config.name}@{FINAL_ALIAS}")
+    if spec.name != config.name:
+        log.warning(
+            "evaluating %s on the held-out suites of a profile whose models are %s",
+            spec.uri,
+            config.name,
+        )
+    return spec
+
+
+def profiles_by_model() -> dict[str, str]:
+    """The registered model name of each profile in configs/ -> that profile."""
+    found: dict[str, str] = {}
+    for profile in known_profiles():
+        try:
+            found.setdefault(load_profile(profile).name, profile)
+        except ConfigError:
+            continue
+    return found
+
+
+def retarget_hint(spec: ModelSpec, profile: str, paths: StatePaths) -> str:
+    """What to run to evaluate a model the registry holds, when it lacks `spec`: the command
+    with the profile whose final model is registered, and how to name any alias."""
+    registered = {m.name for m in tracking_client(paths).search_registered_models()}
+    profiles = profiles_by_model()
+    other = next((profiles[name] for name in sorted(registered) if name in profiles), None)
+    command = f"prefect deployment run '{DEPLOYMENT}'"
+    if other is None:
+        return (
+            f"Run the pipeline on profile '{profile}' first, or name a registered model: "
+            f"{command} --param model=models:/NAME@ALIAS --param profile=PROFILE"
+        )
+    name = next(n for n, p in profiles.items() if p == other)
+    return (
+        f"Profile '{profile}' evaluates {spec.uri}; to evaluate {name}@{FINAL_ALIAS}, name "
+        f"its profile: {command} --param profile={other} (any alias: add "
+        f"--param model=models:/{name}@ALIAS)"
+    )
 
 
 def evaluation_dir(paths: StatePaths, run_id: str) -> Path:
@@ -74,7 +122,7 @@ def model_tags(model: RegisteredModel, flow_run_id: str) -> dict[str, str]:
     }
 
 
-@task(name="open-evaluation-run")
+@task(name="open-evaluation-run", task_run_name="open-evaluation-run")
 def open_evaluation_run(
     paths: StatePaths, model: RegisteredModel, settings: dict[str, Any], config: EvalConfig
 ) -> str:
@@ -95,7 +143,7 @@ def open_evaluation_run(
     return run_id
 
 
-@task(name="prepare-heldout-data")
+@task(name="prepare-heldout-data", task_run_name="prepare-heldout-data")
 def prepare_data(config: DataConfig, paths: StatePaths, run_id: str) -> EvalData:
     """Regenerate the profile's held-out problems and general prompts (the same seeds give the
     same files the pipeline evaluated on) and record them as the run's inputs."""
@@ -117,7 +165,7 @@ def prepare_data(config: DataConfig, paths: StatePaths, run_id: str) -> EvalData
     return EvalData(problems, None if general is None else general.eval_prompts_path, digests)
 
 
-@task(name="evaluate-registered-model")
+@task(name="evaluate-registered-model", task_run_name="evaluate-registered-model")
 def evaluate_registered_model(
     config: EvalConfig,
     paths: StatePaths,
@@ -164,7 +212,7 @@ def evaluate_registered_model(
     return report
 
 
-@task(name="record-evaluation")
+@task(name="record-evaluation", task_run_name="record-evaluation")
 def record_evaluation(
     paths: StatePaths,
     model: RegisteredModel,

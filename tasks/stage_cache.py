@@ -25,6 +25,7 @@ from prefect.context import TaskRunContext
 from pydantic import BaseModel
 
 from storage.digests import file_digest, tree_digest
+from tasks.progress import name_task_run_logs
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CODE_PACKAGES = (
@@ -106,13 +107,19 @@ def stage_key(task_name: str, parameters: dict[str, Any], stage: StageName = Non
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+def stage_name(parameters: dict[str, Any], stage: StageName) -> str | None:
+    """The stage a call runs: `stage` itself, computed from the call's parameters, or the
+    call's `stage` parameter when that is a name; None when none of them says."""
+    name = stage(parameters) if callable(stage) else stage or parameters.get("stage")
+    return name if isinstance(name, str) else None
+
+
 def fault_for(parameters: dict[str, Any], stage: StageName) -> str | None:
     """`faults.fail_once_at` when it names the stage this call runs, else None."""
     fail_at = getattr(parameters.get("ctx"), "fail_at", None)  # the run context's, if any
     if not fail_at:
         return None
-    name = stage(parameters) if callable(stage) else stage or parameters.get("stage")
-    return fail_at if fail_at.partition("@")[0] == name else None
+    return fail_at if fail_at.partition("@")[0] == stage_name(parameters, stage) else None
 
 
 def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -128,15 +135,31 @@ def current_stage_key() -> str:
 
 
 STAGE_ATTR = "r1_stage"
+RunName = Callable[[dict[str, Any]], str]
 
 
-def stage_task(name: str, stage: StageName = None, **options: Any) -> Callable[[Callable], Task]:
+def stage_task(
+    name: str, stage: StageName = None, run_name: RunName | None = None, **options: Any
+) -> Callable[[Callable], Task]:
     """`@task` for a pipeline stage: cached by its stage key, result persisted. `stage` names
     the stage the task runs (or computes it from the call's parameters); without it, the call's
-    `stage` parameter does."""
+    `stage` parameter does. Each task run is named after its stage (`reasoning_rl`, not
+    `grpo-741`), or by `run_name` from the call's parameters, wherever Prefect shows it, and
+    the logs of every task run carry its name (tasks.progress)."""
+
+    def named(parameters: dict[str, Any]) -> str:
+        return stage_name(parameters, stage) or name
+
+    name_task_run_logs()
 
     def decorate(fn: Callable) -> Task:
-        made = task(name=name, cache_key_fn=_cache_key, persist_result=True, **options)(fn)
+        made = task(
+            name=name,
+            task_run_name=run_name or named,
+            cache_key_fn=_cache_key,
+            persist_result=True,
+            **options,
+        )(fn)
         setattr(made, STAGE_ATTR, stage)
         return made
 

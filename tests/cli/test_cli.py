@@ -45,3 +45,37 @@ def test_a_run_started_under_nohup_keeps_sighup_ignored():
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_runs_without_a_server_says_how_to_have_one(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    assert main(["runs", "--state-dir", str(tmp_path / "none")]) == 2
+    assert "start the stack with `bash scripts/serve.sh`" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()  # asking creates no state folder
+
+
+def test_runs_and_watch_find_the_server_serve_sh_recorded(tmp_path, monkeypatch):
+    from cli.runs import connect
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    (tmp_path / "serve.env").write_text("export PREFECT_API_URL=http://127.0.0.1:4321/api\n")
+    assert connect(str(tmp_path)) is None
+    import os
+
+    assert os.environ["PREFECT_API_URL"] == "http://127.0.0.1:4321/api"
+
+
+def test_watch_refuses_what_is_not_a_flow_run_id(capsys):
+    assert main(["watch", "ef21620f-1749-49b6-96a6-3a90c9c"]) == 2
+    assert "is not a flow run id (`r1 runs` lists them)" in capsys.readouterr().err
+
+
+def test_a_failed_runs_reason_drops_prefects_preamble():
+    from cli.runs import RunLine, exception_text
+
+    message = "Task run encountered an exception InjectedFailure: reasoning_rl: at step 2"
+    assert exception_text(message) == "InjectedFailure: reasoning_rl: at step 2"
+    line = RunLine("ef21620f-1749-49b6-96a6-3a90c9c1b2c3", "Failed", "r1-pipeline/micro", None, "x")
+    head, reason = line.lines()
+    assert head.startswith("ef21620f-1749-49b6-96a6-3a90c9c1b2c3  Failed ")
+    assert len(head) <= 80 and reason == "    x"

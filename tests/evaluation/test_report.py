@@ -2,7 +2,7 @@
 
 import pytest
 
-from evaluation.report import StageRow, markdown_table, plot_stages, table_dict
+from evaluation.report import StageRow, html_table, markdown_table, plot_stages, table_dict
 from models.saved import ModelRef
 from stages.distill import check_smaller
 
@@ -39,12 +39,14 @@ def test_markdown_table_has_a_row_per_stage_and_dashes_for_missing_figures():
     assert "strict" in lines[-1] and "lenient" in lines[-1]  # the legend says which is which
 
 
-def test_table_dict_is_column_major_with_none_for_missing():
+def test_table_dict_is_column_major_with_the_markdown_tables_cells():
     table = table_dict(ROWS, k=4)
     assert table["stage"] == ["bootstrap", "cold_start_curation", "mixed_sft", "all_scenarios_rl"]
-    assert table["pass@1"] == [0.8, None, 0.6, None]
-    assert table["strict"] == [0.1, None, None, None]
-    assert table["general score"] == [None, None, 1.25, 1.5]
+    assert table["time"] == ["10s", "2s", "5s", "6s"]
+    assert table["pass@1"] == ["0.800", "-", "0.600", "-"]
+    assert table["strict"] == ["0.100", "-", "-", "-"]
+    assert table["general score"] == ["-", "-", "1.250", "1.500 ± 0.040"]
+    assert table["notes"] == ["", "kept 5/9", "", ""]
 
 
 def test_plot_is_written(tmp_path):
@@ -56,3 +58,11 @@ def test_a_student_must_be_smaller_than_its_teacher():
     check_smaller(ModelRef("s", 10), ModelRef("t", 20), "qwen")
     with pytest.raises(ValueError, match="not fewer than the teacher"):
         check_smaller(ModelRef("s", 20), ModelRef("t", 20), "qwen")
+
+
+def test_html_table_has_every_cell_escaped():
+    rows = ROWS + [StageRow("x<script>", 1.0, {}, "a & b")]
+    page = html_table(rows, k=4)
+    assert page.count("<tr>") == len(rows) + 1
+    assert '<td class="n">1.500 ± 0.040</td>' in page
+    assert "x&lt;script&gt;" in page and "a &amp; b" in page and "<script>" not in page

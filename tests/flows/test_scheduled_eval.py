@@ -381,3 +381,30 @@ def test_the_regression_message_names_each_evaluations_own_run(tmp_path):
     message = regression_message(verdict)
     assert "version 3 (this evaluation: MLflow run new-eval-run)" in message
     assert "against version 2 (its evaluation: MLflow run old-eval-run)" in message
+
+
+@pytest.mark.heavy
+def test_a_missing_model_is_an_error_that_names_the_command_for_a_registered_one(evaluations):
+    """The nightly deployment on profile tiny, in a store where only micro's models exist: the
+    error says which command evaluates them."""
+    from flows.evaluate_registered import evaluate_registered
+
+    kwargs = {k: v for k, v in evaluations["kwargs"].items() if k != "model"}
+    state = evaluate_registered(**kwargs | {"profile": "tiny"}, return_state=True)
+    assert state.is_failed()
+    assert "no registered model 'r1-tiny' (registered: r1-micro)" in state.message
+    assert (
+        "prefect deployment run 'evaluate-model/final-nightly' --param profile=micro"
+        in state.message
+    )
+    assert "--param model=models:/r1-micro@ALIAS" in state.message
+
+
+@pytest.mark.heavy
+def test_without_a_model_the_profiles_final_model_is_evaluated(evaluations):
+    from flows.evaluate_registered import evaluate_registered
+
+    kwargs = {k: v for k, v in evaluations["kwargs"].items() if k != "model"}
+    result = evaluate_registered(**kwargs)  # profile micro: models:/r1-micro@final
+    assert result["model"] == URI
+    assert result["version"] == evaluations["versions"]["untrained"]

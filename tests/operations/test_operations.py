@@ -1,9 +1,12 @@
 """Operations as a user meets them, against the real thing: `scripts/serve.sh` starts a Prefect
-server and a process worker on loopback and deploys prefect.yaml; `prefect deployment run
-'r1-pipeline/micro' --watch` runs the pipeline with a one-time failure injected mid-way through
-stage 3 (`faults.fail_once_at`); `prefect flow-run retry` resumes it. The retried run takes the
-earlier stages from the cache, resumes stage 3 from its checkpoint, and finishes; the nightly
-evaluation deployment's cron schedule has put runs on the server's calendar."""
+server, a process worker and the MLflow UI on loopback and deploys prefect.yaml; `prefect
+deployment run 'r1-pipeline/micro' --watch` runs the pipeline with a one-time failure injected
+mid-way through stage 3 (`faults.fail_once_at`) and prints which stage failed and why; `r1 runs`
+gives its id whole; `prefect flow-run retry` resumes it and `r1 watch` follows the retry to its
+end. The retried run takes the earlier stages from the cache, resumes stage 3 from its
+checkpoint (one point per step, its time over both attempts), and finishes; the nightly
+evaluation deployment's cron schedule has put runs on the server's calendar, and run now on
+the wrong profile it names the command that works; `serve.sh stop` leaves no process behind."""
 
 from __future__ import annotations
 
@@ -28,12 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CRASH_REPORT_SECONDS = 15
 FAULT = "reasoning_rl@2"  # micro's stage 3 checkpoints every step and runs 2
-EARLIER_TASKS = {
-    "prepare-problems",
-    "bootstrap-base-model",
-    "curate-cold-start",
-    "cold-start-sft",
-}
+EARLIER_TASKS = {"prepare-problems", "bootstrap", "cold_start_curation", "cold_start_sft"}
+REASON = "InjectedFailure: reasoning_rl: injected failure at step 2 (faults.fail_once_at)"
 
 
 def free_port() -> int:
@@ -50,6 +49,8 @@ def stack(tmp_path_factory):
     env = os.environ | {
         "R1_STATE_DIR": str(state),
         "R1_PREFECT_PORT": str(port),
+        "R1_MLFLOW_PORT": str(free_port()),
+        "COLUMNS": "80",  # what a terminal of 80 columns gives the commands
         "R1_VENV": str(VENV_BIN.parent),
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "PREFECT_HOME": str(state / "prefect"),
@@ -77,8 +78,16 @@ def stack(tmp_path_factory):
 
 
 def prefect(env: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return command(env, "prefect", *args, timeout=timeout)
+
+
+def r1(env: dict, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return command(env, "r1", *args, timeout=timeout)
+
+
+def command(env: dict, name: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(VENV_BIN / "prefect"), *args],
+        [str(VENV_BIN / name), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -152,32 +161,66 @@ def failed_then_retried(stack):
     )
     run_id = flow_run_id(first.stdout)
     first_tasks = task_runs(env, run_id)
+    listed = r1(env, "runs", "--state", "failed", "--state", "crashed")
     retry = prefect(env, "flow-run", "retry", run_id)
     assert retry.returncode == 0, retry.stdout + retry.stderr
+    followed = r1(env, "watch", run_id)
     final_state = wait_for_end(env, run_id)
-    return state, env, run_id, first, first_tasks, final_state
+    return state, env, run_id, first, first_tasks, final_state, listed, followed
 
 
 def test_the_injected_failure_fails_the_deployment_run(failed_then_retried):
-    _, _, _, first, first_tasks, _ = failed_then_retried
+    _, _, _, first, first_tasks, _, _, _ = failed_then_retried
     assert first.returncode != 0, first.stdout
     assert "Failed" in first.stdout + first.stderr
     failed = [name for name, kind, _, _ in first_tasks if kind == "FAILED"]
-    assert any(name.startswith("grpo") for name in failed), first_tasks
+    assert failed == ["reasoning_rl"], first_tasks
+
+
+def test_the_watch_names_the_stages_their_progress_and_the_failures_reason(failed_then_retried):
+    """`prefect deployment run --watch`, as the README runs it: task runs named after their
+    stages, progress lines, and the reason the run failed, also at the end of the output."""
+    first = failed_then_retried[3]
+    out = " ".join(first.stdout.split())  # lines wrapped at 80 columns, joined
+    assert "prefect.task-run.Running * reasoning_rl" in out
+    assert "prefect.task-run.Completed * evaluate: bootstrap" in out
+    assert "reasoning_rl: stage 6 of 16, step 1 of 2 (50%)" in out
+    assert f"reasoning_rl: stage 6 of 16 failed at step 2: {REASON}" in out
+    ending = " ".join(first.stdout.split("\n")[-8:])
+    assert "Flow run finished in state 'Failed'" in ending
+    assert "injected failure at step 2" in " ".join(ending.split()), ending
+
+
+def test_r1_runs_prints_the_failed_runs_id_whole_and_why_it_failed(failed_then_retried):
+    run_id, listed = failed_then_retried[2], failed_then_retried[6]
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    lines = listed.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith(run_id)]  # at 80 columns
+    assert "Failed" in lines[at] and "r1-pipeline/micro" in lines[at]
+    assert lines[at + 1].strip() == f"reasoning_rl: {REASON}"
+
+
+def test_r1_watch_follows_the_retry_to_its_end(failed_then_retried):
+    followed = failed_then_retried[7]
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    out = followed.stdout
+    assert "reasoning_rl: stage 6 of 16 starts, attempt 2 (resumed)" in out
+    assert "bootstrap: Finished in state Cached" in out
+    assert out.rstrip().splitlines()[-1].startswith(f"flow run {failed_then_retried[2]} Completed")
 
 
 def test_the_retry_takes_earlier_stages_from_the_cache_and_reruns_the_failed_one(
     failed_then_retried,
 ):
-    state, env, run_id, _, _, final_state = failed_then_retried
+    state, env, run_id, _, _, final_state, _, _ = failed_then_retried
     assert final_state == "COMPLETED"
     runs = task_runs(env, run_id)
     by_name: dict[str, set[str]] = {}
     for name, _, state_name, _ in runs:
-        by_name.setdefault(name.rsplit("-", 1)[0], set()).add(state_name)
+        by_name.setdefault(name, set()).add(state_name)
     for name in EARLIER_TASKS:
         assert "Cached" in by_name[name], (name, by_name)
-    assert "Completed" in by_name["grpo"], by_name  # stage 3 ran again, this time to the end
+    assert "Completed" in by_name["reasoning_rl"], by_name  # ran again, this time to the end
 
     client = MlflowClient(f"sqlite:///{state}/mlflow.db")
     stage3 = client.search_runs(
@@ -192,24 +235,30 @@ def test_the_retry_takes_earlier_stages_from_the_cache_and_reruns_the_failed_one
     assert tags["r1.attempt.1"].startswith("failed: InjectedFailure: reasoning_rl: injected")
     resumed = client.get_metric_history(stage3[0].info.run_id, "train/resumed_from_step")
     assert [m.value for m in resumed] == [1.0]  # the checkpoint after step 1, not step 0
-    steps = {m.step for m in client.get_metric_history(stage3[0].info.run_id, "reward/mean")}
-    assert steps == {1, 2}
+    for key in ("reward/mean", "progress/fraction"):  # step 2 ran in both attempts
+        steps = sorted(m.step for m in client.get_metric_history(stage3[0].info.run_id, key))
+        assert steps == [1, 2], key  # one point per step
     (parent,) = client.search_runs(
         [stage3[0].info.experiment_id],
         filter_string=f"tags.`prefect.flow_run_id` = '{run_id}' AND tags.`r1.stage` = 'pipeline'",
     )
     assert parent.info.status == "FINISHED"  # the same parent run, reopened by the retry
+    # the report's time of stage 3 is that of both attempts
+    (first_attempt,) = client.get_metric_history(stage3[0].info.run_id, "stage/attempt_seconds")
+    seconds = stage3[0].data.metrics["stage/seconds"]
+    assert seconds > first_attempt.value > 0
+    assert parent.data.metrics["reasoning_rl/seconds"] == seconds
 
 
 def test_a_new_run_with_the_same_parameters_computes_nothing_again(failed_then_retried):
-    _, env, _, _, _, _ = failed_then_retried
+    env = failed_then_retried[1]
     again = prefect(env, "deployment", "run", "r1-pipeline/micro", "--watch")
     assert again.returncode == 0, again.stdout + again.stderr
     runs = task_runs(env, flow_run_id(again.stdout))
-    computed = {name.rsplit("-", 1)[0] for name, _, state_name, _ in runs if state_name != "Cached"}
+    computed = {name for name, _, state_name, _ in runs if state_name != "Cached"}
     # stage 3 ran under the fault's key in the faulted run, so a run without the fault computes it
     # once; its model has the same digest, so every later stage comes from the cache
-    assert computed <= {"open-pipeline-run", "close-pipeline-run", "grpo"}, computed
+    assert computed <= {"open-pipeline-run", "close-pipeline-run", "reasoning_rl"}, computed
 
 
 def test_the_nightly_evaluation_schedule_creates_runs(stack):
@@ -277,11 +326,60 @@ def test_a_flow_run_killed_mid_stage_is_retried_into_one_whole_stage_run(stack):
     (run,) = stage3()
     assert run.info.status == "FINISHED"
     assert run.data.tags["r1.attempt.1"].startswith("killed")
-    logged = {m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")}
-    assert logged == set(range(1, steps + 1))
+    for key in ("reward/mean", "progress/fraction"):  # one point per step, none missing
+        logged = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+        assert logged == list(range(1, steps + 1)), key
     resumed = client.get_metric_history(run.info.run_id, "train/resumed_from_step")
     assert resumed and resumed[0].value >= 2
+    (killed,) = client.get_metric_history(run.info.run_id, "stage/attempt_seconds")
+    assert run.data.metrics["stage/seconds"] > killed.value > 0  # both attempts' time
     assert not [t for t in task_runs(env, run_id) if t[1] == "RUNNING"]
+
+
+def test_the_nightly_evaluation_on_the_wrong_profile_names_the_command_to_run(
+    failed_then_retried,
+):
+    """After the micro walk, the nightly deployment as deployed (profile tiny) finds no
+    `r1-tiny` and says what to run (that the flow then evaluates `r1-micro@final`:
+    tests/flows/test_scheduled_eval.py)."""
+    env = failed_then_retried[1]
+    tiny = prefect(env, "deployment", "run", "evaluate-model/final-nightly", "--watch")
+    assert tiny.returncode != 0
+    fix = "prefect deployment run 'evaluate-model/final-nightly' --param profile=micro"
+    assert fix in " ".join(tiny.stdout.split()), tiny.stdout[-3000:]
+
+
+def test_stop_ends_every_process_the_stack_started(stack):
+    """Last: `serve.sh stop` ends the server, the worker and the MLflow UI with SIGTERM (none of
+    them busy, none needs SIGKILL), and nothing they started is left."""
+    state, env = stack
+    sessions = {p.name: int(p.read_text()) for p in (state / "pids").iterdir() if p.is_file()}
+    assert set(sessions) == {"server", "worker", "mlflow"}
+    members = [p for p in psutil.process_iter() if session_of(p) in sessions.values()]
+    assert len(members) >= 4  # the three and the MLflow UI's uvicorn
+    stopped = subprocess.run(
+        ["bash", "scripts/serve.sh", "stop"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    for name in sessions:
+        assert f"serve: stopped the {name} (" in stopped.stdout, stopped.stdout
+    assert "killed" not in stopped.stdout
+    left = [p for p in members if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [p.cmdline() for p in left]
+    assert not [p for p in psutil.process_iter() if session_of(p) in sessions.values()]
+    assert not (state / "serve.env").exists()
+
+
+def session_of(process: psutil.Process) -> int | None:
+    try:
+        return os.getsid(process.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 def flow_run_process(process: psutil.Process, run_id: str) -> bool:

@@ -71,15 +71,21 @@ def test_prefect_recorded_a_completed_flow_run_with_every_task(micro_run):
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
         )
     assert flow_run.state.is_completed()
-    names = {t.name.rsplit("-", 1)[0] for t in task_runs}
-    assert {
-        "prepare-problems",
-        "bootstrap-base-model",
-        "curate-cold-start",
-        "cold-start-sft",
-        "evaluate-model",
-    } <= names
+    names = [t.name for t in task_runs]
+    # each task run is named after its stage, each evaluation after the stage it judges
+    assert STAGES | {f"evaluate: {stage}" for stage in MODEL_STAGES} <= set(names)
+    assert {"prepare-problems", "open-pipeline-run", "close-pipeline-run"} <= set(names)
+    assert len(names) == len(set(names)) == len(STAGES) + len(MODEL_STAGES) + 4, names
     assert all(t.state.is_completed() for t in task_runs)
+
+
+def test_the_plan_names_the_stages_the_flow_ran(micro_run):
+    """What "stage i of n" counts is what the flow ran."""
+    from tasks.plan import planned_stages
+
+    _, result = micro_run
+    assert list(planned_stages(load_profile("micro"), "r1_pipeline")) == ROW_STAGES
+    assert [r.stage for r in result.rows] == ROW_STAGES
 
 
 def test_mlflow_holds_the_parent_and_one_nested_run_per_stage(micro_run):
@@ -200,7 +206,7 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
     state, result = micro_run
     client = MlflowClient(f"sqlite:///{state}/mlflow.db")
     artifacts = {a.path for a in client.list_artifacts(result.parent_run_id, "report")}
-    assert {"report/stages.json", "report/stages.png"} <= artifacts
+    assert {"report/stages.json", "report/stages.html", "report/stages.png"} <= artifacts
     local = client.download_artifacts(result.parent_run_id, "report/stages.json")
     table = json.loads(Path(local).read_text(encoding="utf-8"))
     stage_column = table["columns"].index("stage")
@@ -215,7 +221,12 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
     assert "| mixed_sft |" in report.data and "general score" in report.data
     assert "?workflowType=machine_learning)" in report.data  # the MLflow UI opens on runs
     parent = client.get_run(result.parent_run_id)
-    assert "| mixed_sft |" in parent.data.tags["mlflow.note.content"]  # the run's description
+    description = parent.data.tags["mlflow.note.content"]  # what the run's page shows first
+    assert "| mixed_sft |" in description
+    first_line = description.splitlines()[0]  # within the 100 pixels MLflow shows unfolded
+    table_view = f"/runs/{result.parent_run_id}/artifacts/report/stages.html?"
+    assert "[the table](#/experiments/" in first_line and table_view in first_line
+    assert "final model (all_scenarios_rl): pass@1 " in first_line
     experiment = client.get_experiment(parent.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on runs
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -232,6 +243,14 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
             )
             logs += page
     assert any("per-stage report" in log.message and "| mixed_sft |" in log.message for log in logs)
+    messages = [log.message for log in logs]
+    # every task run's line says which stage it is about, and long stages say how far along
+    assert "reasoning_rl: Finished in state Completed()" in messages
+    assert "evaluate: reasoning_rl: Finished in state Completed()" in messages
+    unnamed = [m for m in messages if m.startswith("Finished in state")]
+    assert unnamed == ["Finished in state Completed()"]  # the flow run's own, and no task's
+    assert "reasoning_rl: stage 6 of 16, step 2 of 2 (100%)" in messages
+    assert any(m.startswith("reasoning_rl: stage 6 of 16 starts; MLflow run ") for m in messages)
 
 
 def test_rejection_sampling_filled_duckdb_and_fed_mixed_sft(micro_run):
@@ -318,6 +337,11 @@ def test_reasoning_rl_logs_grpo_signals_samples_and_a_reward_curve(micro_run):
     } <= set(rl.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(rl.info.run_id)}
     assert {"reward_curve.png", "samples", "model", "config.json"} <= artifacts
+    assert "training_curves.png" in artifacts  # reward and its families, length, KL
+    description = rl.data.tags["mlflow.note.content"]
+    assert description.startswith("**Training curves**: [reward, per family and term; length; KL](")
+    assert "2 steps: reward " in description and " · length " in description
+    assert f"get-artifact?path=training_curves.png&run_uuid={rl.info.run_id}" in description
     assert len(client.list_artifacts(rl.info.run_id, "samples")) == 2
     assert client.get_model_version_by_alias("r1-micro", "reasoning-rl").run_id == rl.info.run_id
     (sft,) = client.search_runs(
@@ -410,6 +434,9 @@ def test_r1_zero_flow_runs_grpo_on_the_base(prefect_server, tmp_path, monkeypatc
     result = r1_zero(profile="micro")
     # micro's R1-Zero rewards include the reward model's score, so the flow trains one
     assert [r.stage for r in result.rows] == ["bootstrap", "reward_model", "r1_zero_rl"]
+    from tasks.plan import planned_stages
+
+    assert list(planned_stages(load_profile("micro"), "r1_zero")) == [r.stage for r in result.rows]
     client = MlflowClient(f"sqlite:///{tmp_path}/state/mlflow.db")
     parent = client.get_run(result.parent_run_id)
     assert parent.data.tags["r1.flow"] == "r1_zero" and parent.info.status == "FINISHED"
@@ -425,6 +452,9 @@ def test_the_distill_flow_distils_the_registered_final_model(micro_run):
     result = distill(profile="micro", teacher="models:/r1-micro@final")
     stages = [r.stage for r in result.rows]
     assert stages[0] == "distill_traces" and {"student_qwen", "student_llama"} <= set(stages)
+    from tasks.plan import planned_stages
+
+    assert list(planned_stages(load_profile("micro"), "distill")) == stages
     client = MlflowClient(f"sqlite:///{state}/mlflow.db")
     final = client.get_model_version_by_alias("r1-micro", "final")
     student = client.get_model_version_by_alias("r1-micro", "student-qwen")

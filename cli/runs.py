@@ -1,0 +1,179 @@
+"""`r1 runs`: the recent flow runs of the Prefect server, each id whole (to paste into `prefect
+flow-run retry`), and for a failed or crashed run the stage that failed and why.
+
+`prefect flow-run ls` fits its table to the terminal, and at 80 columns cuts the id to
+`ef21620f-1749-49b6-96a6-3a90c9c...`; this prints one run a line, its id first and whole,
+the reason on the next.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from storage.paths import StatePaths
+
+SERVE_ENV = "serve.env"  # written by scripts/serve.sh into the state folder
+STATE_TYPES = ("scheduled", "pending", "running", "completed", "failed", "cancelled", "crashed")
+UNSET = "not set: start the stack with `bash scripts/serve.sh`, or export PREFECT_API_URL"
+
+
+class NoServer(RuntimeError):
+    """No Prefect server to ask; the message says how to have one."""
+
+
+def use_served_api(paths: StatePaths) -> str:
+    """The Prefect API to ask: `PREFECT_API_URL`, else the one `scripts/serve.sh` started for
+    this state folder (its `serve.env`). Sets it for this process; raises NoServer if neither."""
+    url = os.environ.get("PREFECT_API_URL") or served_api_url(paths.root / SERVE_ENV)
+    if not url:
+        raise NoServer(f"PREFECT_API_URL is {UNSET}")
+    os.environ["PREFECT_API_URL"] = url
+    return url
+
+
+def served_api_url(env_file: Path) -> str | None:
+    if not env_file.exists():
+        return None
+    found = re.search(r"PREFECT_API_URL=(\S+)", env_file.read_text())
+    return found.group(1) if found else None
+
+
+@dataclass(frozen=True)
+class RunLine:
+    """One flow run as `r1 runs` prints it."""
+
+    id: str
+    state: str
+    source: str  # deployment `flow/name`, or the flow's name for a run started by `r1 run`
+    started: datetime | None
+    reason: str = ""  # for a failed or crashed run: the stage that failed, and why
+
+    def lines(self) -> list[str]:
+        when = self.started.strftime("%m-%d %H:%M") if self.started else "-"
+        head = f"{self.id}  {self.state:<10} {when:<11} {self.source}"
+        return [head] + ([f"    {self.reason}"] if self.reason else [])
+
+
+def failure_reason(client: Any, flow_run: Any) -> str:
+    """`reasoning_rl: InjectedFailure: ...`: the task run that failed and its exception, or the
+    flow run's own message (a crash: the process that ran it ended)."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    failed = client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+        task_run_filter=TaskRunFilter(
+            state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.FAILED]))
+        ),
+    )
+    if failed and flow_run.state.type == StateType.FAILED:
+        task_run = max(failed, key=lambda t: t.state.timestamp)
+        return f"{task_run.name}: {exception_text(task_run.state.message or '')}"
+    return exception_text(flow_run.state.message or "") or flow_run.state.name
+
+
+def exception_text(message: str) -> str:
+    """A state's message without Prefect's preamble: `InjectedFailure: reasoning_rl: ...`."""
+    for preamble in (
+        "Task run encountered an exception ",
+        "Flow run encountered an exception: ",
+        "Flow run encountered an exception ",
+    ):
+        message = message.removeprefix(preamble)
+    return message.strip()
+
+
+def run_lines(client: Any, states: list[str], limit: int) -> list[RunLine]:
+    """The `limit` latest flow runs, newest first: those in `states`, or when none is given,
+    every run but the scheduled ones (the nightly evaluation's calendar)."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    wanted = states or [state for state in STATE_TYPES if state != "scheduled"]
+    types = [StateType(state.upper()) for state in wanted]
+    state_filter = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=types)))
+    runs = client.read_flow_runs(
+        flow_run_filter=state_filter, sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit
+    )
+    names = flow_names(client, runs)
+    lines = []
+    for run in runs:
+        failed = run.state is not None and run.state.type in (StateType.FAILED, StateType.CRASHED)
+        lines.append(
+            RunLine(
+                str(run.id),
+                run.state.name if run.state else "-",
+                names.get(run.id, "-"),
+                run.start_time or run.expected_start_time,
+                failure_reason(client, run) if failed else "",
+            )
+        )
+    return lines
+
+
+def flow_names(client: Any, runs: list[Any]) -> dict[Any, str]:
+    """Each run's deployment as `flow/deployment`, or its flow's name when it has none."""
+    flows: dict[Any, str] = {}
+    deployments: dict[Any, str] = {}
+    named = {}
+    for run in runs:
+        if run.flow_id not in flows:
+            flows[run.flow_id] = client.read_flow(run.flow_id).name
+        flow = flows[run.flow_id]
+        if run.deployment_id is None:
+            named[run.id] = flow
+            continue
+        if run.deployment_id not in deployments:
+            deployments[run.deployment_id] = client.read_deployment(run.deployment_id).name
+        named[run.id] = f"{flow}/{deployments[run.deployment_id]}"
+    return named
+
+
+def connect(state_dir: str | None) -> str | None:
+    """Point this process at the Prefect server that serves the state folder (one that is there:
+    asking creates none); what is missing when there is no server."""
+    paths = StatePaths(Path(state_dir).resolve()) if state_dir else StatePaths.from_env()
+    if paths.root.is_dir():
+        from cli.environment import prepare_environment
+
+        prepare_environment(paths.root)
+    try:
+        use_served_api(paths)
+    except NoServer as err:
+        return str(err)
+    return None
+
+
+def runs_command(state_dir: str | None, states: list[str], limit: int) -> int:
+    if missing := connect(state_dir):
+        print(f"r1 runs: {missing}", file=sys.stderr)
+        return 2
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        lines = run_lines(client, states, limit)
+    print(f"{'flow run id':<36}  {'state':<10} {'UTC start':<11} deployment")
+    for line in lines:
+        print("\n".join(line.lines()))
+    if not lines:
+        print("no flow runs" + (f" in state {', '.join(states)}" if states else ""))
+    elif any(line.reason for line in lines):
+        print("\nretry one: .venv/bin/prefect flow-run retry <id>, then .venv/bin/r1 watch <id>")
+    return 0

@@ -1,0 +1,154 @@
+"""`r1 watch FLOW_RUN_ID`: follow a flow run until it ends, a retried one included: its log lines
+as they come (each stage's start, its progress every tenth, its end), then how it ended and,
+for a failure, which stage failed, why, and the commands that retry it.
+
+`prefect deployment run --watch` prints every event beside the logs (three per task run), and
+`prefect flow-run watch` replays a retried run's events from its first attempt and stops at that
+attempt's `Failed`. This reads the server's logs of the latest attempt only, every two seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from cli.runs import connect, failure_reason
+
+POLL_SECONDS = 2.0
+STRAGGLER_SECONDS = 6.0  # a flow run's last lines reach the server as its process exits
+PAGE = 200  # logs the server returns at most per request
+
+
+def attempt_start(client: Any, flow_run_id: UUID) -> datetime | None:
+    """When the latest attempt was scheduled (a retry puts the run back in `AwaitingRetry`, a
+    scheduled state); None for a run that was never scheduled."""
+    from prefect.client.schemas.objects import StateType
+
+    states = client.read_flow_run_states(flow_run_id)
+    scheduled = [state.timestamp for state in states if state.type == StateType.SCHEDULED]
+    return max(scheduled) if scheduled else None
+
+
+def new_logs(client: Any, flow_run_id: UUID, since: datetime | None, seen: set) -> list[Any]:
+    """The run's logs from `since` on that `seen` does not hold yet (and adds them to it)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+    from prefect.client.schemas.sorting import LogSort
+
+    log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+    if since is not None:
+        log_filter.timestamp = LogFilterTimestamp(after_=since)
+    found, offset = [], 0
+    while True:
+        page = client.read_logs(
+            log_filter=log_filter, sort=LogSort.TIMESTAMP_ASC, limit=PAGE, offset=offset
+        )
+        found += [log for log in page if log.id not in seen]
+        offset += len(page)
+        if len(page) < PAGE:
+            break
+    seen.update(log.id for log in found)
+    return found
+
+
+def log_text(log: Any) -> str:
+    """`20:20:31 reasoning_rl: stage 6 of 16, step 1 of 2 (50%)`, further lines indented."""
+    first, *rest = log.message.splitlines() or [""]
+    when = log.timestamp.astimezone().strftime("%H:%M:%S")
+    return "\n".join([f"{when} {first}"] + [f"         {line}" for line in rest])
+
+
+def follow(
+    client: Any,
+    flow_run_id: UUID,
+    out: Callable[[str], None] = print,
+    poll: float = POLL_SECONDS,
+) -> Any:
+    """Print the latest attempt's logs until the run is in a final state and its last lines
+    are in; returns the flow run as it ended."""
+    since = attempt_start(client, flow_run_id)
+    seen: set = set()
+    shown_state = None
+    while True:
+        run = client.read_flow_run(flow_run_id)
+        for log in new_logs(client, flow_run_id, since, seen):
+            out(log_text(log))
+        if run.state.name != shown_state:
+            shown_state = run.state.name
+            out(f"-- {shown_state}")
+        if run.state.is_final() and (since is None or run.state.timestamp >= since):
+            break
+        time.sleep(poll)
+    quiet_until = time.monotonic() + STRAGGLER_SECONDS
+    while time.monotonic() < quiet_until:
+        time.sleep(poll)
+        for log in new_logs(client, flow_run_id, since, seen):
+            out(log_text(log))
+    return run
+
+
+def attempt_seconds(client: Any, run: Any) -> float | None:
+    """From the latest attempt's start (its last Running state) to the run's final state."""
+    from prefect.client.schemas.objects import StateType
+
+    states = client.read_flow_run_states(run.id)
+    running = [state.timestamp for state in states if state.type == StateType.RUNNING]
+    if not running or run.state.timestamp is None:
+        return None
+    return (run.state.timestamp - max(running)).total_seconds()
+
+
+def ending(client: Any, run: Any) -> tuple[list[str], int]:
+    """What to say when the run has ended, and the exit status (0 only for Completed)."""
+    if run.state.is_completed():
+        seconds = attempt_seconds(client, run)
+        took = (
+            ""
+            if seconds is None
+            else f" (this attempt ran {seconds // 60:.0f} min {seconds % 60:.0f} s)"
+        )
+        return [f"flow run {run.id} Completed{took}"], 0
+    lines = [f"flow run {run.id} {run.state.name}: {failure_reason(client, run)}"]
+    if run.state.is_failed() or run.state.is_crashed():
+        lines += [
+            "retry it (finished stages come from the cache; the failed one resumes from its",
+            "last checkpoint):",
+            f"  .venv/bin/prefect flow-run retry {run.id}",
+            f"  .venv/bin/r1 watch {run.id}",
+        ]
+    return lines, 1
+
+
+def watch_command(state_dir: str | None, flow_run_id: str) -> int:
+    try:
+        run_id = UUID(flow_run_id)
+    except ValueError:
+        print(
+            f"r1 watch: {flow_run_id!r} is not a flow run id (`r1 runs` lists them)",
+            file=sys.stderr,
+        )
+        return 2
+    if missing := connect(state_dir):
+        print(f"r1 watch: {missing}", file=sys.stderr)
+        return 2
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            run = client.read_flow_run(run_id)
+        except ObjectNotFound:
+            print(f"r1 watch: no flow run {run_id} (`r1 runs` lists them)", file=sys.stderr)
+            return 2
+        print(f"flow run {run.id} ({run.name}), following its latest attempt")
+        try:
+            run = follow(client, run_id)
+        except KeyboardInterrupt:
+            print("r1 watch: stopped following; the flow run goes on")
+            return 130
+        lines, status = ending(client, run)
+    print("\n".join(lines))
+    return status

@@ -1,0 +1,111 @@
+"""What a person following a run reads: stage-named log lines, progress every tenth, short
+tracebacks, and the plan that "stage i of n" counts."""
+
+import logging
+import sys
+
+import pytest
+
+from configs import load_profile
+from tasks.plan import planned_stages
+from tasks.progress import (
+    ProgressLines,
+    TaskNamedFormatter,
+    library_file,
+    stage_position,
+    step_text,
+)
+
+
+def shown(fractions: list[float]) -> list[float]:
+    lines = ProgressLines()
+    return [f for f in fractions if lines.due(f)]
+
+
+def test_progress_is_shown_at_the_first_step_each_tenth_and_the_last():
+    steps = 200
+    fractions = [step / steps for step in range(1, steps + 1)]
+    got = shown(fractions)
+    assert got[0] == 1 / steps and got[-1] == 1.0
+    assert len(got) == 11  # the first step, then every 20 steps (0.105, 0.21, ...), the last
+    assert all(b - a >= 0.1 - 1e-9 for a, b in zip(got, got[1:-1], strict=False))
+
+
+def test_a_short_stage_shows_each_step_a_repeated_end_once():
+    assert shown([0.5, 1.0, 1.0]) == [0.5, 1.0]
+    assert shown([1 / 3, 2 / 3, 1.0]) == [1 / 3, 2 / 3, 1.0]
+
+
+def test_step_text_and_position():
+    assert step_text(40, 0.2) == "step 40 of 200 (20%)"
+    assert step_text(3, 0.0) == "step 3"
+    plan = ("bootstrap", "reasoning_rl", "final")
+    assert stage_position("reasoning_rl", plan) == "stage 2 of 3"
+    assert stage_position("teacher", plan) == "stage"
+
+
+def record(message: str, task_run_name: str | None, exc_info=None) -> logging.LogRecord:
+    made = logging.LogRecord(
+        "prefect.task_runs", logging.INFO, __file__, 1, message, None, exc_info
+    )
+    if task_run_name is not None:
+        made.task_run_name = task_run_name
+    return made
+
+
+def test_a_task_runs_line_starts_with_its_name_once():
+    formatter = TaskNamedFormatter()
+    assert formatter.format(record("Finished in state Completed()", "reasoning_rl")) == (
+        "reasoning_rl: Finished in state Completed()"
+    )
+    assert formatter.format(record("reasoning_rl: done", "reasoning_rl")) == "reasoning_rl: done"
+    assert formatter.format(record("Beginning flow run", None)) == "Beginning flow run"
+
+
+def bad_row(row: dict) -> dict:
+    try:
+        return row["answer"]
+    except KeyError as err:
+        raise RuntimeError("bad row") from err
+
+
+def raise_through_a_library() -> None:
+    import json
+
+    json.loads('{"question": 1}', object_hook=bad_row)  # the library calls back into the project
+
+
+def test_a_traceback_keeps_the_projects_frames_and_the_exception():
+    try:
+        raise_through_a_library()
+    except RuntimeError:
+        text = TaskNamedFormatter().format(record("failed", "rejection_sampling", sys.exc_info()))
+    assert text.startswith("rejection_sampling: failed\nTraceback (most recent call last; ")
+    assert "library frames left out" in text
+    assert "raise_through_a_library" in text and "in bad_row" in text
+    assert "json/decoder.py" not in text
+    assert "RuntimeError: bad row" in text and "caused by: KeyError: 'answer'" in text
+
+
+def test_library_files_are_told_from_the_projects():
+    assert library_file(f"{sys.prefix}/lib/python3.11/site-packages/prefect/task_engine.py")
+    assert library_file("<frozen runpy>")
+    assert not library_file(__file__)
+
+
+@pytest.mark.parametrize(
+    ("profile", "flow", "count"),
+    [("tiny", "r1_pipeline", 16), ("micro", "r1_zero", 3), ("micro", "distill", 7)],
+)
+def test_the_plan_counts_the_stages_each_flow_runs(profile, flow, count):
+    plan = planned_stages(load_profile(profile), flow)
+    assert len(plan) == len(set(plan)) == count
+
+
+def test_the_plan_follows_the_settings():
+    tiny = load_profile("tiny")
+    assert planned_stages(tiny, "r1_pipeline")[:3] == ("bootstrap", "reward_model", "r1_zero_rl")
+    fewer = load_profile("tiny", ["r1_zero_in_pipeline=false", "distillation.rl_twins=false"])
+    plan = planned_stages(fewer, "r1_pipeline")
+    assert "r1_zero_rl" not in plan and not [s for s in plan if s.startswith("rl_only_")]
+    assert planned_stages(tiny, "evaluate_registered") == ()
