@@ -33,9 +33,9 @@ from storage.tracking import (
     tracking_client,
 )
 from tasks.context import RunContext, StageResult
-from training.memory_fit import check_memory_fit
 from tasks.plan import planned_stages
 from tasks.run_pages import RUN_DESCRIPTION_TAG, report_description
+from training.memory_fit import check_memory_fit
 
 log = logging.getLogger(__name__)
 
