@@ -195,6 +195,9 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     folder = Path(tempfile.mkdtemp(prefix="r1bench-", dir="/tmp"))
+    # Ray writes the cluster's address into its default temp folder whatever temp_dir says: ours
+    os.environ["RAY_TMPDIR"] = str(folder)
+    (folder / "ray").mkdir()
     node = {"num_cpus": 1, "object_store_memory": 100 * 2**20}
     cluster = Cluster(
         initialize_head=True,
