@@ -10,8 +10,11 @@ the same vocabulary made here, go through what a GPU run of the recipe does, in 
 1. SFT steps under DeepSpeed ZeRO-2 in bf16 (training.supervised.SFTStepper, micro-batches);
 2. our HF sampler generating from the bf16 policy on CUDA (sampling.hf.HFSampler);
 3. GRPO steps (rl.trainer.GRPOTrainer: sampling, scoring, the micro-batched update with a
-   frozen bf16 reference, beta > 0) under the same engine, the reward a word-parity score
-   that varies within each group.
+   frozen bf16 reference, beta > 0), the reward a word-parity score that varies within each
+   group.
+Each phase runs on an engine of its own over a fresh model, closed after it: a step that fails
+inside its backward pass leaves ZeRO's buckets holding gradients, which the next phase would
+trip on.
 For each it prints tokens/s and MFU (benchmarks/throughput.py: 6N a trained token, 2N a
 generated or prefilled one) and, for the training steps, the peak of torch's allocator
 (`torch.cuda.max_memory_allocated`) against the memory model's prediction
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import socket
@@ -47,8 +51,11 @@ from contracts.reward_names import PREFERENCE  # noqa: E402
 from models.chat import CHAT_TEMPLATE, IM_END, PAD, SPECIAL_TOKENS, render_prompt  # noqa: E402
 from models.loading import build_model  # noqa: E402
 from problems.types import Problem  # noqa: E402
+from training.engines import DeepSpeedEngine  # noqa: E402
 from training.examples import Example  # noqa: E402
 from training.memory import GiB, ModelShape, Placement, Step, step_estimate  # noqa: E402
+
+LEFT_OVER = 256 * 2**20  # device bytes still held when a phase starts that are worth a note
 
 SHAPES: dict[str, tuple[ModelConfig, int]] = {
     "qwen2.5-0.5b": (
@@ -346,47 +353,50 @@ def grpo_phase(args, shape: ModelShape, engine, tokenizer, spec: ModelConfig, n_
         extra_rewards={PREFERENCE: parity_reward}, engine=engine, collective=TorchCollective(),
         reference=reference,
     )  # fmt: skip
-    device = next(engine.module.parameters()).device
-    update_peaks: list[int] = []
-    update = trainer.update
+    try:
+        device = next(engine.module.parameters()).device
+        update_peaks: list[int] = []
+        update = trainer.update
 
-    def measured_update(*a, **k):
-        reset_peak(device)
-        out = update(*a, **k)
-        peak = read_peak(device)
-        if peak is not None:
-            update_peaks.append(peak)
-        return out
+        def measured_update(*a, **k):
+            reset_peak(device)
+            out = update(*a, **k)
+            peak = read_peak(device)
+            if peak is not None:
+                update_peaks.append(peak)
+            return out
 
-    trainer.update = measured_update  # type: ignore[method-assign]
-    problems = [
-        Problem(f"p{i}", " ".join(f"w{50 + 3 * i + j}" for j in range(48)), "0", kind="general")
-        for i in range(64)
-    ]
-    trainer.open_sampler(problems)
-    from rl.trainer import prompt_order
+        trainer.update = measured_update  # type: ignore[method-assign]
+        problems = [
+            Problem(f"p{i}", " ".join(f"w{50 + 3 * i + j}" for j in range(48)), "0", kind="general")
+            for i in range(64)
+        ]
+        trainer.open_sampler(problems)
+        from rl.trainer import prompt_order
 
-    order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, 0)
-    trainer.step(0, [problems[i] for i in order[0]])  # warm-up
-    update_peaks.clear()
-    sampled = trained = 0.0
+        order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, 0)
+        trainer.step(0, [problems[i] for i in order[0]])  # warm-up
+        update_peaks.clear()
+        sampled = trained = 0.0
 
-    def steps() -> int:
-        nonlocal sampled, trained
-        tokens = 0
-        for s in range(1, cfg.steps):
-            m = trainer.step(s, [problems[i] for i in order[s]])
-            history.append(m)
-            rows = cfg.prompts_per_step * cfg.group_size
-            tokens += int(m["completion/mean_tokens"] * rows)
-            sampled += rows
-            trained += m["samples/trained"]
-        return tokens
+        def steps() -> int:
+            nonlocal sampled, trained
+            tokens = 0
+            for s in range(1, cfg.steps):
+                m = trainer.step(s, [problems[i] for i in order[s]])
+                history.append(m)
+                rows = cfg.prompts_per_step * cfg.group_size
+                tokens += int(m["completion/mean_tokens"] * rows)
+                sampled += rows
+                trained += m["samples/trained"]
+            return tokens
 
-    seconds, completion_tokens = timed(device, steps)
-    trainer.update = update  # type: ignore[method-assign]
-    diagnose(device, phase, lambda: trainer.step(cfg.steps, [problems[i] for i in order[0]]))
-    trainer.close()
+        seconds, completion_tokens = timed(device, steps)
+        trainer.update = update  # type: ignore[method-assign]
+        diagnose(device, phase, lambda: trainer.step(cfg.steps, [problems[i] for i in order[0]]))
+    finally:
+        trainer.close()
+        reference.destroy()  # a DeepSpeed engine: its hooks and buffers
     rendered = render_prompt(tokenizer, problems[0].question)
     prompt_tokens = len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
     rows = sampled
@@ -414,6 +424,49 @@ def grpo_phase(args, shape: ModelShape, engine, tokenizer, spec: ModelConfig, n_
         f"tis ratio {last.get('tis/mean_ratio', float('nan')):.3f}"
     )
     return phase
+
+
+def own_engine(
+    args: argparse.Namespace,
+    name: str,
+    run: Callable[[DeepSpeedEngine], Phase],
+    spec: ModelConfig,
+    vocab: int,
+    tokenizer,
+) -> Phase:
+    """`run` on an engine of its own over a fresh model, closed after it whatever happens: a
+    step that fails inside its backward pass leaves ZeRO's reduce buckets holding gradients,
+    and the next phase on that engine would trip on them (ZeRO-3 asserts that no parameter
+    enters a bucket twice). Memory an earlier phase left on the device is reported: the
+    memory model's prediction assumes none."""
+    device = torch.device(args.device)
+    held = held_bytes(device)
+    engine = None
+    try:
+        model = build_model(spec, vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+        engine = DeepSpeedEngine(model, 1e-5, 1.0, engine_config(args), world=1)
+        del model
+        phase = run(engine)
+        phase.ok = True
+    except Exception:
+        phase = Phase(name, error=traceback.format_exc())
+        print(phase.error, file=sys.stderr)
+    finally:
+        if engine is not None:
+            engine.close()
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if held > LEFT_OVER:
+        phase.note += f"; {held / GiB:.2f} GiB still held from earlier phases"
+    return phase
+
+
+def held_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    return int(torch.cuda.memory_allocated())
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -464,23 +517,16 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(spec, vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
     shape = ModelShape.from_config(model.config.to_dict())
     n_flop = flop_parameters(model)
+    del model
     print(f"model: {shape.parameters / 1e6:.1f}M parameters ({args.shape}), vocabulary {vocab}")
-    from training.engines import DeepSpeedEngine
-
-    engine = DeepSpeedEngine(model, 1e-5, 1.0, engine_config(args), world=1)
     phases: list[Phase] = []
-    steps: list[tuple[str, Callable[[], Phase]]] = [
-        ("sft", lambda: sft_phase(args, shape, engine, tokenizer, n_flop)),
-        ("hf sampler", lambda: sample_phase(args, engine.module, tokenizer, n_flop)),
-        ("grpo", lambda: grpo_phase(args, shape, engine, tokenizer, spec, n_flop)),
+    steps: list[tuple[str, Callable[[DeepSpeedEngine], Phase]]] = [
+        ("sft", lambda engine: sft_phase(args, shape, engine, tokenizer, n_flop)),
+        ("hf sampler", lambda engine: sample_phase(args, engine.module, tokenizer, n_flop)),
+        ("grpo", lambda engine: grpo_phase(args, shape, engine, tokenizer, spec, n_flop)),
     ]
     for name, run in steps:
-        try:
-            phase = run()
-            phase.ok = True
-        except Exception:
-            phase = Phase(name, error=traceback.format_exc())
-            print(phase.error, file=sys.stderr)
+        phase = own_engine(args, name, run, spec, vocab, tokenizer)
         phases.append(phase)
         off = (
             phase.peak_bytes

@@ -97,8 +97,8 @@ def run(spec: WorkerSpec) -> None:
     log.info("%s: ZeRO-%d, %d ranks, %d steps", spec.desc, zero, world, config.steps)
     if zero == 3 and torch.cuda.is_available() and rank == 0:
         log.warning(
-            "%s: a ZeRO-3 GRPO update of several micro-batches stopped on an H100 at DeepSpeed's "
-            "check that no parameter enters a reduce bucket twice (docs/gpu.md, 'ZeRO-3'); "
+            "%s: ZeRO-3 GRPO has not yet run through on a GPU (its one try, on an H100, ran on "
+            "an engine that a failed step had left mid-backward: docs/gpu.md, 'ZeRO-3'); "
             "ZeRO-2 is the tested GPU setting",
             spec.desc,
         )

@@ -296,6 +296,16 @@ class DeepSpeedEngine:
         """The whole model's weights on rank 0 (None elsewhere); every rank must call it."""
         return full_state_dict(self.engine, self.zero_stage)
 
+    def close(self) -> None:
+        """DeepSpeed's own teardown (ZeRO's gradient hooks, reduce buckets and buffers) and the
+        engine dropped, for a process that goes on after it: the model's device memory is freed
+        once nothing else refers to the model. A step that failed inside its backward pass
+        leaves ZeRO's buckets holding gradients; such an engine must not train again (ZeRO-3
+        asserts when the next backward pass hands it the same parameters), only close."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.destroy()
+
     # ---- checkpoints: DeepSpeed's own files, committed by a small record written last ---------
 
     def save(self, ckpt_dir: Path, state: dict[str, Any]) -> None:

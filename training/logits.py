@@ -52,7 +52,7 @@ def chunk_positions(budget: int | None, vocabulary: int, model: torch.nn.Module)
 
     A ZeRO-3 model's head runs once, over every position: ZeRO-3 takes a parameter's gradient
     once per backward pass, and a head recomputed chunk by chunk in the backward pass would
-    hand it one per chunk (DeepSpeed 0.19 asserts, or aborts on CPU). Its micro-batch bounds
+    hand it one per chunk (DeepSpeed 0.19 aborts on CPU). Its micro-batch bounds
     the logits instead."""
     if budget is None:
         raise ValueError("chunks need a logits budget")
