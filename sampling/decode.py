@@ -20,6 +20,7 @@ applies no processing, so its logprobs are the model's log-softmax at temperatur
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -202,6 +203,17 @@ def step_mask(mask: torch.Tensor, kind: MaskKind, dtype: torch.dtype) -> torch.T
     return torch.where(attend, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name by which the model's forward takes its KV cache: `cache` from transformers 5.2x
+    on (where `past_key_values` is deprecated, to be removed in 5.40, after which that name
+    would fall into the forward's `**kwargs`), `past_key_values` before."""
+    try:
+        names = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in names else "past_key_values"
+
+
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (U, W)
@@ -231,7 +243,7 @@ def _prefill(
         input_ids=ids,
         attention_mask=prompt_mask,
         position_ids=positions,
-        past_key_values=cache,
+        **{cache_argument(model): cache},
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]  # (U, V)
@@ -310,7 +322,7 @@ def decode(
                     input_ids=tokens[:, None],
                     attention_mask=mask,
                     position_ids=run.positions[:, None],
-                    past_key_values=cache,
+                    **{cache_argument(model): cache},
                     use_cache=True,
                 ).logits[:, -1]  # (A, V)
             run.positions += 1

@@ -2,6 +2,7 @@
 
 import copy
 import importlib.util
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -420,3 +421,24 @@ def test_sampler_benchmark_finds_the_state_folders_model_and_problems(tmp_path):
     heldout.write_text("")
     assert find_model(tmp_path) == model
     assert find_heldout(model) == heldout
+
+
+def test_the_cache_goes_by_the_name_the_installed_forward_takes(model, tokenizer):
+    class Renamed(torch.nn.Module):  # transformers 5.2x on
+        def forward(self, input_ids=None, cache=None, **kwargs): ...
+
+    class Before(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, **kwargs): ...
+
+    assert decode_module.cache_argument(Renamed()) == "cache"
+    assert decode_module.cache_argument(Before()) == "past_key_values"
+    # through the model's forward (a hook turns the plain decode step off), with no warning
+    # that a name is deprecated
+    hook = model.register_forward_pre_hook(lambda *_: None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            ours = run_decode(model, tokenizer, PROMPTS, range(len(PROMPTS)), [-1], m=4)
+    finally:
+        hook.remove()
+    assert [d.token_ids for d in ours] == hf_greedy(model, tokenizer, PROMPTS, -1, m=4)
