@@ -98,6 +98,7 @@ def capabilities() -> Capabilities:
 def _probe() -> Capabilities:
     global _cgroup, _cgroup_reason
     _cgroup, _cgroup_reason = cgroups.find_memory_cgroup()
+    _remove_stale_sessions()
     root = os.geteuid() == 0
     reason = ""
     guards: dict[str, Any] = {}
@@ -231,7 +232,7 @@ class _Session:
 
     def _run(self) -> str:
         """Run the session; "" or why results are missing."""
-        base = Path(tempfile.mkdtemp(prefix="r1-sandbox-", dir=_scratch_dir(self.namespaces)))
+        base = Path(tempfile.mkdtemp(prefix=_session_prefix(), dir=_scratch_dir(self.namespaces)))
         cgroup_dir = ""
         try:
             if _cgroup is not None:
@@ -428,6 +429,46 @@ def _end(proc: subprocess.Popen) -> None:
     proc.wait()
     if proc.stderr is not None:
         proc.stderr.close()
+
+
+SESSION_PREFIX = "r1-sandbox-"
+
+
+def _session_prefix() -> str:
+    """A session's folder and cgroup are named after the process that runs it, so that what a
+    killed process left behind can be told from what a live one is using."""
+    return f"{SESSION_PREFIX}{os.getpid()}-"
+
+
+def _remove_stale_sessions() -> None:
+    """Remove the session folders and cgroups whose process is gone: one killed before its
+    session's cleanup ran leaves both (empty folders in /dev/shm, a cgroup that a machine-wide
+    check counts). A session of a live process, or one named otherwise, is left alone."""
+    places = [_scratch_dir(True), tempfile.gettempdir()]
+    if _cgroup is not None:
+        places.append(_cgroup.path)
+    for place in filter(None, places):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(place):
+                if entry.is_dir(follow_symlinks=False) and _owner_gone(entry.name):
+                    log.info("sandbox: removing %s, left by a process that has ended", entry.path)
+                    if place == getattr(_cgroup, "path", None):
+                        cgroups.remove_tree(entry.path)
+                    else:
+                        shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _owner_gone(name: str) -> bool:
+    pid, _, rest = name.removeprefix(SESSION_PREFIX).partition("-")
+    if not name.startswith(SESSION_PREFIX) or not pid.isdigit() or not rest:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, someone else's
+        return False
+    return False
 
 
 def _scratch_dir(namespaces: bool) -> str | None:

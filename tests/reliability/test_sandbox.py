@@ -8,11 +8,14 @@ are skipped with the reason `sandbox.capabilities()` reports.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import secrets
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,13 +50,19 @@ def nothing_left_behind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         return path
 
     monkeypatch.setattr(runner.tempfile, "mkdtemp", recording_mkdtemp)
+    before = set(_session_cgroups())  # another process's (a killed run's) are not this test's
     yield
     assert [d for d in dirs if os.path.exists(d)] == []
     assert _live_descendants() == []
     if IS_ROOT:
         assert _live_sandbox_processes() == []
-    if runner._cgroup is not None:
-        assert glob.glob(os.path.join(runner._cgroup.path, "r1-sandbox-*")) == []
+    assert sorted(set(_session_cgroups()) - before) == []
+
+
+def _session_cgroups() -> list[str]:
+    if runner._cgroup is None:
+        return []
+    return glob.glob(os.path.join(runner._cgroup.path, runner.SESSION_PREFIX + "*"))
 
 
 def _live_descendants() -> list[psutil.Process]:
@@ -584,3 +593,23 @@ def test_unisolated_runs_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("R1_SANDBOX_UNISOLATED", raising=False)
     result = run_python("import os\nos.kill(-1, 9)")
     assert result.status == "sandbox_failed" and "no isolation" in result.detail
+
+
+@needs_isolation
+def test_what_a_killed_process_left_is_removed_and_a_live_ones_kept():
+    """A process killed before its session's cleanup leaves the session's folder and cgroup;
+    the next process to start the sandbox removes them, and leaves a live process's alone."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    dead, live = f"{runner.SESSION_PREFIX}{ended.stdout.strip()}-x", runner._session_prefix() + "x"
+    places = [tempfile.gettempdir()] + ([runner._cgroup.path] if runner._cgroup else [])
+    made = [os.path.join(place, name) for place in places for name in (dead, live)]
+    for path in made:
+        os.mkdir(path)
+    try:
+        runner._remove_stale_sessions()
+        assert [os.path.exists(p) for p in made] == [False, True] * len(places)
+    finally:
+        for path in made:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
