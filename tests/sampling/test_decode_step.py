@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from sampling.attention import matmul_decoding
-from sampling.decode import _prefill, decode, mask_kind, step_mask
+from sampling.decode import _prefill, cache_argument, decode, mask_kind, step_mask
 from sampling.decode_step import decode_step_for
 from sampling.kv_cache import growing_cache
 from sampling.streams import row_keys
@@ -58,7 +58,7 @@ def test_logits_equal_the_models_forward_bit_for_bit(architecture, tokenizer):
                 input_ids=tokens[:, None],
                 attention_mask=mask,
                 position_ids=run.positions[:, None],
-                past_key_values=theirs,
+                **{cache_argument(model): theirs},
                 use_cache=True,
             ).logits[:, -1]
             got = step(tokens, run.positions, mask, ours)
