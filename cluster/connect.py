@@ -68,8 +68,7 @@ def check_reachable(address: str, timeout_s: float) -> str:
     if not host or not port.isdigit():
         raise ClusterUnreachableError(f"cluster.address {address!r} is not HOST:PORT or 'auto'")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            pass
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as error:
         raise ClusterUnreachableError(
             f"cannot reach the Ray cluster's head at {head} (cluster.address {address!r}): "

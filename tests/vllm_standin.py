@@ -28,6 +28,7 @@ Calls can be made to sleep (a hang) or raise, to test the time limits.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import random
@@ -195,12 +196,10 @@ class StandInLLM:
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         random.seed(seed)
-        try:
+        with contextlib.suppress(ImportError):
             import numpy
 
             numpy.random.seed(seed)
-        except ImportError:
-            pass
         torch.manual_seed(seed)
         torch.set_float32_matmul_precision("highest")
         gc.freeze()

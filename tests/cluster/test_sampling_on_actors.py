@@ -126,7 +126,7 @@ def test_a_driver_killed_mid_stage_resumes_at_the_missing_chunks(
     model, cluster, one_process, tmp_path
 ):
     class Killed(RuntimeError):
-        pass
+        """The driver's end, raised where a SIGKILL would have stopped it."""
 
     def die(inserts: int) -> None:
         if inserts == 3:

@@ -15,7 +15,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -23,7 +22,6 @@ import sandbox.runner as runner
 from rewards.code import CodeReward
 from sandbox import Job, Limits, SandboxResult, Verdict, capabilities, run_jobs
 from sandbox.inner import cgroups, seccomp
-from sandbox.inner.process import GRACE_SECONDS
 
 from .test_sandbox import nothing_left_behind  # noqa: F401 - the same checks after each test
 
@@ -85,11 +83,11 @@ def test_the_issues_set_of_identity_hashed_ints_scores_0_and_its_siblings_1() ->
     )
     reward = CodeReward(cpu_seconds=2, wall_seconds=3, workers=3)
     completions = [f"<answer>\n```python\n{code}```\n</answer>" for code in [GOOD, hostile] * 3]
-    started = time.monotonic()
     scores = reward(["q"] * 6, completions, [list(TESTS)] * 6)
     assert scores == [1.0, 0.0] * 3
+    # refused while decoding, not frozen in it: a judge stuck decoding is killed at the wall
+    # clock, and the reason would be wall_time
     assert reward.pop_metrics() == {"passed": 6.0, "reply": 6.0}
-    assert time.monotonic() - started < 30
 
 
 FORGED = {  # what a program that replaced its own encoder sends, and the judge refuses
@@ -114,10 +112,8 @@ def test_a_forged_reply_over_the_judges_bounds_fails_with_reason_reply(forged: s
         "wire = sys.modules['sandbox.inner.wire']\n"
         f"wire.encode = lambda value, handle=None: {FORGED[forged]}\n" + GOOD
     )
-    started = time.monotonic()
     mine, _ = with_siblings(Job(hostile, tests=TESTS, limits=LIMITS))
-    assert reasons(mine) == [(False, "reply")] * 2, mine
-    assert time.monotonic() - started < 20
+    assert reasons(mine) == [(False, "reply")] * 2, mine  # refused, not killed at the wall clock
 
 
 def test_values_a_test_makes_expensive_end_at_the_wall_clock_and_no_sibling_waits() -> None:
@@ -127,15 +123,13 @@ def test_values_a_test_makes_expensive_end_at_the_wall_clock_and_no_sibling_wait
     hostile = GOOD + f"\ndef double_all(xs):\n    return [k * {P} for k in range(1, 300_001)]\n"
     tests = ("assert double(2) == 4", "assert sorted(set(double_all([1, 2, 2]))) == [2, 4]")
     limits = Limits(cpu_seconds=1, wall_seconds=2)
-    started = time.monotonic()
     outcomes = run_jobs(
         [Job(hostile, tests=tests, limits=limits), *[Job(GOOD, tests=tests, limits=limits)] * 6],
         workers=3,
     )
     assert reasons(outcomes[0]) == [(True, "passed"), (False, "wall_time")]
-    for outcome in outcomes[1:]:
+    for outcome in outcomes[1:]:  # a sibling that waited behind it would end at its own clock
         assert_correct(outcome)
-    assert time.monotonic() - started < 2 + GRACE_SECONDS + 15  # its wall clock, grace, the rest
 
 
 def test_an_int_too_long_to_print_in_a_failed_assertion_is_a_failure() -> None:

@@ -425,10 +425,12 @@ def test_sampler_benchmark_finds_the_state_folders_model_and_problems(tmp_path):
 
 def test_the_cache_goes_by_the_name_the_installed_forward_takes(model, tokenizer):
     class Renamed(torch.nn.Module):  # transformers 5.2x on
-        def forward(self, input_ids=None, cache=None, **kwargs): ...
+        def forward(self, input_ids=None, cache=None, **kwargs):
+            return input_ids
 
     class Before(torch.nn.Module):
-        def forward(self, input_ids=None, past_key_values=None, **kwargs): ...
+        def forward(self, input_ids=None, past_key_values=None, **kwargs):
+            return input_ids
 
     assert decode_module.cache_argument(Renamed()) == "cache"
     assert decode_module.cache_argument(Before()) == "past_key_values"

@@ -164,7 +164,7 @@ class OwnHash(int):
 
 
 class Ordinary(int):
-    pass
+    """An int subclass that hashes as an int does."""
 
 
 def test_set_members_that_hash_in_their_own_way_are_not_plain_data():
