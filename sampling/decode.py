@@ -290,6 +290,7 @@ def decode(
         cache, logits, run = _prefill(model, prompts, rows, max_new_tokens, pad_id)
         kind = mask_kind(model, cache)
         lean = decode_step_for(model, cache) if plain_step else None
+        cache_name = cache_argument(model)  # once, not per step
         width = run.mask.shape[1] - max_new_tokens
         out = _Outputs.empty(len(rows), max_new_tokens, pad_id, model.device)
         stop = torch.tensor(list(stop_ids), dtype=torch.long, device=model.device)
@@ -322,7 +323,7 @@ def decode(
                     input_ids=tokens[:, None],
                     attention_mask=mask,
                     position_ids=run.positions[:, None],
-                    **{cache_argument(model): cache},
+                    **{cache_name: cache},
                     use_cache=True,
                 ).logits[:, -1]  # (A, V)
             run.positions += 1
