@@ -348,12 +348,13 @@ def grpo_phase(args, shape: ModelShape, engine, tokenizer, spec: ModelConfig, n_
         build_model(spec, shape.vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 1)
     )
     history: list[dict[str, float]] = []  # the timed steps' metrics
-    trainer = GRPOTrainer(
-        engine.module, tokenizer, cfg, lambda m, s: None, show_progress=False,
-        extra_rewards={PREFERENCE: parity_reward}, engine=engine, collective=TorchCollective(),
-        reference=reference,
-    )  # fmt: skip
+    trainer = None
     try:
+        trainer = GRPOTrainer(
+            engine.module, tokenizer, cfg, lambda m, s: None, show_progress=False,
+            extra_rewards={PREFERENCE: parity_reward}, engine=engine, collective=TorchCollective(),
+            reference=reference,
+        )  # fmt: skip
         device = next(engine.module.parameters()).device
         update_peaks: list[int] = []
         update = trainer.update
@@ -395,7 +396,8 @@ def grpo_phase(args, shape: ModelShape, engine, tokenizer, spec: ModelConfig, n_
         trainer.update = update  # type: ignore[method-assign]
         diagnose(device, phase, lambda: trainer.step(cfg.steps, [problems[i] for i in order[0]]))
     finally:
-        trainer.close()
+        if trainer is not None:
+            trainer.close()
         reference.destroy()  # a DeepSpeed engine: its hooks and buffers
     rendered = render_prompt(tokenizer, problems[0].question)
     prompt_tokens = len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
