@@ -81,6 +81,16 @@ CASES = (
         engine=EngineConfig(logits_chunk_mb=16),
     ),  # fmt: skip
     Case(
+        "mid sft chunked",
+        MID,
+        32768,
+        "sft",
+        rows=8,
+        prompt_tokens=64,
+        completion_tokens=192,
+        engine=EngineConfig(logits_chunk_mb=16),
+    ),  # fmt: skip
+    Case(
         "mid sft checkpointed",
         MID,
         32768,
@@ -145,7 +155,7 @@ def sft_step(case: Case, model, tokenizer) -> Callable[[], None]:
     )
     stepper = SFTStepper(
         engine, examples, cfg, tokenizer.pad_token_id, "memory",
-        micro_batch_tokens=case.engine.micro_batch_tokens,
+        memory=case.engine,
     )  # fmt: skip
     stepper.start(0)
     steps = iter(range(2))

@@ -1,12 +1,16 @@
-"""Throughput and model FLOPs utilisation of generation and training, for benchmarks.gpu_validate.
+"""Throughput and model FLOPs utilisation of generation and training, for benchmarks.gpu_validate
+and benchmarks.gpu_check.
 
-Model FLOPs (the PaLM paper's MFU convention, without its attention term): a token costs
-2 * N FLOPs in a forward pass and 6 * N in a training step (forward, and a backward of twice
-the forward), where N counts the parameters whose matmuls every token pays for: all of them,
-except an input embedding table that is not also the LM head (a lookup costs no FLOPs). The
-attention scores and their weighted sum (about 4 * layers * d_model * context FLOPs a token
-forward) are not counted, so MFU here is a slight underestimate: a few per cent at the short
-contexts measured here. Padding is not counted either: only the tokens that carry content.
+Model FLOPs (the PaLM paper's MFU convention): a token costs 2 * N FLOPs in a forward pass and
+6 * N in a training step (forward, and a backward of twice the forward), where N counts the
+parameters whose matmuls every token pays for: all of them, the LM head included, except an input
+embedding table that is not also the LM head (a lookup costs no FLOPs; a tied table is counted
+once, as the head). Attention's own matmuls come on top (`attention_flops`): for a causal sequence
+of s tokens, the scores and their weighted sum cost 2 * s^2 * d * H per layer forward (s^2 / 2
+query-key pairs, 2 FLOPs a multiply-add, twice), 6 * s^2 * d * H to train, d the head size and
+H the query heads; a decoded token attends to its whole context (4 * context * d * H per layer).
+Padding is not counted: only the tokens that carry content. MFU is the FLOPs over the seconds
+over the device's dense bf16 peak (PEAK_BF16_TFLOPS).
 
 Generation counts each prompt's prefill once (both samplers share one prefill among a prompt's
 samples) and each generated token once. A GRPO step counts its sampling like that, plus a
@@ -75,6 +79,20 @@ def flop_parameters(model: PreTrainedModel) -> int:
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is embedding
     return total if tied else total - embedding.numel()
+
+
+def attention_flops(config, lengths: Sequence[int], passes: float = 3.0) -> float:
+    """The causal attention matmuls of sequences of `lengths` tokens under a transformers
+    `config`: 2 * s^2 * d * H per layer forward, times `passes` (3: forward and backward)."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    squares = sum(float(s) * s for s in lengths)
+    return passes * 2.0 * squares * head_dim * heads * config.num_hidden_layers
+
+
+def training_flops(n_params: int, config, lengths: Sequence[int]) -> float:
+    """A training step over sequences of `lengths` tokens: 6N a token, plus attention."""
+    return 6.0 * n_params * sum(lengths) + attention_flops(config, lengths)
 
 
 def synchronize(device: torch.device) -> None:

@@ -238,11 +238,6 @@ class GRPOConfig(Strict):
             )
         if engine.kind == "deepspeed" and self.probe.every:
             raise ValueError("probe: held-out probing runs with engine.kind single only")
-        if engine.kind == "deepspeed" and engine.zero_stage == 3 and self.ref_refresh_every:
-            raise ValueError(
-                "ref_refresh_every: a ZeRO-3 reference is sharded and is not refreshed or "
-                "checkpointed; set it to 0 or use zero_stage 2"
-            )
         if engine.kind == "deepspeed" and self.sampler.tensor_parallel_size > 1:
             raise ValueError(
                 "sampler.tensor_parallel_size: each DeepSpeed rank runs its own vLLM engine on "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from configs.strict import Strict, hub_id_field
 
@@ -181,25 +181,43 @@ class EngineConfig(Strict):
     timeout_s: float = Field(
         24 * 3600.0, gt=0, description="the workers are stopped and the stage fails after this"
     )
-    micro_batch_tokens: int = Field(
+    micro_batch_tokens: int | Literal["auto"] = Field(
         65536,
-        ge=1,
         description="tokens (prompt + completion) one forward and backward pass takes: a step's "
         "rows are split into micro-batches within this and their gradients accumulated into the "
         "step's one update, so a step's activations are bounded by this, not by the step's size "
-        "(a tiny-world step fits in one)",
+        "(a tiny-world step fits in one); auto: on a GPU, the largest the memory model says fits "
+        "the device (training/memory_fit.py), else the whole step",
     )
     logits_chunk_mb: float = Field(
         1024.0,
         gt=0,
-        description="MiB of float32 logits one GRPO pass may hold; a larger pass computes its "
-        "log-probabilities a chunk of positions at a time (training/logits.py)",
+        description="MiB of float32 logits one SFT or GRPO pass may hold; a larger pass computes "
+        "its loss or log-probabilities a chunk of positions at a time (training/logits.py)",
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile each decoder layer (DeepSpeed engines): fused norms, rotary "
+        "embedding and MLP activation; the first steps pay the compilation",
+    )
+    zero3_sampling: Literal["auto", "gathered", "shards"] = Field(
+        "auto",
+        description="how a ZeRO-3 trainer's hf sampler reads its model: a whole copy gathered "
+        "once per generate call (gathered), the shards a layer at a time in every forward "
+        "(shards), or the copy when the memory model says it fits (auto)",
     )
     gradient_checkpointing: bool = Field(
         False,
         description="recompute each decoder layer in the backward pass instead of keeping its "
         "activations: about a third more compute, activations of one layer instead of all",
     )
+
+    @field_validator("micro_batch_tokens")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("micro_batch_tokens must be at least 1 (or auto)")
+        return value
 
     @property
     def logits_budget(self) -> int:

@@ -139,7 +139,7 @@ def completion_logprobs(
             hidden = final_hidden_states(model, inputs)[0]  # (T, H)
             token_logp, token_entropy = chunked_token_logprobs(
                 output_head(model), hidden[positions], targets, temperature, with_entropy,
-                chunk_positions(logits_budget, vocabulary_size(model), model),
+                chunk_positions(logits_budget, vocabulary_size(model)),
             )  # fmt: skip
     return _scatter(rows.valid, token_logp, token_entropy)
 
@@ -183,7 +183,7 @@ def _padded_completion_logprobs(
     predicting = hidden[:, batch.prompt_width - 1 : -1]  # (N, C, H): position t predicts t + 1
     token_logp, token_entropy = chunked_token_logprobs(
         output_head(model), predicting[valid], targets[valid], temperature, with_entropy,
-        chunk_positions(logits_budget, vocabulary_size(model), model),
+        chunk_positions(logits_budget, vocabulary_size(model)),
     )  # fmt: skip
     return _scatter(valid, token_logp, token_entropy)
 

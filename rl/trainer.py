@@ -26,19 +26,19 @@ from models.chat import render_prompt
 from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet, verifier_metrics
 from rewards.steps import process_steps
+from rl import reference as kl_reference
 from rl.advantages import process_advantages
 from rl.rollouts import token_ends
 from rl.scoring import RankRollouts, ScoredGroups, kind_metrics, masked_advantages, score
 from rl.update import PolicyUpdate, UpdateRows
-from sampling.decode import LockStep
 from sampling.factory import Sampler, context_length, policy_sampler
 from sampling.interface import Completion, SamplingParams
 from sampling.weight_sync import SyncsWeights
 from training.collective import Collective, Solo
 from training.engines import LocalEngine, UpdateEngine
 from training.finite import LossGuard
-from training.logits import unwrapped
 from training.loop import LoopPlan, run_loop
+from training.whole_copy import zero3_sampling
 
 log = logging.getLogger(__name__)
 
@@ -172,16 +172,11 @@ class GRPOTrainer:
                 batch_size=cfg.prompts_per_step * cfg.group_size,
                 policy_path=self.policy_path,
                 max_model_len=longest,
-                lockstep=self._lockstep(),
+                **zero3_sampling(
+                    self.engine.sampling_model(), self.collective, cfg.engine.zero3_sampling
+                ),
             )
         return self.sampler
-
-    def _lockstep(self) -> LockStep | None:
-        """Under ZeRO-3 every forward is a collective (the ranks gather each layer's shards), so
-        the ranks decode in step: each goes on until every rank's rows are done."""
-        if not partitioned(self.engine.sampling_model()):
-            return None
-        return lambda running: self.collective.max([float(running)])[0] > 0
 
     def close(self) -> None:
         """Close the sampler this trainer opened (a vLLM engine's memory; an in-process engine
@@ -238,20 +233,20 @@ class GRPOTrainer:
             metrics |= self._probe()
         self._history.append({"step": float(step + 1), **metrics})
         if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:
-            unwrapped(self.reference).load_state_dict(self.engine.sampling_model().state_dict())
+            kl_reference.refresh(self.reference, self.engine.module)
         return metrics
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The reference only when it changes (`ref_refresh_every`): else it is the starting
         policy, which a resumed run loads again."""
-        reference = None
+        weights = None
         if self.reference is not None and self.cfg.ref_refresh_every:
-            reference = unwrapped(self.reference).state_dict()
-        return {"reference": reference, "history": list(self._history)}
+            weights = kl_reference.state(self.reference)
+        return {"reference": weights, "history": list(self._history)}
 
     def restore(self, state: dict[str, Any]) -> None:
         if self.reference is not None and state.get("reference") is not None:
-            unwrapped(self.reference).load_state_dict(state["reference"])
+            kl_reference.load_state(self.reference, state["reference"])
         self._history = list(state["history"])
 
     def _warn_if_untrained(self) -> None:
@@ -465,11 +460,6 @@ class GRPOTrainer:
 def policy_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype the policy's weights are in (bf16 under DeepSpeed's bf16)."""
     return next(model.parameters()).dtype
-
-
-def partitioned(model: torch.nn.Module) -> bool:
-    """Whether `model`'s parameters are ZeRO-3 shards (DeepSpeed tags them `ds_id`)."""
-    return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
 def frozen(model: PreTrainedModel) -> PreTrainedModel:

@@ -1,7 +1,7 @@
 """One GRPO policy update: the step's trained rows in micro-batches, one optimizer step.
 
-The rows are cut into micro-batches of at most `engine.micro_batch_tokens` tokens
-(training/micro.py); each micro-batch's forward and backward runs on its own and its loss is its
+The rows are cut into micro-batches of at most `engine.micro_batch_tokens` tokens (with
+`auto`, the most the memory model fits the device: training/memory_fit.py; training/micro.py); each micro-batch's forward and backward runs on its own and its loss is its
 rows' share of the whole step's loss (the aggregation's denominator is the step's, summed over
 the ranks), so the accumulated gradient, the statistics and the one optimizer step are those of
 the whole step in one pass. Log-probabilities are computed within `engine.logits_chunk_mb`
@@ -25,6 +25,7 @@ from rl.rollouts import PolicyBatch, build_batch, completion_logprobs
 from training.collective import Collective
 from training.engines import UpdateEngine
 from training.finite import LossGuard
+from training.memory_fit import micro_batch_tokens
 from training.micro import micro_batches, padded_plan
 from training.varlen import packed_attention
 
@@ -99,7 +100,12 @@ class PolicyUpdate:
     def _groups(self, rows: UpdateRows) -> list[list[int]]:
         prompt_ids = self.tokenizer(rows.prompts, add_special_tokens=False)["input_ids"]
         lengths = [len(p) + len(c) for p, c in zip(prompt_ids, rows.completions, strict=True)]
-        return micro_batches(lengths, self.cfg.engine.micro_batch_tokens)
+        longest_completion = max((len(c) for c in rows.completions), default=1)
+        budget = micro_batch_tokens(
+            self.cfg.engine, self.engine.module, "grpo", max(lengths, default=1),
+            longest_completion, len(lengths), reference=self.reference is not None,
+        )  # fmt: skip
+        return micro_batches(lengths, budget)
 
     def _micro(self, rows: UpdateRows, index: list[int], live: bool) -> MicroBatch:
         device = next(self.engine.module.parameters()).device

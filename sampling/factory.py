@@ -108,6 +108,7 @@ def policy_sampler(
     policy_path: str | Path | None = None,
     max_model_len: int | None = None,
     lockstep: LockStep | None = None,
+    materialize: Any = None,
 ) -> Sampler:
     """The sampler a trainer draws its rollouts from.
 
@@ -115,12 +116,14 @@ def policy_sampler(
     engine in this process from `policy_path` (the folder the policy was loaded from; without
     one, `model` is saved to a temporary folder first) and holds its own copy of the weights,
     which the trainer brings up to date with `sync_weights(model)` after each update. A
-    temporary folder is the sampler's to remove when it closes.
+    temporary folder is the sampler's to remove when it closes. `lockstep` and `materialize`
+    are the hf sampler's ways of sampling a ZeRO-3 model (sampling/hf.py).
     """
     if config.backend == "hf":
         return make_sampler(
-            "hf", model, tokenizer, batch_size=batch_size, show_progress=False, lockstep=lockstep
-        )
+            "hf", model, tokenizer, batch_size=batch_size, show_progress=False, lockstep=lockstep,
+            materialize=materialize,
+        )  # fmt: skip
     owned = None
     if policy_path is None:
         policy_path = owned = tempfile.mkdtemp(prefix="r1-policy-")

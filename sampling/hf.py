@@ -14,7 +14,8 @@ on one thread: attention reads each row's whole cache every step, whatever the b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from tqdm.auto import tqdm
@@ -24,6 +25,9 @@ from models.chat import stop_token_ids
 from sampling.decode import Decoded, LockStep, decode
 from sampling.interface import Completion, SamplingParams
 from sampling.streams import row_keys
+
+# (rows, context, prompt tokens) -> a whole model for the call, or None to use the sampler's own
+Materialize = Callable[[int, int, int], AbstractContextManager[PreTrainedModel | None]]
 
 
 class HFSampler:
@@ -43,11 +47,15 @@ class HFSampler:
         show_progress: bool = True,
         plain_step: bool = True,
         lockstep: LockStep | None = None,
+        materialize: Materialize | None = None,
     ):
         """`lockstep`: this rank decodes a ZeRO-3 model in step with the others
-        (sampling/decode.py)."""
+        (sampling/decode.py). `materialize`: for each generate call, a whole model to decode
+        with instead (a ZeRO-3 model gathered once, training/whole_copy.py), or None when
+        `model` itself must be used."""
         self.model = model.eval()
         self.lockstep = lockstep
+        self.materialize = materialize
         self.plain_step = plain_step  # decode steps in plain tensor ops (sampling/decode_step.py)
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -65,16 +73,33 @@ class HFSampler:
         rows = [(p, j) for p in order for j in range(n)]
         out: list[list[Completion | None]] = [[None] * n for _ in prompts]
         starts = range(0, len(rows), self.batch_size)
-        for start in tqdm(
-            starts, desc="sample", unit="batch", leave=False, disable=not self.show_progress
-        ):
-            batch = rows[start : start + self.batch_size]
-            for (p, j), done in zip(batch, self._decode(encoded, batch, params), strict=True):
-                out[p][j] = self._completion(done)
+        longest = max(len(x) for x in encoded)
+        call = (min(len(rows), self.batch_size), longest + params.max_new_tokens, longest)
+        with self._model(*call) as (model, lockstep):
+            for start in tqdm(
+                starts, desc="sample", unit="batch", leave=False, disable=not self.show_progress
+            ):
+                batch = rows[start : start + self.batch_size]
+                decoded = self._decode(model, lockstep, encoded, batch, params)
+                for (p, j), done in zip(batch, decoded, strict=True):
+                    out[p][j] = self._completion(done)
         return [[c for c in group if c is not None] for group in out]
+
+    @contextmanager
+    def _model(
+        self, rows: int, context: int, prompt: int
+    ) -> Iterator[tuple[PreTrainedModel, LockStep | None]]:
+        """The model a call decodes with, and whether its ranks go in step."""
+        if self.materialize is None:
+            yield self.model, self.lockstep
+            return
+        with self.materialize(rows, context, prompt) as whole:
+            yield (self.model, self.lockstep) if whole is None else (whole, None)
 
     def _decode(
         self,
+        model: PreTrainedModel,
+        lockstep: LockStep | None,
         encoded: list[list[int]],
         batch: list[tuple[int, int]],
         params: SamplingParams,
@@ -87,7 +112,7 @@ class HFSampler:
             torch.tensor([j for _, j in batch]),
         )
         return decode(
-            self.model,
+            model,
             [encoded[p] for p in distinct],
             [slot[p] for p, _ in batch],
             temperature=params.temperature,
@@ -97,7 +122,7 @@ class HFSampler:
             pad_id=self.tokenizer.pad_token_id,
             keys=keys,
             plain_step=self.plain_step,
-            lockstep=self.lockstep,
+            lockstep=lockstep,
         )
 
     def _completion(self, done: Decoded) -> Completion:

@@ -207,6 +207,12 @@ def request_params(params: SamplingParams, n: int, seed: int, stop_ids: Sequence
     }
 
 
+def release_cached_memory() -> None:
+    """Give torch's cached, unused device blocks back to the device."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def torch_distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
@@ -230,8 +236,6 @@ class VLLMSampler:
         `close()` removes."""
         self.config = config or SamplerConfig(backend="vllm")
         self._owned_dir = Path(owned_dir) if owned_dir is not None else None
-        api = api or import_vllm()
-        self._params = api.sampling_params
         distributed = torch_distributed()
         kwargs = engine_args(model_path, self.config, seed, weight_sync, distributed, max_model_len)
         self.max_model_len: int | None = kwargs["max_model_len"]
@@ -239,6 +243,8 @@ class VLLMSampler:
         self._weights_stale = False  # woken weights not yet loaded by a sync
         self._thread = EngineThread("vllm-engine")
         with preserved("the vLLM engine's start"):
+            api = api or import_vllm()  # `import vllm` sets variables of its own
+            self._params = api.sampling_params
             in_process = kwargs.get("distributed_executor_backend") == "external_launcher"
             if in_process and not distributed:
                 os.environ.update(launcher_env(os.environ))
@@ -334,7 +340,11 @@ class VLLMSampler:
         return True
 
     def _wake(self, tags: list[str]) -> None:
+        """Wake the weights or the KV cache. vLLM allocates them through CUDA's own calls, not
+        torch's allocator, so the blocks torch cached from the update are given back first
+        (vLLM 0.10.2 does not do it itself, and its wake-up can run out of memory)."""
         llm = self._open()
+        release_cached_memory()
         self._thread.call(
             lambda: llm.wake_up(tags=tags), self.config.sync_timeout_s, "wake-up", "sync_timeout_s"
         )
@@ -384,8 +394,7 @@ class VLLMSampler:
                 del llm
                 self._sync = None
                 gc.collect()
-                if torch.cuda.is_available() and torch.cuda.is_initialized():
-                    torch.cuda.empty_cache()
+                release_cached_memory()
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
             self._owned_dir = None

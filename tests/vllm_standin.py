@@ -77,10 +77,17 @@ class Device:
     """One GPU's memory, as shares of its total, held by engines that are awake."""
 
     held: dict[int, float] = field(default_factory=dict)  # id(engine) -> share
+    # what torch's caching allocator keeps of its freed blocks (a training update's, say): vLLM
+    # allocates its sleep-mode memory through CUDA's own calls, so torch's cache is not free to it
+    torch_cache: float = 0.0
 
     @property
     def free(self) -> float:
-        return 1.0 - sum(self.held.values())
+        return 1.0 - sum(self.held.values()) - self.torch_cache
+
+    def empty_torch_cache(self) -> None:
+        """`torch.cuda.empty_cache()`: torch's cached blocks go back to the device."""
+        self.torch_cache = 0.0
 
     def take(self, owner: object, share: float) -> None:
         free = self.free + self.held.get(id(owner), 0.0)  # what it holds already counts
@@ -148,11 +155,13 @@ class StandInLLM:
     device = Device()
     behaviour = Behaviour()
     seeds_drawn: list[int] = []  # the seed of every sample any engine drew, in order
+    imported = False  # `import vllm` ran in this process (standin_api)
 
     @classmethod
     def reset(cls) -> None:
         cls.instances, cls.live, cls.device, cls.behaviour = [], 0, Device(), Behaviour()
         cls.seeds_drawn = []
+        cls.imported = False
 
     @classmethod
     def last(cls) -> StandInLLM:
@@ -290,9 +299,13 @@ class StandInLLM:
         self.device.give_back(self)
 
     def wake_up(self, tags: list[str] | None = None) -> bool:
+        share = self.kwargs.get("gpu_memory_utilization", 0.9)
+        free = self.device.free + self.device.held.get(id(self), 0.0)
+        if free + 1e-9 < share:  # CuMemAllocator's cuMemCreate failing
+            raise RuntimeError(f"CUDA Error: out of memory (waking up with {free:.2f} free)")
         if "kv_cache" in (tags or ["kv_cache"]):
             self.asleep = 0
-        self.device.take(self, self.kwargs.get("gpu_memory_utilization", 0.9))
+        self.device.take(self, share)
         return self.asleep == 0
 
     def collective_rpc(self, method: str, timeout: float | None = None, args=(), kwargs=None):
@@ -309,7 +322,15 @@ def sampling_params(**kwargs: Any) -> dict:
     return dict(kwargs)
 
 
+# What `import vllm` writes into the environment (vllm/env_override.py, 0.33.0), the first time
+IMPORT_VARIABLES = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
 def standin_api() -> VLLMApi:
+    """`import vllm`: its import-time variables set, once per process (a test is one here)."""
+    if not StandInLLM.imported:
+        os.environ.update(IMPORT_VARIABLES)
+        StandInLLM.imported = True
     return VLLMApi(StandInLLM, sampling_params)
 
 

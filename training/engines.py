@@ -69,15 +69,33 @@ class UpdateEngine(Protocol):
 Schedule = Callable[[int], float]  # the learning rate's factor at each step (LambdaLR)
 
 
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+def enable_gradient_checkpointing(model: torch.nn.Module, reentrant: bool = False) -> None:
     """Each decoder layer recomputed in the backward pass (transformers' own, non-reentrant:
     it works under ZeRO-3 and with inputs that need no gradient). Active in training mode only:
-    sampling in eval mode keeps its KV cache."""
-    kwargs = {"use_reentrant": False}
+    sampling in eval mode keeps its KV cache.
+
+    `reentrant` (ZeRO-3): torch's re-entrant checkpoint, which reruns a layer's whole forward in
+    the backward pass and back-propagates through it. The non-re-entrant one stops a
+    recomputation as soon as the saved tensors it needs are back, by raising out of the layer's
+    forward: the forward hooks after that point never run, and ZeRO-3's post-forward hooks are
+    what pop the module stack its pre-forward hooks push (the stack grew every step) and release
+    the parameters they gathered. Run to its end instead (`early_stop=False`), the recomputation
+    releases the parameters that the layer's backward pass then needs. The re-entrant rerun is
+    an ordinary forward pass with its own hooks, gathering and releasing as the first did."""
+    kwargs = {"use_reentrant": reentrant}
     if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.2x on
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def compile_layers(model: torch.nn.Module) -> None:
+    """torch.compile each decoder layer in place (regional compilation: the layers share one
+    compiled graph, so the cost is one layer's compilation; the packed-attention kernels read
+    their row's bounds outside the graph)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    for layer in decoder.layers:
+        layer.compile()
 
 
 class LocalEngine:
@@ -232,10 +250,13 @@ class DeepSpeedEngine:
         self.zero_stage = engine.zero_stage
         self.world = world
         if engine.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
+            enable_gradient_checkpointing(model, reentrant=engine.zero_stage == 3)
+        if engine.compile:
+            compile_layers(model)
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=learning_rate, weight_decay=weight_decay
-        )
+            model.parameters(), lr=learning_rate, weight_decay=weight_decay,
+            fused=True if _on_cuda() else None,  # one kernel over the fp32 partition on a GPU
+        )  # fmt: skip
 
         def lambda_lr(wrapped: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
             assert schedule is not None
@@ -297,14 +318,14 @@ class DeepSpeedEngine:
         return full_state_dict(self.engine, self.zero_stage)
 
     def close(self) -> None:
-        """DeepSpeed's own teardown (ZeRO's gradient hooks, reduce buckets and buffers) and the
-        engine dropped, for a process that goes on after it: the model's device memory is freed
-        once nothing else refers to the model. A step that failed inside its backward pass
-        leaves ZeRO's buckets holding gradients; such an engine must not train again (ZeRO-3
-        asserts when the next backward pass hands it the same parameters), only close."""
+        """Let go of the engine, its optimizer and its model, for a process that goes on after
+        it (`close_engine`): their device memory is freed once the caller drops the model too.
+        A step that failed inside its backward pass leaves ZeRO's buckets holding gradients;
+        such an engine must not train again (ZeRO-3 asserts when the next backward pass hands
+        it the same parameters), only close. Safe to call twice."""
         engine, self.engine = self.engine, None
         if engine is not None:
-            engine.destroy()
+            close_engine(engine)
 
     # ---- checkpoints: DeepSpeed's own files, committed by a small record written last ---------
 
@@ -337,6 +358,56 @@ class DeepSpeedEngine:
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the committed checkpoint {committed}")
         return dict(state)
+
+
+def _on_cuda() -> bool:
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().device_name() == "cuda"
+
+
+def close_engine(engine: Any) -> None:
+    """A DeepSpeed engine's teardown, the trainer's or a frozen reference's: DeepSpeed's own
+    (`destroy()`: ZeRO's gradient hooks, reduce buckets, buffers), then what DeepSpeed 0.19
+    keeps of a ZeRO-3 engine after it, each holding the model or the optimizer alive:
+    - the root module its offload appended to `parameter_offload.FWD_MODULE_STACK`, and any
+      module of it left there (a forward that raised before its post-forward hook);
+    - the partitioned-parameter coordinator's `lru_cache` on `__params_to_release`, keyed by the
+      coordinator and its modules;
+    - `_z3_optimizer` on every parameter (the ZeRO-3 optimizer, with the fp32 partitions);
+    - the module's `ds_*` hooks (forward and backward hooks that refer to the engine)."""
+    module = getattr(engine, "module", None)
+    engine.destroy()
+    if module is None or not any(hasattr(p, "ds_id") for p in module.parameters()):
+        return
+    from deepspeed.runtime.zero import parameter_offload
+    from deepspeed.runtime.zero.partitioned_param_coordinator import (
+        PartitionedParameterCoordinator,
+    )
+
+    mine = {id(m) for m in module.modules()}
+    stack = parameter_offload.FWD_MODULE_STACK
+    stack[:] = [m for m in stack if id(m) not in mine]
+    cached = getattr(
+        PartitionedParameterCoordinator, "_PartitionedParameterCoordinator__params_to_release", None
+    )
+    cached = _lru_cache_inside(cached)
+    if cached is not None:
+        cached.cache_clear()  # every coordinator's: a live one refills it on its next step
+    for param in module.parameters():
+        param.__dict__.pop("_z3_optimizer", None)
+
+
+def _lru_cache_inside(function: Any) -> Any:
+    """The `functools.lru_cache` wrapper inside `function`'s decorators (DeepSpeed's nvtx
+    decorator keeps it in its closure), or None."""
+    seen = 0
+    while function is not None and not hasattr(function, "cache_clear") and seen < 4:
+        cells = getattr(function, "__closure__", None) or ()
+        inner = [c.cell_contents for c in cells if callable(c.cell_contents)]
+        function = getattr(function, "__wrapped__", None) or (inner[0] if inner else None)
+        seen += 1
+    return function if hasattr(function, "cache_clear") else None
 
 
 def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | None:

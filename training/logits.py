@@ -1,13 +1,19 @@
-"""Log-probabilities of chosen tokens without holding a whole pass's logits.
+"""Log-probabilities and cross-entropy of chosen tokens without holding a whole pass's logits.
 
 A causal LM's logits are positions x vocabulary: for a GRPO step of 16 x 8 completions of up to
 1,024 tokens on a 151,936-token vocabulary that is 20 G values, and the float32 copy, the
-log-softmax and the entropy's exp each add as many again. Here the model returns its final
-hidden states (a forward hook on the decoder; the LM head runs on one position only), and the
-output projection, log-softmax and gather run on `chunk` positions at a time. With gradients on,
-each chunk runs under activation checkpointing: only its inputs are kept, and the backward pass
-recomputes its logits, so the logits cost one chunk's memory in both directions, for one more
-output projection per chunk in the backward pass.
+log-softmax and the entropy's exp each add as many again; an SFT micro-batch of 16,384 tokens
+holds 2.5 G. Here the model returns its final hidden states (a forward hook on the decoder; the
+LM head runs on one position only), and the output projection, log-softmax and gather run on
+`chunk` positions at a time inside one autograd function, so the logits cost one chunk's memory
+in both directions:
+- GRPO (`chunked_token_logprobs`): each position's log-sum-exp is kept and the backward pass
+  recomputes a chunk's logits at a time (one more output projection per position);
+- SFT (`chunked_nll`): the loss is the function's own scalar, so the forward pass computes the
+  gradients on the hidden states and the head as it goes, and the backward pass only scales
+  them: nothing is recomputed.
+Either way the head's weight gets its gradient once per call, summed over the chunks in float32
+(ZeRO-3 takes a parameter's gradient once per backward pass).
 
 The projection is called as the model's own head module, so wrappers that manage its weight
 (DeepSpeed ZeRO-3's gather hooks) see an ordinary call of it.
@@ -20,7 +26,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
+import torch.nn.functional as F
+
+from training.examples import IGNORE
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -47,17 +55,10 @@ def fits(budget: int | None, positions: int, vocabulary: int) -> bool:
     return budget is None or positions * vocabulary <= budget
 
 
-def chunk_positions(budget: int | None, vocabulary: int, model: torch.nn.Module) -> int:
-    """Positions per chunk: as many rows of logits as the budget holds, at least one.
-
-    A ZeRO-3 model's head runs once, over every position: ZeRO-3 takes a parameter's gradient
-    once per backward pass, and a head recomputed chunk by chunk in the backward pass would
-    hand it one per chunk (DeepSpeed 0.19 aborts on CPU). Its micro-batch bounds
-    the logits instead."""
+def chunk_positions(budget: int | None, vocabulary: int) -> int:
+    """Positions per chunk: as many rows of logits as the budget holds, at least one."""
     if budget is None:
         raise ValueError("chunks need a logits budget")
-    if any(hasattr(p, "ds_id") for p in model.parameters()):
-        return 2**62
     return max(1, budget // vocabulary)
 
 
@@ -98,6 +99,157 @@ def token_logprobs(
         return logp, -(logp_all.exp() * logp_all).sum(dim=-1)
 
 
+def _chunk_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
+    """A chunk's logits (c, V) in float32 at `temperature`, in a tensor of its own."""
+    logits = F.linear(hidden, weight, bias)
+    z = logits.float() if logits.dtype != torch.float32 else logits
+    del logits
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+def _bias_gradient(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    if bias is None:
+        return None
+    return torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
+
+
+def _chunks(total: int, chunk: int) -> list[slice]:
+    return [slice(start, min(start + chunk, total)) for start in range(0, total, chunk)]
+
+
+def _weight_gradient(weight: torch.Tensor) -> torch.Tensor:
+    """The float32 accumulator a chunked head adds each chunk's weight gradient into."""
+    return torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """Log-probabilities (K,) of `targets` under softmax(head(hidden) / temperature), a chunk of
+    positions at a time, and the entropies (no gradient) when asked. Only the hidden states and
+    each position's log-sum-exp are kept: the backward pass recomputes one chunk's logits at a
+    time and returns the head's gradient once, summed over the chunks (ZeRO-3 takes a
+    parameter's gradient once per backward pass)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy):
+        n = hidden.shape[0]
+        logp = hidden.new_empty(n, dtype=torch.float32)
+        lse = hidden.new_empty(n, dtype=torch.float32)
+        entropy = hidden.new_empty(n if with_entropy else 0, dtype=torch.float32)
+        for part in _chunks(n, chunk):
+            z = _chunk_logits(hidden[part], weight, bias, temperature)  # (c, V)
+            lse[part] = torch.logsumexp(z, dim=-1)
+            logp[part] = z.gather(-1, targets[part, None]).squeeze(-1) - lse[part]
+            if with_entropy:  # H = lse - sum(p z), p = exp(z - lse), one float32 copy more
+                p = (z - lse[part, None]).exp_()
+                entropy[part] = lse[part] - (p[:, None, :] @ z[:, :, None]).view(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = _weight_gradient(weight) if need_w else None
+        grad_b = _bias_gradient(weight, bias) if need_b else None
+        rows = torch.arange(min(ctx.chunk, hidden.shape[0]), device=hidden.device)
+        for part in _chunks(hidden.shape[0], ctx.chunk):
+            z = _chunk_logits(hidden[part], weight, bias, ctx.temperature)
+            g = grad_logp[part].float()
+            # d logp_t / d z = onehot(t) - softmax(z): the gradient on the logits, in place
+            dz = z.sub_(lse[part, None]).exp_().mul_(-g[:, None])
+            dz[rows[: dz.shape[0]], targets[part]] += g
+            dlogits = dz.div_(ctx.temperature).to(hidden.dtype)
+            del z, dz
+            _head_gradients(dlogits, hidden[part], weight, part, grad_h, grad_w, grad_b)
+        return (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            None, None, None, None,
+        )  # fmt: skip
+
+
+def _head_gradients(
+    dlogits: torch.Tensor,  # (c, V) in the hidden states' dtype
+    hidden: torch.Tensor,  # (c, H)
+    weight: torch.Tensor,  # (V, H)
+    part: slice,
+    grad_h: torch.Tensor | None,
+    grad_w: torch.Tensor | None,
+    grad_b: torch.Tensor | None,
+) -> None:
+    """One chunk's share of the head's gradients, from the gradient on its logits."""
+    if grad_h is not None:
+        grad_h[part] = dlogits @ weight
+    if grad_w is not None and grad_w.dtype == dlogits.dtype:
+        grad_w.addmm_(dlogits.T, hidden)  # float32: no product in between
+    elif grad_w is not None:
+        grad_w += dlogits.T @ hidden  # bf16's product, summed in float32
+    if grad_b is not None:
+        grad_b += dlogits.sum(dim=0, dtype=torch.float32)
+
+
+class _HeadNLL(torch.autograd.Function):
+    """The summed negative log-likelihood of `targets` under softmax(head(hidden)), a chunk of
+    positions at a time, with its gradients computed in the forward pass: the loss is this
+    scalar, so nothing is recomputed, and the backward pass only scales what the forward pass
+    kept (the hidden states' gradient and the head's, once) by the loss's gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk):
+        n = hidden.shape[0]
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = _weight_gradient(weight) if need_w else None
+        grad_b = _bias_gradient(weight, bias) if need_b else None
+        total = hidden.new_zeros((), dtype=torch.float32)
+        rows = torch.arange(min(chunk, n), device=hidden.device)
+        for part in _chunks(n, chunk):
+            z = _chunk_logits(hidden[part], weight, bias, 1.0)
+            lse = torch.logsumexp(z, dim=-1)
+            total += (lse - z.gather(-1, targets[part, None]).squeeze(-1)).sum()
+            if need_h or need_w or need_b:  # d nll / d z = softmax(z) - onehot(t)
+                dz = z.sub_(lse[:, None]).exp_()
+                dz[rows[: dz.shape[0]], targets[part]] -= 1.0
+                dlogits = dz.to(hidden.dtype)
+                del z, dz
+                _head_gradients(dlogits, hidden[part], weight, part, grad_h, grad_w, grad_b)
+        ctx.grads = (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+        )
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grads, ctx.grads = ctx.grads, None
+        if grads is None:
+            raise RuntimeError("the chunked loss's gradients were taken once already")
+        scaled = [None if g is None else g.mul_(grad_total.to(g.dtype)) for g in grads]
+        return (*scaled, None, None)
+
+
+def _call_head(head: torch.nn.Module, run, hidden: torch.Tensor):
+    """`run(hidden, weight, bias)` called as `head`'s forward, so that wrappers that manage its
+    weight (DeepSpeed ZeRO-3's gather hooks, before the forward and before its backward) see an
+    ordinary call of it."""
+    own = head.__dict__.get("forward")  # a wrapper's, if one set it on the instance
+    head.forward = lambda h: run(h, head.weight, getattr(head, "bias", None))
+    try:
+        return head(hidden)
+    finally:
+        if own is None:
+            del head.forward  # the class's own again
+        else:
+            head.forward = own
+
+
 def chunked_token_logprobs(
     head: torch.nn.Module,
     hidden: torch.Tensor,
@@ -110,22 +262,38 @@ def chunked_token_logprobs(
     positions at a time; each chunk's logits are recomputed in the backward pass instead of
     kept."""
 
-    def piece(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logp, entropy = token_logprobs(head(h), t, temperature, with_entropy)
-        return logp, entropy if entropy is not None else torch.zeros(0, device=logp.device)
+    def run(h, weight, bias):
+        return _HeadLogprobs.apply(h, weight, bias, targets, temperature, chunk, with_entropy)
 
-    logps, entropies = [], []
-    recompute = chunk < hidden.shape[0]  # one chunk: nothing to gain by recomputing it
-    for start in range(0, hidden.shape[0], chunk):
-        h, t = hidden[start : start + chunk], targets[start : start + chunk]
-        if recompute and torch.is_grad_enabled() and h.requires_grad:
-            logp, entropy = checkpoint(piece, h, t, use_reentrant=False)
-        else:
-            logp, entropy = piece(h, t)
-        logps.append(logp)
-        entropies.append(entropy)
-    empty = hidden.new_zeros(0, dtype=torch.float32)
-    logp = torch.cat(logps) if logps else empty
-    if not with_entropy:
-        return logp, None
-    return logp, torch.cat(entropies) if entropies else empty
+    logp, entropy = _call_head(head, run, hidden)
+    return logp, entropy if with_entropy else None
+
+
+def chunked_nll(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """The summed cross-entropy of targets (K,) under `head(hidden)` for hidden states (K, H),
+    `chunk` positions at a time (`_HeadNLL`)."""
+    return _call_head(head, lambda h, w, b: _HeadNLL.apply(h, w, b, targets, chunk), hidden)
+
+
+def causal_lm_loss(
+    model: torch.nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    num_items: int | None,
+    budget: int | None,
+) -> torch.Tensor:
+    """The causal-LM loss of `inputs` (with `labels`): the mean over their target tokens, or
+    the sum over `num_items`, as transformers computes it. When the pass's logits exceed
+    `budget` (float32 elements), they are computed a chunk at a time (`chunked_nll`)."""
+    labels = inputs["labels"]
+    if fits(budget, labels.numel(), vocabulary_size(model)):
+        extra = {} if num_items is None else {"num_items_in_batch": num_items}
+        return model(**inputs, **extra, use_cache=False).loss
+    rest = {key: value for key, value in inputs.items() if key != "labels"}
+    hidden = final_hidden_states(model, rest | {"use_cache": False})  # (B, T, H)
+    targets = labels[:, 1:]  # position t predicts token t + 1
+    valid = targets != IGNORE
+    chunk = chunk_positions(budget, vocabulary_size(model))
+    nll = chunked_nll(output_head(model), hidden[:, :-1][valid], targets[valid], chunk)
+    return nll / (num_items if num_items is not None else valid.sum())

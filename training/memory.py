@@ -16,10 +16,11 @@ log-probability and loss paths, torch's AdamW, DeepSpeed ZeRO's partitions) rath
   (6bH + 4bK + 4 per head, K = kv heads x head dim), the MLP its input and gate, activation, up
   and product (bH + 4bI): 8H + 9bH + 4bK + 4bI + 4A bytes. With gradient checkpointing a layer
   keeps only its input (bH), and the backward pass recomputes one layer at a time.
-- **logits**: SFT goes through transformers' cross-entropy over every position (logits, their
-  float32 copy and log-softmax forward; log-softmax and two float32 gradients backward); GRPO
-  over the completion positions only, the whole row's logits at once when they fit
-  `engine.logits_chunk_mb`, else one chunk at a time (training/logits.py).
+- **logits**: when a pass's logits fit `engine.logits_chunk_mb`, SFT goes through
+  transformers' cross-entropy over every position (logits, their float32 copy and log-softmax
+  forward; log-softmax and two float32 gradients backward), GRPO through a log-softmax over the
+  completion positions; else both run the head a chunk of positions at a time
+  (training/logits.py), holding one chunk's logits and the head's float32 gradient.
 - **optimizer step**: AdamW's temporaries (one float32 tensor per parameter tensor on CPU, one
   per parameter group, i.e. the whole model, with its multi-tensor kernels on a GPU).
 
@@ -117,7 +118,7 @@ class Step:
     logit_positions: int
     loss: Literal["sft", "grpo"] = "sft"
     packed: bool = True  # one row, per-sequence attention (training/varlen.py)
-    logits_budget: int | None = None  # float32 elements one pass may hold (GRPO)
+    logits_budget: int | None = None  # float32 elements one pass may hold
     entropy: bool = True  # GRPO logs the policy's entropy
     micro_batches: int = 1  # in the step: from the second on, gradients accumulate
 
@@ -178,7 +179,8 @@ def layer_bytes_per_token(shape: ModelShape, place: Placement, packed: bool = Tr
         shape.intermediate,
     )
     norms = 2 * (FP32 * h + FP32 + b * h)
-    attention = b * h + b * q + 2 * b * k + FP32 * shape.heads + b * q + (b * q if packed else 0)
+    joined = packed and place.device != "cuda"  # per-sequence SDPA joins its pieces; varlen not
+    attention = b * h + b * q + 2 * b * k + FP32 * shape.heads + b * q + (b * q if joined else 0)
     mlp = b * h + 4 * b * i
     return norms + attention + mlp
 
@@ -209,26 +211,53 @@ def _ceil(n: int, w: int) -> int:
 def logits_moments(shape: ModelShape, place: Placement, step: Step) -> tuple[int, int]:
     """(forward, backward) peak bytes of the loss's logits and their gradients.
 
-    Per logit: the output projection's result (b bytes), then float32 tensors, at most three at
-    once: the upcast (bf16 only) and its division by the temperature, the log-softmax (kept for
-    the backward pass) and, for the entropy, its exp and their product. Backward: the kept
-    log-softmax, the gradient reaching it and the gradient it passes on (the bf16 gradient
-    comes after the first two are freed)."""
+    Whole (the pass's logits fit `logits_budget`, or no budget): per logit the output
+    projection's result (b bytes), then float32 tensors, at most three at once: the upcast (bf16
+    only) and its division by the temperature, the log-softmax (kept for the backward pass) and,
+    for the entropy, its exp and their product; backward, the kept log-softmax, the gradient
+    reaching it and the gradient it passes on. SFT goes through transformers' cross-entropy over
+    every position, GRPO over the completion positions. In chunks (training/logits.py), see
+    `_chunked_moments`."""
     v, b, k = shape.vocab, place.dtype_bytes, step.logit_positions
     upcast = FP32 if b != FP32 else 0  # `.float()` copies only a lower precision
     backward = 3 * FP32
+    if not _fits(step, shape):
+        return _chunked_moments(shape, place, step)
     if step.loss == "sft":  # transformers' cross-entropy over every position
         t = step.tokens
         return t * v * (b + upcast + FP32), t * v * backward
     entropy = 2 * FP32 if step.entropy else 0  # exp and its product with the log-softmax
     per_logit = b + max(upcast + FP32, 2 * FP32, FP32 + entropy)
-    if _fits(step, shape):  # the whole row's logits, then the completion positions'
-        return step.tokens * v * b + k * v * per_logit, k * v * backward
-    if place.zero_stage == 3:  # its head runs once over the positions (training/logits.py)
-        return k * v * per_logit, k * v * backward
-    c = min(k, max(1, (step.logits_budget or 0) // v))  # positions per chunk
-    chunk = c * v * per_logit
-    return chunk, max(chunk, c * v * backward)  # a chunk recomputed, then its gradients
+    return step.tokens * v * b + k * v * per_logit, k * v * backward
+
+
+def _chunked_moments(shape: ModelShape, place: Placement, step: Step) -> tuple[int, int]:
+    """The chunked head's (forward, backward) bytes beyond the final hidden states.
+
+    A chunk of c positions: the projection's result (b bytes a logit) and its float32 copy,
+    then one more float32 tensor (logsumexp's shifted copy, or the softmax for the entropy);
+    its gradient on the logits in place of the copy, and again in b bytes. The head's gradient
+    is summed in float32 (V x H) and, in bf16, each chunk's share passes through a bf16 matrix
+    first. The completion positions' hidden states are copied out (K x H) and their gradient
+    is K x H.
+    SFT computes its gradients in the forward pass and keeps them until the backward pass (the
+    head's converted to the weight's dtype at the end); GRPO keeps the positions' hidden
+    states and log-sum-exps, and computes the gradients in the backward pass."""
+    v, b, h, k = shape.vocab, place.dtype_bytes, shape.hidden, step.logit_positions
+    c = min(k, max(1, (step.logits_budget or 0) // v))
+    upcast = FP32 if b != FP32 else 0
+    chunk_forward = c * v * (b + FP32) if upcast else c * v * 2 * FP32
+    chunk_forward = max(chunk_forward, c * v * 2 * FP32)
+    chunk_backward = c * v * (FP32 + (b if upcast else 0))
+    product = v * h * b if upcast else 0  # a chunk's share of the head's gradient, bf16
+    head_grad = v * h * FP32
+    positions = k * h * b  # the positions' hidden states, copied out
+    if step.loss == "sft":
+        forward = positions + positions + head_grad + max(chunk_forward, chunk_backward + product)
+        return forward, positions + v * h * b
+    forward = positions + k * FP32 + chunk_forward
+    backward = positions + k * FP32 + positions + head_grad + chunk_backward + product
+    return forward, backward
 
 
 def gathered_bytes(shape: ModelShape, place: Placement) -> int:
@@ -269,8 +298,6 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
     rope = 2 * b * (shape.head_dim or h // shape.heads)  # cos and sin, shared by the layers
     acts = step.tokens * (shape.layers * per_layer + rope + 8)  # + the input ids
     final = step.tokens * (FP32 * h + FP32 + 2 * b * h)  # final norm and the states it returns
-    if step.loss == "grpo" and not _fits(step, shape):
-        final += step.logit_positions * b * h  # the completion positions' hidden states
     forward_logits, backward_logits = logits_moments(shape, place, step)
     accumulated = gradient_bytes(shape, place) if step.micro_batches > 1 else 0
     acts += gathered_bytes(shape, place)
@@ -305,3 +332,19 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
 
 def _fits(step: Step, shape: ModelShape) -> bool:
     return step.logits_budget is None or step.tokens * shape.vocab <= step.logits_budget
+
+
+def sampling_bytes(
+    shape: ModelShape, rows: int, context: int, prompt: int, dtype_bytes: int
+) -> int:
+    """A generate call's peak on a whole copy of the model (training/whole_copy.py): its weights,
+    the KV cache of `rows` sequences of `context` tokens (the cache grows by concatenation, so a
+    step can hold the old and the new one), the prefill of `rows` prompts of `prompt` tokens (a
+    layer's activations at a time: its input, q/k/v, attention output and MLP intermediates),
+    and a step's logits in float32 with the sampling's temporaries."""
+    b, h = dtype_bytes, shape.hidden
+    weights = shape.parameters * b
+    kv = rows * context * shape.layers * 2 * shape.kv_width * b
+    prefill = rows * prompt * (4 * b * h + 2 * b * shape.kv_width + 3 * b * shape.intermediate)
+    logits = rows * shape.vocab * (b + 3 * FP32)
+    return weights + 2 * kv + prefill + logits

@@ -90,32 +90,109 @@ def longest_prompt_tokens(config: PipelineConfig) -> int:
 
 
 def placement(engine: EngineConfig, reference: bool, engine_share: int, sleeps: bool) -> Placement:
+    deepspeed = engine.kind == "deepspeed"
     return Placement(
-        precision=engine.precision, zero_stage=engine.zero_stage, world=engine.processes,
+        precision=engine.precision, zero_stage=engine.zero_stage if deepspeed else 0,
+        world=engine.processes if deepspeed else 1,
         gradient_checkpointing=engine.gradient_checkpointing, reference=reference,
         bucket_elements=int(engine.bucket_size), engine_share_bytes=engine_share,
         engine_sleeps=sleeps, device="cuda",
     )  # fmt: skip
 
 
-def sft_step(train: TrainConfig, engine: EngineConfig) -> Step:
+def micro_step(
+    loss: str, per_row: int, completion: int, rows: int, per_micro: int, logits_budget: int
+) -> Step:
+    """The worst micro-batch of a step of `rows` rows of `per_row` tokens (`completion` of them
+    read by the loss, GRPO), `per_micro` rows to a micro-batch."""
+    per_micro = max(1, min(rows, per_micro))
+    read = per_row if loss == "sft" else completion
+    return Step(
+        per_micro * per_row, per_micro * read, loss,  # type: ignore[arg-type]
+        logits_budget=logits_budget, micro_batches=math.ceil(rows / per_micro),
+    )  # fmt: skip
+
+
+def largest_fitting_rows(
+    shape: ModelShape, place: Placement, loss: str, per_row: int, completion: int, rows: int,
+    capacity: int, logits_budget: int,
+) -> int:  # fmt: skip
+    """The most rows a micro-batch can take within `capacity` bytes (the training moments only:
+    a colocated engine's sampling moment does not depend on it); 1 when even one does not fit
+    (the preflight says so)."""
+
+    def fits(k: int) -> bool:
+        estimate = step_estimate(
+            shape, place, micro_step(loss, per_row, completion, rows, k, logits_budget)
+        )
+        return max(estimate.moment_bytes(m) for m in estimate.moments if m != "sampling") <= (
+            capacity
+        )
+
+    low, high = 1, max(1, rows)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
+def rows_per_micro(
+    engine: EngineConfig, shape: ModelShape, place: Placement, loss: str, per_row: int,
+    completion: int, rows: int, total: int | None,
+) -> int:  # fmt: skip
+    """Rows to a micro-batch: as many as `engine.micro_batch_tokens` holds, or with `auto` the
+    most that fit a device of `total` bytes (all of them without a device to fit)."""
+    if engine.micro_batch_tokens != "auto":
+        return max(1, min(rows, int(engine.micro_batch_tokens) // max(1, per_row)))
+    if total is None:
+        return max(1, rows)
+    return largest_fitting_rows(
+        shape, place, loss, per_row, completion, rows, usable_bytes(total), engine.logits_budget
+    )
+
+
+def micro_batch_tokens(
+    engine: EngineConfig, model, loss: str, per_row: int, completion: int, rows: int,
+    reference: bool = False,
+) -> int:  # fmt: skip
+    """`engine.micro_batch_tokens` for a step of `model` (on its device) of `rows` rows of up to
+    `per_row` tokens: as set, or with `auto` the largest that the memory model fits the device's
+    memory (its whole, less HEADROOM), in whole rows."""
+    if engine.micro_batch_tokens != "auto":
+        return int(engine.micro_batch_tokens)
+    import torch
+
+    device = next(model.parameters()).device
+    total = None
+    if device.type == "cuda":
+        total = int(torch.cuda.get_device_properties(device).total_memory)
+    shape = ModelShape.from_config(unwrapped_config(model))
+    place = placement(engine, reference, 0, True)
+    return per_row * rows_per_micro(engine, shape, place, loss, per_row, completion, rows, total)
+
+
+def unwrapped_config(model) -> dict:
+    inner = getattr(model, "module", model)
+    return inner.config.to_dict()
+
+
+def sft_step(train: TrainConfig, engine: EngineConfig, shape: ModelShape, total: int) -> Step:
     """The worst micro-batch of an SFT step: every row at `max_length`."""
     rows = max(1, train.batch_size // engine.processes)
-    per_micro = max(1, min(rows, engine.micro_batch_tokens // train.max_length))
-    tokens = per_micro * train.max_length
-    return Step(tokens, tokens, "sft", micro_batches=math.ceil(rows / per_micro))
+    place = placement(engine, False, 0, True)
+    per = train.max_length
+    k = rows_per_micro(engine, shape, place, "sft", per, per, rows, total)
+    return micro_step("sft", per, per, rows, k, engine.logits_budget)
 
 
-def grpo_step(cfg: GRPOConfig, prompt_tokens: int) -> Step:
+def grpo_step(cfg: GRPOConfig, prompt_tokens: int, shape: ModelShape, total: int) -> Step:
     """The worst micro-batch of a GRPO update: every row at the longest prompt + cap."""
     engine = cfg.engine
     rows = max(1, cfg.prompts_per_step // engine.processes) * cfg.group_size
     per_row = prompt_tokens + cfg.max_new_tokens
-    per_micro = max(1, min(rows, engine.micro_batch_tokens // per_row))
-    return Step(
-        per_micro * per_row, per_micro * cfg.max_new_tokens, "grpo",
-        logits_budget=engine.logits_budget, micro_batches=math.ceil(rows / per_micro),
-    )  # fmt: skip
+    place = placement(engine, cfg.beta > 0, 0, True)
+    k = rows_per_micro(engine, shape, place, "grpo", per_row, cfg.max_new_tokens, rows, total)
+    return micro_step("grpo", per_row, cfg.max_new_tokens, rows, k, engine.logits_budget)
 
 
 def gpu_stages(config: PipelineConfig) -> Iterator[tuple[str, str, object, ModelShape]]:
@@ -155,12 +232,13 @@ def stage_fit(
 def estimate_for(kind: str, stage: object, shape: ModelShape, total: int, prompt_tokens: int):
     if kind == "sft":
         train, engine = stage  # type: ignore[misc]
-        return step_estimate(shape, placement(engine, False, 0, True), sft_step(train, engine))
+        step = sft_step(train, engine, shape, total)
+        return step_estimate(shape, placement(engine, False, 0, True), step)
     cfg: GRPOConfig = stage  # type: ignore[assignment]
     colocated = cfg.sampler.backend == "vllm"
     share = int(cfg.sampler.gpu_memory_utilization * total) if colocated else 0
     place = placement(cfg.engine, cfg.beta > 0, share, cfg.sampler.sleep_mode)
-    return step_estimate(shape, place, grpo_step(cfg, prompt_tokens))
+    return step_estimate(shape, place, grpo_step(cfg, prompt_tokens, shape, total))
 
 
 def remedies(
@@ -184,7 +262,7 @@ def remedies(
         return peak(with_engine(micro_batch_tokens=micro)) <= capacity
 
     current = engine.micro_batch_tokens
-    if fits(1):
+    if current != "auto" and fits(1):
         low, high = 1, current
         while low < high:  # the largest micro-batch that fits
             mid = (low + high + 1) // 2

@@ -128,7 +128,7 @@ def run(spec: WorkerSpec) -> None:
     pad_id = tokenizer.pad_token_id
     stepper = SFTStepper(
         engine, examples, cfg, pad_id, spec.desc, TorchCollective(), rank, world,
-        micro_batch_tokens=config.engine.micro_batch_tokens,
+        memory=config.engine,
     )  # fmt: skip
     log.info("%s: ZeRO-%d, %d ranks, %d steps", spec.desc, config.engine.zero_stage, world, steps)
     plan = sft_plan(cfg, steps, spec.desc, show_progress=False)

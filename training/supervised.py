@@ -18,7 +18,9 @@ from training.distributed import rank_share, target_count
 from training.engines import LocalEngine, UpdateEngine
 from training.examples import Example
 from training.finite import LossGuard
+from training.logits import causal_lm_loss
 from training.loop import LoopPlan, MetricsFn, run_loop
+from training.memory_fit import micro_batch_tokens
 from training.micro import micro_batches, padded_plan
 from training.varlen import packed_attention
 
@@ -49,13 +51,24 @@ class SFTStepper:
         collective: Collective | None = None,
         rank: int = 0,
         world: int = 1,
-        micro_batch_tokens: int | None = None,
+        memory: EngineConfig | None = None,
     ):
+        """`memory`: the engine's memory settings. Its micro-batches hold at most
+        `micro_batch_tokens` (with `auto`, the most the memory model fits the device,
+        training/memory_fit.py); a micro-batch whose float32 logits would exceed
+        `logits_chunk_mb` computes its loss a chunk of positions at a time
+        (training/logits.py)."""
         self.engine, self.examples, self.cfg, self.pad_id = engine, examples, cfg, pad_id
         self.guard = LossGuard(desc)
         self.collective = collective or Solo()
         self.rank, self.world = rank, world
-        self.micro_batch_tokens = micro_batch_tokens or EngineConfig().micro_batch_tokens
+        memory = memory or EngineConfig()
+        longest = max((len(e.input_ids) for e in examples), default=1)
+        rows = max(1, cfg.batch_size // world)
+        self.micro_batch_tokens = micro_batch_tokens(
+            memory, engine.module, "sft", longest, longest, rows
+        )
+        self.logits_budget = memory.logits_budget
         self.order = batch_order(len(examples), cfg, [len(e.input_ids) for e in examples])
         self.lay_out = batch_inputs(cfg)
         self.tokens = 0  # the tokens this call of the loop has trained on
@@ -103,9 +116,7 @@ class SFTStepper:
         inputs = self.lay_out(rows, self.pad_id)
         device = next(self.engine.module.parameters()).device
         inputs = {key: value.to(device) for key, value in inputs.items()}
-        if num_items is not None:
-            inputs["num_items_in_batch"] = num_items
-        return self.engine.forward_model(**inputs, use_cache=False).loss
+        return causal_lm_loss(self.engine.forward_model, inputs, num_items, self.logits_budget)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {}
@@ -152,9 +163,7 @@ def train(
         lr_lambda(cfg, steps),
         gradient_checkpointing=memory.gradient_checkpointing,
     )
-    stepper = SFTStepper(
-        engine, examples, cfg, pad_id, desc, micro_batch_tokens=memory.micro_batch_tokens
-    )
+    stepper = SFTStepper(engine, examples, cfg, pad_id, desc, memory=memory)
     report = run_loop(stepper, sft_plan(cfg, steps, desc), ckpt_dir, fingerprint, log_metrics)
     final_loss = report.last.get("train/loss", float("nan"))
     rate = stepper.tokens / max(report.seconds, 1e-9)

@@ -57,8 +57,8 @@ sys.exit(check.main(sys.argv[1:]))
 """
 
 ARGS = [
-    "--device", "cpu", "--shape", "tiny", "--sft-steps", "1", "--sft-batch", "4",
-    "--sft-length", "96", "--micro-batch-tokens", "200", "--prompts", "4", "--n", "2",
+    "--device", "cpu", "--shape", "tiny", "--sft-steps", "1", "--sft-shapes", "4x96",
+    "--micro-batch-tokens", "200", "--prompts", "4", "--n", "2", "--no-peer", "--no-attention",
     "--max-new-tokens", "16", "--grpo-steps", "1", "--grpo-prompts", "2", "--group", "4",
 ]  # fmt: skip
 

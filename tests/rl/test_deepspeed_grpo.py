@@ -102,8 +102,14 @@ def single(world):
         (2, {}),
         (3, {}),
         # the memory settings change nothing but memory: micro-batches, logits in chunks,
-        # checkpointed layers (ZeRO-3 runs its head once: training/logits.py)
-        (3, {"micro_batch_tokens": 40, "logits_chunk_mb": 0.001, "gradient_checkpointing": True}),
+        # checkpointed layers, sampling from the shards instead of a whole copy
+        (
+            3,
+            {
+                "micro_batch_tokens": 40, "logits_chunk_mb": 0.001,
+                "gradient_checkpointing": True, "zero3_sampling": "shards",
+            },
+        ),  # fmt: skip
     ],
     ids=["zero2", "zero3", "zero3-bounded"],
 )
@@ -203,3 +209,27 @@ def test_prompts_per_step_must_split_over_the_processes():
     with pytest.raises(ValueError, match="multiple of engine.processes"):
         GRPOConfig(prompts_per_step=3, engine=EngineConfig(kind="deepspeed", processes=2))
     GRPOConfig(prompts_per_step=3, engine=EngineConfig(kind="deepspeed", processes=3))
+
+
+@pytest.mark.heavy
+@needs_deepspeed
+def test_a_zero3_reference_refreshes_and_resumes_with_real_weights(world):
+    """Under ZeRO-3 the reference is refreshed to the policy every 2 steps, saved with the step-2
+    checkpoint and loaded again when the stopped stage resumes: steps 3 and 4 (whose KL is to
+    the refreshed reference) follow the single-process stage's. A refresh or a checkpoint that
+    moved empty shards would leave the reference at the base and change their losses."""
+    settings = {"ref_refresh_every": 2, "checkpoint_every": 2}
+    single, single_model = run_stage(world, config(None, **settings), "refresh-single")
+    cfg = config(3, **settings)
+    with pytest.raises(RuntimeError, match="at step 3"):
+        run_stage(world, cfg, "refresh-zero3", StopAtStep3())
+    recorder, ref = run_stage(world, cfg, "refresh-zero3")
+    assert sorted(recorder.steps) == [3, 4]
+    for step in (3, 4):
+        for key in ("loss", "kl", "reward/mean"):
+            ours, theirs = recorder.steps[step][key], single.steps[step][key]
+            assert ours == pytest.approx(theirs, rel=RTOL, abs=1e-6), (step, key)
+    assert single.steps[3]["kl"] != single.steps[2]["kl"]  # the refresh changed the KL's base
+    trained = load_model(ref.path).state_dict()
+    for name, weight in load_model(single_model.path).state_dict().items():
+        assert torch.allclose(trained[name], weight, atol=RESUMED_WEIGHT_ATOL), name

@@ -198,6 +198,43 @@ def test_the_colocated_engine_sleeps_through_each_update_and_is_sized_for_the_st
     assert standin.live == 0
 
 
+def test_the_engine_wakes_although_torch_cached_the_updates_memory(
+    tokenizer, tmp_path, policy_dir, standin, monkeypatch
+):
+    """After an update torch's allocator keeps the freed blocks cached; vLLM wakes its memory
+    through CUDA's own calls and cannot use them: the sampler gives them back first."""
+    from sampling import vllm as vllm_module
+
+    cfg = grpo_config(steps=2, sampler=vllm(gpu_memory_utilization=0.5))
+    trainer = GRPOTrainer(
+        tiny_model(tokenizer), tokenizer, cfg, lambda m, s: None, show_progress=False,
+        policy_path=policy_dir,
+    )  # fmt: skip
+    update = trainer.update
+
+    def caching_update(*args, **kwargs):
+        out = update(*args, **kwargs)
+        standin.device.torch_cache = 0.7  # the update's activations, freed into torch's cache
+        return out
+
+    trainer.update = caching_update
+    monkeypatch.setattr(vllm_module, "release_cached_memory", standin.device.empty_torch_cache)
+    trainer.train(PROBLEMS, tmp_path / "ckpt", "fp")  # a wake-up into 0.3 free would fail
+    assert standin.last().sleeps >= 1 and standin.device.torch_cache == 0.0
+    trainer.close()
+
+
+def test_importing_vllm_leaves_no_variable_behind(policy_dir, standin):
+    """`import vllm` writes variables of its own (PYTORCH_NVML_BASED_CUDA_CHECK,
+    TORCHINDUCTOR_COMPILE_THREADS); the first engine's start, which imports it, puts the
+    environment back as it was."""
+    before = dict(os.environ)
+    with VLLMSampler(str(policy_dir), vllm(), max_model_len=64) as sampler:
+        sampler.generate(["What is 1 + 2?"], 1, PARAMS)
+        assert standin.imported
+        assert dict(os.environ) == before
+
+
 def test_a_prompt_longer_than_the_engine_holds_is_refused_by_name(policy_dir, standin):
     with (
         VLLMSampler(str(policy_dir), vllm(), max_model_len=16) as sampler,

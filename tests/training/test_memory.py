@@ -12,7 +12,7 @@ from benchmarks.memory_model import PUBLISHED
 from configs.profiles import load_profile
 from configs.supervised import ModelConfig
 from models.loading import build_model
-from training.memory import GiB, ModelShape, Placement, activation_bytes_per_token
+from training.memory import GiB, ModelShape, Placement, activation_bytes_per_token, step_estimate
 from training.memory_fit import MemoryFitError, check_memory_fit, memory_fits
 from training.varlen import packed_attention
 
@@ -120,3 +120,42 @@ def test_without_a_gpu_or_gpu_stages_nothing_is_checked():
     check_memory_fit(load_profile("tiny", []), "tiny", 1)  # no DeepSpeed stage: nothing to fit
     if not torch.cuda.is_available():
         check_memory_fit(load_profile("micro", ["reasoning_rl.engine.kind=deepspeed"]), "m")
+
+
+def test_auto_micro_batches_are_the_largest_the_model_fits(gpu_profile):
+    """`micro_batch_tokens: auto` takes whole rows, as many as the memory model fits the card:
+    one more row would not fit; with the device's memory unknown (CPU) the whole step."""
+    from training.memory_fit import (
+        grpo_step,
+        largest_fitting_rows,
+        placement,
+        rows_per_micro,
+        usable_bytes,
+    )
+
+    config = gpu_profile("reasoning_rl.engine.micro_batch_tokens=auto")
+    cfg = config.reasoning_rl
+    shape = ModelShape.from_config(PUBLISHED["Qwen2.5-1.5B-Instruct"])
+    place = placement(cfg.engine, True, 0, True)
+    per_row, rows = 160 + cfg.max_new_tokens, cfg.prompts_per_step * cfg.group_size
+    capacity = usable_bytes(80 * GiB)
+    k = rows_per_micro(
+        cfg.engine, shape, place, "grpo", per_row, cfg.max_new_tokens, rows, 80 * GiB
+    )
+    assert 1 <= k < rows
+    assert k == largest_fitting_rows(
+        shape, place, "grpo", per_row, cfg.max_new_tokens, rows, capacity, cfg.engine.logits_budget
+    )
+    step = grpo_step(cfg, 160, shape, 80 * GiB)
+    assert step.tokens == k * per_row
+    peak = step_estimate(shape, place, step)
+    assert max(peak.moment_bytes(m) for m in peak.moments if m != "sampling") <= capacity
+    bigger = grpo_step(
+        cfg.model_copy(update={"engine": cfg.engine.model_copy(
+            update={"micro_batch_tokens": (k + 1) * per_row})}), 160, shape, 80 * GiB,
+    )  # fmt: skip
+    over = step_estimate(shape, place, bigger)
+    assert max(over.moment_bytes(m) for m in over.moments if m != "sampling") > capacity
+    whole = rows_per_micro(cfg.engine, shape, place, "grpo", per_row, 256, rows, None)
+    assert whole == rows
+    check_memory_fit(config, "gpu-qwen", 80 * GiB)  # auto always fits when one row does
