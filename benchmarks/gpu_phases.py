@@ -136,7 +136,8 @@ def sft_phase(
     diagnose(phase, lambda: stepper.run_step(steps + 1))
     rows = max(1, min(batch, stepper.micro_batch_tokens // length))
     step = micro_step("sft", length, length, batch, rows, setting.engine().logits_budget)
-    phase.predicted_bytes = step_estimate(shape, setting.placement(False), step).peak
+    if not setting.compile:  # compiled layers fuse away activations the model counts
+        phase.predicted_bytes = step_estimate(shape, setting.placement(False), step).peak
     config = engine.module.config
     phase.seconds, phase.tokens = seconds, steps * batch * length
     phase.flops = steps * training_flops(n_flop, config, [length] * batch)

@@ -95,13 +95,6 @@ def run(spec: WorkerSpec) -> None:
     )
     zero = config.engine.zero_stage
     log.info("%s: ZeRO-%d, %d ranks, %d steps", spec.desc, zero, world, config.steps)
-    if zero == 3 and torch.cuda.is_available() and rank == 0:
-        log.warning(
-            "%s: ZeRO-3 GRPO has not yet run through on a GPU (its one try, on an H100, ran on "
-            "an engine that a failed step had left mid-backward: docs/gpu.md, 'ZeRO-3'); "
-            "ZeRO-2 is the tested GPU setting",
-            spec.desc,
-        )
     try:
         train_and_save(trainer, engine, spec, problems, tokenizer, rank)
     finally:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -115,9 +116,11 @@ class LocalEngine:
         if gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.max_grad_norm = max_grad_norm
+        on_cuda = next(model.parameters()).is_cuda
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=learning_rate, weight_decay=weight_decay
-        )
+            model.parameters(), lr=learning_rate, weight_decay=weight_decay,
+            fused=True if on_cuda else None,  # one kernel over the parameters on a GPU
+        )  # fmt: skip
         self.scheduler = (
             torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule) if schedule else None
         )
@@ -270,6 +273,8 @@ class DeepSpeedEngine:
             config=deepspeed_config(engine, max_grad_norm, batch_size, micro_batch_size),
         )
         self.device = self.engine.device  # the engine moved the model to its rank's device
+        if engine.zero_stage == 3:
+            _LIVE_ZERO3.add(self.engine.module)
 
     @property
     def forward_model(self) -> torch.nn.Module:
@@ -311,6 +316,8 @@ class DeepSpeedEngine:
             model=model, config=reference_config(self.config, self.world)
         )
         reference.eval()
+        if self.zero_stage == 3:
+            _LIVE_ZERO3.add(reference.module)
         return reference
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -375,11 +382,17 @@ def close_engine(engine: Any) -> None:
     - the partitioned-parameter coordinator's `lru_cache` on `__params_to_release`, keyed by the
       coordinator and its modules;
     - `_z3_optimizer` on every parameter (the ZeRO-3 optimizer, with the fp32 partitions);
-    - the module's `ds_*` hooks (forward and backward hooks that refer to the engine)."""
+    and `torch.nn.functional.linear`, which a ZeRO-3 engine's start replaces for the whole
+    process with DeepSpeed's own autograd function (`zero3_linear_wrap`, "until manually
+    reset"): every later linear layer, a ZeRO-2 engine's or a sampler's, ran through it. It is
+    put back when the last ZeRO-3 engine of the process closes."""
     module = getattr(engine, "module", None)
     engine.destroy()
     if module is None or not any(hasattr(p, "ds_id") for p in module.parameters()):
         return
+    _LIVE_ZERO3.discard(module)
+    if not _LIVE_ZERO3:
+        _restore_linear()
     from deepspeed.runtime.zero import parameter_offload
     from deepspeed.runtime.zero.partitioned_param_coordinator import (
         PartitionedParameterCoordinator,
@@ -396,6 +409,17 @@ def close_engine(engine: Any) -> None:
         cached.cache_clear()  # every coordinator's: a live one refills it on its next step
     for param in module.parameters():
         param.__dict__.pop("_z3_optimizer", None)
+
+
+_LIVE_ZERO3: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # open ZeRO-3 engines' modules
+
+
+def _restore_linear() -> None:
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
+
+    original = getattr(InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
+    if original is not None:
+        torch.nn.functional.linear = original
 
 
 def _lru_cache_inside(function: Any) -> Any:

@@ -96,7 +96,14 @@ class _BoundsCache:
             if len(self.entries) >= self.size:
                 self.entries.pop(next(iter(self.entries)))
             self.entries[key] = (weakref.ref(position_ids), bounds)
+        weakref.finalize(position_ids, self.forget, key)  # no device tensor outlives its row
         return bounds
+
+    def forget(self, key: int) -> None:
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is not None and entry[0]() is None:
+                del self.entries[key]
 
 
 row_bounds = _BoundsCache().get
@@ -147,14 +154,20 @@ def per_sequence_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-@functools.cache
+_GQA_FLAG: dict[str, bool] | None = None  # read once, outside any compiled graph
+
+
 def _varlen_gqa_flag() -> dict[str, bool]:
     """torch 2.13's varlen_attn asks for `enable_gqa` when key and value have fewer heads than
     the query; 2.11's has no such argument and hands the heads to FlashAttention, which groups
     them itself."""
-    from torch.nn.attention.varlen import varlen_attn
+    global _GQA_FLAG
+    if _GQA_FLAG is None:
+        from torch.nn.attention.varlen import varlen_attn
 
-    return {"enable_gqa": True} if "enable_gqa" in inspect.signature(varlen_attn).parameters else {}
+        wanted = "enable_gqa" in inspect.signature(varlen_attn).parameters
+        _GQA_FLAG = {"enable_gqa": True} if wanted else {}
+    return _GQA_FLAG
 
 
 def varlen_available(device: torch.device) -> bool:
@@ -228,7 +241,13 @@ class _FlexMasks:
         )
         with self.lock:
             self.key = (weakref.ref(position_ids), mask)
+        weakref.finalize(position_ids, self.forget)
         return mask
+
+    def forget(self) -> None:
+        with self.lock:
+            if self.key is not None and self.key[0]() is None:
+                self.key = None
 
 
 _flex_masks = _FlexMasks()
@@ -306,7 +325,10 @@ def packed_attention(model: torch.nn.Module, kernel: Kernel = "auto") -> Iterato
         yield  # sliding-window layers need their masks: left to transformers
         return
     device = next(model.parameters()).device
-    model.set_attn_implementation(NAMES[choose_kernel(device, kernel)])
+    chosen = choose_kernel(device, kernel)
+    if chosen == "varlen":
+        _varlen_gqa_flag()  # here, not inside a compiled layer
+    model.set_attn_implementation(NAMES[chosen])
     try:
         yield
     finally:

@@ -24,6 +24,9 @@ from training.examples import Example  # noqa: E402
 from training.supervised import SFTStepper  # noqa: E402
 
 
+LINEAR = torch.nn.functional.linear  # torch's own, before any engine
+
+
 def train_and_close(zero_stage: int, checkpointing: bool) -> dict:
     from deepspeed.runtime.zero import parameter_offload
 
@@ -63,7 +66,8 @@ def train_and_close(zero_stage: int, checkpointing: bool) -> dict:
     gc.collect()
     alive = sorted(name for name, ref in watched.items() if ref() is not None)
     return {"stack": stack, "losses": losses, "alive": alive,
-            "stack_after": len(parameter_offload.FWD_MODULE_STACK)}  # fmt: skip
+            "stack_after": len(parameter_offload.FWD_MODULE_STACK),
+            "linear_restored": torch.nn.functional.linear is LINEAR}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A closed DeepSpeed engine lets go of everything (DeepSpeed 0.19 keeps a ZeRO-3 engine's model
 and optimizer alive after `destroy()`), and gradient checkpointing under ZeRO-3 keeps DeepSpeed's
-module stack flat while training as it trains without it."""
+module stack flat while training as it trains without it. A ZeRO-3 engine's replacement of
+`torch.nn.functional.linear` for the whole process ends when it closes."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def test_closed_engines_free_their_model_optimizer_and_reference():
     for case, run in runs.items():
         assert run["alive"] == [], case  # nothing reachable once the caller drops it
         assert run["stack_after"] == 0, case  # the root modules left DeepSpeed's stack
+        assert run["linear_restored"], case  # ZeRO-3's F.linear replacement was put back
 
 
 def test_checkpointing_under_zero3_keeps_the_module_stack_flat_and_the_losses():

@@ -154,3 +154,46 @@ def test_models_with_sliding_window_layers_keep_their_attention(tokenizer):
     model.config.layer_types = ["full_attention", "sliding_attention"]
     with packed_attention(model):
         assert model.config._attn_implementation == "sdpa"
+
+
+def test_the_packed_kernel_is_chosen_by_device_and_refused_where_it_cannot_run(monkeypatch):
+    """On CPU `auto` is the per-sequence kernel (exactly the reference); varlen FlashAttention is
+    for CUDA GPUs and is refused by name elsewhere; $R1_PACKED_ATTENTION overrides `auto`."""
+    from training.varlen import OVERRIDE, choose_kernel
+
+    cpu = torch.device("cpu")
+    assert choose_kernel(cpu) == "per_sequence"
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        choose_kernel(cpu, "varlen")
+    monkeypatch.setenv(OVERRIDE, "flex")
+    assert choose_kernel(cpu) == "flex"
+    monkeypatch.setenv(OVERRIDE, "fastest")
+    with pytest.raises(ValueError, match="R1_PACKED_ATTENTION='fastest'"):
+        choose_kernel(cpu)
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_the_chunked_sft_loss_has_the_whole_losss_value_and_gradients(tokenizer, packing):
+    """A micro-batch whose logits exceed the budget computes its loss a chunk of positions at a
+    time (training/logits.py `causal_lm_loss`): the same loss and gradients as transformers'
+    cross-entropy over the whole batch, packed or padded, as a mean or over `num_items`."""
+    from training.logits import causal_lm_loss
+
+    model = gqa_model(tokenizer, "qwen2")
+    examples = _examples(len(tokenizer), [30, 7, 19, 12], seed=5)
+    batch = pack(examples, tokenizer.pad_token_id) if packing else collate(
+        examples, tokenizer.pad_token_id
+    )
+    for num_items in (None, 50):
+        grads = []
+        losses = []
+        for budget in (None, 3 * len(tokenizer)):  # whole, then three positions a chunk
+            with packed_attention(model):
+                loss = causal_lm_loss(model, batch, num_items, budget)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            grads.append([p.grad.clone() for p in model.parameters()])
+            model.zero_grad()
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+        for a, b in zip(*grads, strict=True):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
