@@ -1,8 +1,9 @@
 """One GRPO policy update: the step's trained rows in micro-batches, one optimizer step.
 
-The rows are cut into micro-batches of at most `engine.micro_batch_tokens` tokens (with
-`auto`, the most the memory model fits the device: training/memory_fit.py; training/micro.py); each micro-batch's forward and backward runs on its own and its loss is its
-rows' share of the whole step's loss (the aggregation's denominator is the step's, summed over
+The rows are cut into micro-batches of at most `engine.micro_batch_tokens` tokens
+(training/micro.py; with `auto`, the most the memory model fits the device:
+training/memory_fit.py); each micro-batch's forward and backward runs on its own and its loss is
+its rows' share of the whole step's loss (the aggregation's denominator is the step's, summed over
 the ranks), so the accumulated gradient, the statistics and the one optimizer step are those of
 the whole step in one pass. Log-probabilities are computed within `engine.logits_chunk_mb`
 (training/logits.py). With `importance_sampling_cap`, each token's surrogate is weighted by the

@@ -106,8 +106,10 @@ def single(world):
         (
             3,
             {
-                "micro_batch_tokens": 40, "logits_chunk_mb": 0.001,
-                "gradient_checkpointing": True, "zero3_sampling": "shards",
+                "micro_batch_tokens": 40,
+                "logits_chunk_mb": 0.001,
+                "gradient_checkpointing": True,
+                "zero3_sampling": "shards",
             },
         ),  # fmt: skip
     ],

@@ -23,7 +23,6 @@ from training.engines import DeepSpeedEngine, close_engine  # noqa: E402
 from training.examples import Example  # noqa: E402
 from training.supervised import SFTStepper  # noqa: E402
 
-
 LINEAR = torch.nn.functional.linear  # torch's own, before any engine
 
 

@@ -181,8 +181,10 @@ def test_the_chunked_sft_loss_has_the_whole_losss_value_and_gradients(tokenizer,
 
     model = gqa_model(tokenizer, "qwen2")
     examples = _examples(len(tokenizer), [30, 7, 19, 12], seed=5)
-    batch = pack(examples, tokenizer.pad_token_id) if packing else collate(
-        examples, tokenizer.pad_token_id
+    batch = (
+        pack(examples, tokenizer.pad_token_id)
+        if packing
+        else collate(examples, tokenizer.pad_token_id)
     )
     for num_items in (None, 50):
         grads = []
