@@ -40,12 +40,20 @@ class RolloutWorker:
     ) -> RolloutWorker:
         """A worker over `model_path` (its architecture and tokenizer; the weights each job
         samples with come from its version), with `threads` torch threads."""
-        from models.loading import load_model, load_tokenizer
+        from models.loading import load_tokenizer
 
         torch.set_num_threads(threads)
         sampler = open_sampler(config, model_path, load_tokenizer(model_path), batch_size)
-        holder = load_model(model_path) if isinstance(sampler, SyncsWeights) else None
-        return cls(sampler, holder)
+        if hasattr(sampler, "show_progress"):
+            sampler.show_progress = False  # progress is the trainer's
+        return cls.around(sampler, model_path)
+
+    @classmethod
+    def around(cls, sampler: Sampler, model_path: Path) -> RolloutWorker:
+        """A worker over an open sampler of the model at `model_path`."""
+        from models.loading import load_model
+
+        return cls(sampler, load_model(model_path) if isinstance(sampler, SyncsWeights) else None)
 
     def draw(self, job: DrawJob) -> DrawResult:
         began = time.perf_counter()
