@@ -45,7 +45,6 @@ class ActorWorkers:
         self.pool = pool
         self.size = len(pool.actors)
         self.running: dict[Any, tuple[int, DrawJob]] = {}  # object ref -> (actor, job)
-        self.busy = 0.0
 
     @classmethod
     def start(
@@ -76,11 +75,7 @@ class ActorWorkers:
             result: DrawResult = self.pool.collect(done[0], actor, f"step {job.step}")
         except ClusterSamplingError as error:
             raise RolloutWorkerError(str(error)) from error
-        self.busy += result.generate_seconds + result.load_seconds
         return result
-
-    def busy_seconds(self) -> float:
-        return self.busy
 
     @property
     def pids(self) -> list[int]:

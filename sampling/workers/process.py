@@ -55,7 +55,6 @@ class ProcessWorkers:
         self.spec = (config.model_dump(mode="json"), str(Path(model_path).resolve()), batch_size)
         self.threads, self.max_restarts, self.restarts = threads, max_restarts, 0
         self.limit = config.start_timeout_s + config.generate_timeout_s
-        self.busy = 0.0
         self.processes = [self._start() for _ in range(workers)]
 
     def _start(self) -> _Process:
@@ -110,7 +109,6 @@ class ProcessWorkers:
         result: DrawResult = payload[0]
         job = process.jobs.popleft()
         assert (job.step, job.chunk) == (result.step, result.chunk), "answers come in order"
-        self.busy += result.generate_seconds + result.load_seconds
         return result
 
     def _replace(self, index: int) -> None:
@@ -140,9 +138,6 @@ class ProcessWorkers:
     def submit_to(process: _Process, job: DrawJob) -> None:
         process.jobs.append(job)
         process.conn.send(("draw", job))
-
-    def busy_seconds(self) -> float:
-        return self.busy
 
     @property
     def pids(self) -> list[int]:

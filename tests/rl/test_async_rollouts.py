@@ -47,9 +47,6 @@ class InlineWorkers:
     def result(self) -> DrawResult:
         return self.worker.draw(self.queue.popleft())
 
-    def busy_seconds(self) -> float:
-        return 0.0
-
     def close(self) -> None:
         self.queue.clear()
 
