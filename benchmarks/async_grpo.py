@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -44,6 +43,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # every address
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.cluster import loopback_cluster  # noqa: E402
 from benchmarks.compare_stages import paired, per_problem  # noqa: E402
 from configs import load_profile  # noqa: E402
 from configs.cluster import ClusterConfig  # noqa: E402
@@ -167,43 +167,18 @@ def run_one(
     return result
 
 
-@contextmanager
-def loopback_cluster() -> Iterator[str]:
-    """A two-node Ray cluster on loopback (one CPU each), shut down after the block."""
-    from ray.cluster_utils import Cluster
-
-    folder = Path(tempfile.mkdtemp(prefix="r1async-", dir="/tmp"))
-    os.environ["RAY_TMPDIR"] = str(folder)  # Ray writes the cluster's address there: ours
-    (folder / "ray").mkdir()
-    node = {"num_cpus": 1, "object_store_memory": 100 * 2**20}
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={**node, "include_dashboard": False, "temp_dir": str(folder / "ray")},
-    )
-    try:
-        cluster.add_node(**node)
-        cluster.wait_for_nodes()
-        yield cluster.address
-    finally:
-        from cluster.connect import disconnect
-
-        disconnect()
-        cluster.shutdown()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def time_runs(out: Path, seeds: list[int], modes: list[str]) -> None:
     inputs = prepare(out)
     needs_ray = any(m.startswith("ray") for m in modes)
-    with loopback_cluster() if needs_ray else _no_cluster() as address:
+    with loopback_cluster() if needs_ray else _no_cluster() as (address, _):
         for seed in seeds:
             for mode in modes:
                 run_one(out, inputs, mode, seed, address)
 
 
 @contextmanager
-def _no_cluster() -> Iterator[None]:
-    yield None
+def _no_cluster() -> Iterator[tuple[None, None]]:
+    yield None, None
 
 
 # ---- the report ---------------------------------------------------------------------------------

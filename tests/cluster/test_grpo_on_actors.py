@@ -22,6 +22,7 @@ from models.saved import ModelRef, save_model
 from problems.loader import write_problems
 from problems.types import ProblemSet
 from stages import reasoning_rl
+from tests.cluster.test_sampling_on_actors import sampling_actor_pids
 from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.heavy]
@@ -80,20 +81,6 @@ def on_process(inputs, tmp_path_factory) -> tuple[Path, Recorder]:
     return out, tracker
 
 
-def actor_pids() -> list[int]:
-    """This machine's rollout actors (Ray titles its processes by their class)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                title = (entry / "cmdline").read_bytes().split(b"\0")[0]
-            except OSError:
-                continue
-            if title.startswith(b"ray::RolloutActor"):
-                pids.append(int(entry.name))
-    return pids
-
-
 @pytest.fixture(scope="module")
 def on_actors(inputs, ray_cluster, tmp_path_factory) -> tuple[Path, Recorder]:
     tracker = Recorder()
@@ -124,7 +111,7 @@ def test_an_actor_killed_mid_stage_is_replaced_and_its_steps_drawn_again(
 
     def kill(step: int) -> None:
         if step == 3:  # step 4 (maybe 3 too) is out on the actors
-            killed.append(sorted(actor_pids())[0])
+            killed.append(sorted(sampling_actor_pids("RolloutActor"))[0])
             os.kill(killed[0], signal.SIGKILL)
 
     tracker = Recorder(kill)

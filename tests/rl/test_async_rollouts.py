@@ -24,6 +24,7 @@ from sampling.workers.versions import (
     read_version,
 )
 from sampling.workers.worker import RolloutWorker
+from tests.rl.test_grpo_trainer import Killed
 from tests.tiny_models import PROBLEMS, grpo_config, tiny_model
 
 
@@ -108,10 +109,6 @@ def test_staleness_zero_on_a_worker_trains_as_the_colocated_sampler(tokenizer, t
         }
     for a, b in zip(colocated.parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b)
-
-
-class Killed(RuntimeError):
-    """Stands for the process dying mid-run."""
 
 
 @pytest.mark.parametrize("k", [1, 2])
