@@ -4,17 +4,21 @@ The stage is R1-Zero as the tiny profile runs it (`r1_zero`: 40 steps of 8 promp
 on the bootstrap model, held-out probes every 5 steps), run five ways for each seed:
 synchronous (today's colocated sampler), and with `max_staleness` 1 and 2 on one sampler process
 beside the trainer and on the two sampling actors of a two-node loopback Ray cluster (one CPU
-per node). Each run is timed whole (the workers' start included) and its CPU time is split
-between the trainer's process, the sampling workers and the rest of the machine (Ray's daemons,
-anything else). Then every final model is evaluated on the tiny profile's held-out problems and
-compared with the synchronous run of its seed, problem by problem (benchmarks/compare_stages.py).
+per node). `--modes sync-t1 process-k1-t1` runs the synchronous and the process run with the
+trainer at one torch thread (one thread per core with the sampler process's). Each run is timed
+whole (the workers' start included) and its CPU time is split between the trainer's process,
+the sampling workers and the rest of the machine (Ray's daemons, anything else). Then every
+final model is evaluated on the tiny profile's held-out problems and compared with the
+synchronous run of its seed, problem by problem (benchmarks/compare_stages.py).
 
     python -m benchmarks.async_grpo prepare --out DIR     # problems and the base model, once
     python -m benchmarks.async_grpo time --out DIR --seeds 0 1   # the timed runs
     python -m benchmarks.async_grpo report --out DIR      # evaluates the models, prints tables
 
 Per run: wall seconds and its ratio to the synchronous run, completion tokens sampled per
-second, the trainer's idle share (its time waiting for rollouts, over the wall time; for the
+second, the mean seconds per step the samplers spent drawing a step (generate and version loads,
+summed over workers) and the trainer spent on it besides waiting (scoring, update, handing the
+version over), the trainer's idle share (its time waiting for rollouts, over the wall time; for the
 synchronous run that is its sampling), the samplers' idle share (1 - their generate and load
 time over workers x wall), CPU seconds of each side, and held-out pass@1 with the paired
 difference to the synchronous run and its standard error over problems.
@@ -55,6 +59,9 @@ from stages import problems as problems_stage  # noqa: E402
 from stages.tracker import NullTracker  # noqa: E402
 
 MODES = ("sync", "process-k1", "process-k2", "ray-k1", "ray-k2")
+# the trainer at one torch thread instead of the profile's: with a one-thread sampler process
+# beside it, exactly one thread per core (a measurement of why, not the profile's setting)
+ONE_THREAD = ("sync-t1", "process-k1-t1")
 CAP = 3.0  # importance_sampling_cap of the asynchronous runs (TRL's default)
 POLL_S = 0.2
 
@@ -143,7 +150,9 @@ def run_one(
     """One timed stage; its figures are written to out/runs/SEED/MODE/result.json."""
     config = profile()
     problems, policy = inputs
-    k = 0 if mode == "sync" else int(mode[-1])
+    k = int(mode.split("-k")[1][0]) if "-k" in mode else 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if mode.endswith("-t1") else config.torch_threads or 2)
     grpo = config.r1_zero.model_copy(
         update={"seed": seed, "max_staleness": k, "importance_sampling_cap": CAP if k else None}
     )
@@ -157,8 +166,11 @@ def run_one(
     shutil.rmtree(stage_dir, ignore_errors=True)
     tracker = Recorder()
     began = time.perf_counter()
-    with cpu_watch() as cpu:
-        reasoning_rl.run(grpo, policy, problems, stage_dir, tracker, desc=mode, cluster=cluster)
+    try:
+        with cpu_watch() as cpu:
+            reasoning_rl.run(grpo, policy, problems, stage_dir, tracker, desc=mode, cluster=cluster)
+    finally:
+        torch.set_num_threads(threads)
     wall = time.perf_counter() - began
     result = {"mode": mode, "seed": seed, "wall": wall, "cpu": cpu, "history": tracker.history}
     result |= {"workers": 2 if mode.startswith("ray") else 1, "load": os.getloadavg()[0]}
@@ -209,6 +221,9 @@ def figures(result: dict[str, Any]) -> dict[str, float]:
         "wall": wall,
         "steps": len(steps),
         "tokens_per_s": tokens / wall,
+        "sampler_step": sampled / len(steps),
+        "trainer_step": sum(h["time/step_seconds"] - h["time/sample_seconds"] for h in steps)
+        / len(steps),
         "trainer_idle": waited / wall,
         "sampler_idle": 1.0 - sampled / (workers * wall),
         "cpu_trainer": cpu["trainer"],
@@ -226,7 +241,7 @@ def report(out: Path) -> None:
             continue
         base = per_problem(evaluated(out, seed_dir / "sync"), strict=False)
         base_wall = results["sync"]["wall"]
-        for mode in [m for m in MODES if m in results]:
+        for mode in [m for m in MODES + ONE_THREAD if m in results]:
             mine = per_problem(evaluated(out, seed_dir / mode), strict=False)
             diff, se, _ = paired(mine, base) if mode != "sync" else (0.0, 0.0, 0)
             row = figures(results[mode]) | {"seed": seed_dir.name, "mode": mode}
@@ -238,15 +253,16 @@ def report(out: Path) -> None:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
-        "| seed | run | wall s | vs sync | tok/s | trainer idle | sampler idle | CPU s trainer "
-        "| CPU s samplers | CPU s other | pass@1 | vs sync (± SE) |"
+        "| seed | run | wall s | vs sync | tok/s | sampler s/step | trainer s/step | trainer idle "
+        "| sampler idle | CPU s trainer | CPU s samplers | CPU s other | pass@1 | vs sync (± SE) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         versus = "-" if r["mode"] == "sync" else f"{r['diff']:+.3f} ± {r['se']:.3f}"
         print(
             f"| {r['seed']} | {r['mode']} | {r['wall']:.1f} | {r['ratio']:.3f} "
-            f"| {r['tokens_per_s']:.0f} | {r['trainer_idle']:.2f} | {r['sampler_idle']:.2f} "
+            f"| {r['tokens_per_s']:.0f} | {r['sampler_step']:.2f} | {r['trainer_step']:.2f} "
+            f"| {r['trainer_idle']:.2f} | {r['sampler_idle']:.2f} "
             f"| {r['cpu_trainer']:.0f} | {r['cpu_workers']:.0f} | {r['cpu_other']:.0f} "
             f"| {r['pass1']:.3f} | {versus} |"
         )
@@ -257,7 +273,7 @@ def main() -> None:
     parser.add_argument("command", choices=["prepare", "time", "report"])
     parser.add_argument("--out", type=Path, required=True, help="problems, models, results")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=MODES + ONE_THREAD, default=list(MODES))
     parser.add_argument(
         "--threads",
         type=int,
