@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,9 @@ class PipelinedSource:
         return [draw_record(self.ready[s]) for s in keep]
 
     def close(self) -> None:
+        """End the workers and remove the version files (a model's size each)."""
         self.workers.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def split(step: int, request: DrawRequest, version: Any, workers: int) -> list[DrawJob]:

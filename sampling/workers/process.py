@@ -76,9 +76,18 @@ class ProcessWorkers:
         return _Process(popen, conn)
 
     def submit(self, job: DrawJob) -> None:
-        process = min(self.processes, key=lambda p: len(p.jobs))
+        index = min(range(self.size), key=lambda i: len(self.processes[i].jobs))
+        self._send(index, job)
+
+    def _send(self, index: int, job: DrawJob) -> None:
+        """Send `job` to process `index`; one found dead is replaced, and sent its jobs and this
+        one again."""
+        process = self.processes[index]
         process.jobs.append(job)
-        process.conn.send(("draw", job))
+        try:
+            process.conn.send(("draw", job))
+        except OSError:
+            self._replace(index)
 
     def result(self) -> DrawResult:
         deadline = time.monotonic() + self.limit
@@ -114,7 +123,11 @@ class ProcessWorkers:
     def _replace(self, index: int) -> None:
         """A new process in place of the dead one, sent the jobs it held."""
         dead = self.processes[index]
-        code = dead.popen.wait()
+        try:
+            code = dead.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # its socket failed, yet it lives: end it
+            dead.popen.kill()
+            code = dead.popen.wait()
         dead.conn.close()
         if self.restarts >= self.max_restarts:
             raise RolloutWorkerError(
@@ -132,12 +145,7 @@ class ProcessWorkers:
         )
         self.processes[index] = fresh
         for job in dead.jobs:
-            self.submit_to(fresh, job)
-
-    @staticmethod
-    def submit_to(process: _Process, job: DrawJob) -> None:
-        process.jobs.append(job)
-        process.conn.send(("draw", job))
+            self._send(index, job)
 
     @property
     def pids(self) -> list[int]:

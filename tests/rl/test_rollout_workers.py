@@ -17,6 +17,7 @@ from models.saved import save_model
 from rl.sources.pipelined import PipelinedSource
 from rl.trainer import GRPOTrainer
 from sampling.hf import HFSampler
+from sampling.workers import RolloutWorkerError
 from sampling.workers.process import ProcessWorkers
 from tests.tiny_models import PROBLEMS, grpo_config, tiny_model
 
@@ -120,3 +121,31 @@ def test_a_sampler_process_killed_mid_stage_is_replaced_and_its_jobs_drawn_again
     assert got["rows"] == want["rows"]
     for a, b in zip(straight.parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_job_sent_to_a_dead_sampler_process_goes_to_its_replacement(tokenizer, policy, tmp_path):
+    from sampling.interface import SamplingParams
+    from sampling.workers import DrawJob
+    from sampling.workers.versions import VersionFolder
+
+    config = grpo_config()
+    version = VersionFolder(tmp_path / "v").publish(tiny_model(tokenizer), 0)
+    workers = ProcessWorkers(config.sampler, policy, 8, max_restarts=1)
+    try:
+        job = DrawJob(0, 0, ["What is 1 + 1?"], 2, SamplingParams(max_new_tokens=4), version)
+        workers.submit(job)
+        first = workers.result()
+        dead = workers.processes[0].popen
+        dead.kill()
+        dead.wait()
+        workers.submit(job)  # the socket is closed: replaced at once, the job sent again
+        again = workers.result()
+        assert workers.restarts == 1 and again.pid != first.pid == dead.pid
+        assert again.groups == first.groups
+        workers.processes[0].popen.kill()
+        workers.processes[0].popen.wait()
+        with pytest.raises(RolloutWorkerError, match="were replaced already"):
+            workers.submit(job)
+            workers.result()
+    finally:
+        workers.close()
