@@ -27,6 +27,8 @@ DRIVER = r"""
 import json, sys
 from pathlib import Path
 
+import torch
+
 from configs.reinforcement import ProbeConfig, RewardTerm
 from models.saved import save_model
 from problems.loader import write_problems
@@ -35,6 +37,7 @@ from stages import reasoning_rl
 from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
 
 out = Path(sys.argv[1])
+torch.set_num_threads(1)
 tokenizer = make_tokenizer()
 policy = save_model(tiny_model(tokenizer), tokenizer, out / "policy")
 heldout = [Problem(f"h{i}", f"What is {i} + 2?", str(i + 2)) for i in range(4)]
@@ -84,29 +87,29 @@ def source_tree(commit: str, into: Path) -> Path:
     return into
 
 
-def run_stage(tree: Path, out: Path) -> Path:
-    """The driver's stages, run with `tree`'s code (first on the path), into `out`."""
+def start_stage(tree: Path, out: Path) -> subprocess.Popen:
+    """The driver's stages, run with `tree`'s code (first on the path) into `out`, on one torch
+    thread, in a process of their own."""
+    out.mkdir(parents=True)
     script = out.parent / f"{out.name}-driver.py"
     script.write_text(DRIVER)
-    env = os.environ | {"PYTHONPATH": str(tree), "TQDM_DISABLE": "1"}
-    done = subprocess.run(
-        [sys.executable, str(script), str(out)],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    env = os.environ | {"PYTHONPATH": str(tree), "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    log = (out.parent / f"{out.name}.log").open("w")
+    command = [sys.executable, str(script), str(out)]
+    return subprocess.Popen(command, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, Path]:
+    """Both versions' stages, side by side (one thread each)."""
     base = tmp_path_factory.mktemp("staleness0")
-    old = run_stage(source_tree(BEFORE, base / "tree"), base / "before")
-    new = run_stage(ROOT, base / "now")
-    return old, new
+    tree = source_tree(BEFORE, base / "tree")
+    outs = (base / "before", base / "now")
+    procs = [start_stage(tree, outs[0]), start_stage(ROOT, outs[1])]
+    for proc, out in zip(procs, outs, strict=True):
+        code = proc.wait(timeout=600)
+        assert code == 0, (base / f"{out.name}.log").read_text()[-3000:]
+    return outs
 
 
 @pytest.mark.parametrize("stage", ["outcome", "process"])
