@@ -27,6 +27,8 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,7 +193,21 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64, help="rows decoded together")
     args = parser.parse_args()
+    with loopback_cluster() as (address, folder):
+        model_path, tokenizer, config, chunks, jobs = prepare(args, folder / "model")
+        rewards = RewardSet.from_terms(config.rewards)
+        runs = [in_process(model_path, tokenizer, config, chunks, jobs, rewards, folder / "a.db")]
+        for workers in (1, 2):
+            placed = ClusterConfig(address=address, workers=workers)
+            db = folder / f"actors{workers}.db"
+            runs.append(on_actors(placed, model_path, tokenizer, config, chunks, jobs, rewards, db))
+        report(runs, args)
 
+
+@contextmanager
+def loopback_cluster() -> Iterator[tuple[str, Path]]:
+    """A two-node Ray cluster on loopback (one CPU and a 100 MiB object store each) and a
+    scratch folder; both gone after the block."""
     from ray.cluster_utils import Cluster
 
     folder = Path(tempfile.mkdtemp(prefix="r1bench-", dir="/tmp"))
@@ -206,14 +222,7 @@ def main() -> None:
     try:
         cluster.add_node(**node)
         cluster.wait_for_nodes()
-        model_path, tokenizer, config, chunks, jobs = prepare(args, folder / "model")
-        rewards = RewardSet.from_terms(config.rewards)
-        runs = [in_process(model_path, tokenizer, config, chunks, jobs, rewards, folder / "a.db")]
-        for workers in (1, 2):
-            placed = ClusterConfig(address=cluster.address, workers=workers)
-            db = folder / f"actors{workers}.db"
-            runs.append(on_actors(placed, model_path, tokenizer, config, chunks, jobs, rewards, db))
-        report(runs, args)
+        yield cluster.address, folder
     finally:
         from cluster.connect import disconnect
 

@@ -162,9 +162,11 @@ class ActorSampler:
         model_path: Path,
         batch_size: int,
         digest: str | None = None,
+        actor: type = SamplerActor,
     ) -> ActorSampler:
-        """`cluster.workers` actors, each with the model at `model_path` loaded, once every one
-        has checked that its folder holds `digest` (default: the folder's digest here)."""
+        """`cluster.workers` actors (of class `actor`), each with the model at `model_path`
+        loaded, once every one has checked that its folder holds `digest` (default: the
+        folder's digest here)."""
         from cluster.connect import connect
 
         ray = connect(cluster)
@@ -175,7 +177,7 @@ class ActorSampler:
             max_restarts=cluster.max_restarts,
             max_task_retries=cluster.max_restarts,
             scheduling_strategy="SPREAD",
-        )(SamplerActor)
+        )(actor)
         args = (config, str(model_path.resolve()), digests, batch_size, cluster.threads_per_worker)
         actors = [remote.remote(*args) for _ in range(cluster.workers)]
         try:
@@ -236,21 +238,23 @@ class ActorSampler:
                     f"{len(running)} chunks were out. Raise those limits if sampling is only slow"
                 )
             actor, index = running.pop(done[0])
-            result = self._result(done[0], actor, index)
+            result = self.collect(done[0], actor, f"chunk {index}")
             submit(actor)
             yield index, result
 
-    def _result(self, ref: Any, actor: int, index: int) -> ChunkResult:
+    def collect(self, ref: Any, actor: int, what: str) -> Any:
+        """The result of `ref`, a call of actor `actor` that computes `what`; a replaced actor
+        (another pid than before) is logged and remembered."""
         from ray.exceptions import RayActorError, RayTaskError
 
         try:
-            result: ChunkResult = self.ray.get(ref)
+            result = self.ray.get(ref)
         except RayTaskError as error:
             raise task_error(error) from None
         except RayActorError as error:
             raise ClusterSamplingError(
                 f"sampling actor {actor} died more than cluster.max_restarts "
-                f"({self.cluster.max_restarts}) times; chunk {index} was not sampled: {error}"
+                f"({self.cluster.max_restarts}) times; {what} was not sampled: {error}"
             ) from error
         if result.pid != self.pids[actor]:
             log.warning(

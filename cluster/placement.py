@@ -4,12 +4,16 @@ section (None, or no address and one node: this machine, exactly as without the 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from configs.cluster import ClusterConfig
-from configs.reinforcement import SamplerConfig
+from configs.reinforcement import GRPOConfig, SamplerConfig
+from rl.sources import RolloutSource
+from rl.sources.pipelined import PipelinedSource
 from sampling.factory import Sampler, open_sampler
+from sampling.workers.process import ProcessWorkers
 from training.distributed import NodeLauncher
 from training.nodes import HostNodes
 
@@ -29,6 +33,34 @@ def stage_sampler(
     from cluster.actors import ActorSampler
 
     return ActorSampler.start(cluster, config, Path(model_path), batch_size)
+
+
+def rollout_source(
+    config: GRPOConfig, model_path: Path, out_dir: Path, cluster: ClusterConfig | None
+) -> RolloutSource | None:
+    """Where a GRPO stage draws its rollouts (`cluster.rollouts`): None, the trainer's own
+    sampler; else sampling workers over the model at `model_path` (its architecture and
+    tokenizer; each draw's weights are a policy version the trainer writes under `out_dir`): a
+    sampler process on this machine, or `cluster.workers` Ray actors."""
+    cluster = cluster or ClusterConfig()
+    where = cluster.rollouts_for(config.max_staleness, config.engine.kind)
+    if where == "colocated":
+        return None
+    batch = config.prompts_per_step * config.group_size
+    if where == "workers":
+        from cluster.rollout_actors import ActorWorkers
+
+        workers: Any = ActorWorkers.start(cluster, config.sampler, model_path, batch)
+    else:
+        workers = ProcessWorkers(
+            config.sampler,
+            model_path,
+            batch,
+            threads=cluster.threads_per_worker,
+            max_restarts=cluster.max_restarts,
+        )
+    versions = out_dir / "policy_versions"
+    return PipelinedSource(workers, versions, config.max_staleness, config.steps)
 
 
 def training_nodes(cluster: ClusterConfig | None) -> NodeLauncher | None:

@@ -9,11 +9,14 @@ and one node, nothing imports Ray and every stage runs as on one machine.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from configs.strict import Strict
 
 DEFAULT_SHELL = ["ssh", "-o", "BatchMode=yes", "-tt", "{host}"]
+Rollouts = Literal["colocated", "process", "workers"]
 
 
 class ClusterConfig(Strict):
@@ -56,6 +59,13 @@ class ClusterConfig(Strict):
         description="without Ray: how a node's launch command reaches a host that is not this "
         "machine ({host} is replaced; the command is appended as one argument)",
     )
+    rollouts: Literal["auto", "colocated", "process", "workers"] = Field(
+        "auto",
+        description="where GRPO stages draw their rollouts: the trainer's own sampler "
+        "(colocated), one sampler process beside it on this machine (process), or the `workers` "
+        "Ray actors (workers; needs address). auto: colocated for a stage with max_staleness 0, "
+        "else workers with an address, else process",
+    )
     connect_timeout_s: float = Field(
         30.0, gt=0, description="reaching the cluster's head before anything runs"
     )
@@ -68,8 +78,29 @@ class ClusterConfig(Strict):
         return self.address is not None
 
     def active(self) -> ClusterConfig | None:
-        """This section where it asks for anything beyond one machine, else None."""
-        return self if self.uses_ray or self.nodes > 1 else None
+        """This section where it asks for anything beyond one process, else None."""
+        beyond = self.uses_ray or self.nodes > 1 or self.rollouts in ("process", "workers")
+        return self if beyond else None
+
+    def rollouts_for(self, max_staleness: int, engine_kind: str) -> Rollouts:
+        """Where a GRPO stage with these settings draws its rollouts; an impossible pairing is
+        an error naming both settings."""
+        if self.rollouts == "auto":
+            if max_staleness == 0:
+                return "colocated"
+            return "workers" if self.uses_ray else "process"
+        if self.rollouts == "colocated" and max_staleness:
+            raise ValueError(
+                f"cluster.rollouts is colocated, but max_staleness {max_staleness} needs sampling "
+                "workers that draw while the trainer updates: set cluster.rollouts to process, "
+                "workers or auto"
+            )
+        if self.rollouts != "colocated" and engine_kind == "deepspeed":
+            raise ValueError(
+                f"cluster.rollouts is {self.rollouts}, but DeepSpeed ranks sample with their "
+                "colocated samplers: set it to auto or colocated, or use engine.kind single"
+            )
+        return self.rollouts
 
     @model_validator(mode="after")
     def _nodes_have_a_launcher(self) -> ClusterConfig:
@@ -80,6 +111,8 @@ class ClusterConfig(Strict):
             )
         if self.hosts and self.address is not None:
             raise ValueError("give address (Ray places the nodes) or hosts, not both")
+        if self.rollouts == "workers" and self.address is None:
+            raise ValueError("rollouts: workers are Ray actors; set address (or rollouts: process)")
         if not self.remote_shell:
             raise ValueError("remote_shell must name a command, e.g. ssh {host}")
         return self

@@ -174,6 +174,13 @@ class GRPOConfig(Strict):
         "min(pi_train / pi_sampler, cap), correcting for a sampler whose probabilities are not "
         "the trainer's (vLLM); None: off",
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="asynchronous GRPO: step s samples from the policy after step s - k (k = "
+        "this), on sampling workers that draw while the trainer updates; the loss corrects for "
+        "the gap with importance_sampling_cap. 0: synchronous, every step from the current policy",
+    )
     rewards: list[RewardTerm] = Field(
         default_factory=lambda: [*verifier_terms(), RewardTerm(name="format", weight=0.5)]
     )
@@ -213,6 +220,23 @@ class GRPOConfig(Strict):
         names = [r.name for r in self.rewards]
         if len(set(names)) != len(names):
             raise ValueError(f"a reward is listed twice: {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _staleness_corrected(self) -> GRPOConfig:
+        if not self.max_staleness:
+            return self
+        if self.importance_sampling_cap is None:
+            raise ValueError(
+                f"max_staleness {self.max_staleness} samples from weights up to "
+                f"{self.max_staleness} updates old: set importance_sampling_cap (e.g. 3.0, TRL's "
+                "default) so that the loss corrects for the gap"
+            )
+        if self.engine.kind == "deepspeed":
+            raise ValueError(
+                "max_staleness: DeepSpeed ranks each sample their share with a colocated "
+                "sampler, synchronously; asynchronous rollouts need engine.kind single"
+            )
         return self
 
     @model_validator(mode="after")

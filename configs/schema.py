@@ -248,6 +248,24 @@ class PipelineConfig(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _rollouts_placed(self) -> PipelineConfig:
+        """Every GRPO stage can draw its rollouts where `cluster.rollouts` says."""
+        for stage, config in self.grpo_stages().items():
+            try:
+                self.cluster.rollouts_for(config.max_staleness, config.engine.kind)
+            except ValueError as error:
+                raise ValueError(f"{stage}: {error}") from None
+        return self
+
+    def grpo_stages(self) -> dict[str, GRPOConfig]:
+        return {
+            "r1_zero": self.r1_zero,
+            "reasoning_rl": self.reasoning_rl,
+            "all_scenarios_rl": self.all_scenarios_rl,
+            "distillation.rl_twin": self.distillation.rl_twin,
+        }
+
     def engines(self) -> dict[str, EngineConfig]:
         """Every training stage's engine, by the config key that holds it."""
         return {

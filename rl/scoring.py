@@ -1,6 +1,6 @@
 """Scoring a step's sampled groups: every reward on every sample, advantages over the samples a
-reward could score, and what one data-parallel rank sampled, merged with the others' for the
-step's metrics. No model and no I/O here."""
+reward could score (outcome or process supervision), and what one data-parallel rank sampled,
+merged with the others' for the step's metrics. No model and no I/O here."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from problems.types import Problem
 from rewards.registry import RewardSet, combine, safe_scores
-from rl.advantages import EPS, group_advantages, zero_spread_groups
+from rewards.steps import process_steps
+from rl.advantages import EPS, group_advantages, process_advantages, zero_spread_groups
+from rl.rollouts import token_ends
 from sampling.interface import Completion
 
 
@@ -140,3 +143,44 @@ class RankRollouts:
         if self.steps_seen:
             metrics["steps/correct_fraction"] = self.steps_right / self.steps_seen
         return metrics
+
+
+def step_advantages(
+    tokenizer: PreTrainedTokenizerBase,
+    batch: Sequence[Problem],
+    groups: Sequence[Sequence[Completion]],
+    rewards: torch.Tensor,
+    step_reward: float,
+    scale_std: bool,
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Process supervision: token advantages (B, G, T) from checked steps plus the outcome as the
+    last step, the groups with no spread, and the number of steps checked and found right.
+
+    Each equation of a math or logic completion is a step, and so is each check of a logic
+    attempt against the target, rewarded `step_reward` when right and grounded
+    (rewards/steps.py); the outcome reward is the step that ends at the last token. Code
+    completions have only their outcome. Steps are normalised over the group and token t gets
+    the sum over steps ending at or after t. Unscorable samples take no part in their group's
+    statistics.
+    """
+    width = max(len(c.token_ids) for group in groups for c in group)
+    out = torch.zeros(len(groups), len(groups[0]), width)  # (B, G, T)
+    zero = torch.zeros(len(groups), dtype=torch.bool)
+    n_steps = n_correct = 0
+    for b, (problem, group) in enumerate(zip(batch, groups, strict=True)):
+        step_rewards, step_ends = [], []
+        for g, c in enumerate(group):
+            if torch.isnan(rewards[b, g]):
+                step_rewards.append([])
+                step_ends.append([])
+                continue
+            checks = process_steps(problem.question, c.text, problem.family, problem.answer)
+            ends = token_ends(tokenizer, c.token_ids, [s.end for s in checks])
+            n_steps += len(checks)
+            n_correct += sum(s.correct for s in checks)
+            step_rewards.append([step_reward * s.correct for s in checks] + [float(rewards[b, g])])
+            step_ends.append(ends + [len(c.token_ids) - 1])
+        flat = [r for steps in step_rewards for r in steps]
+        zero[b] = len(flat) < 2 or max(flat) - min(flat) <= 1e-6
+        out[b] = process_advantages(step_rewards, step_ends, width, scale_std)
+    return out, zero, n_steps, n_correct

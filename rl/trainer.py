@@ -25,11 +25,17 @@ from configs.reinforcement import GRPOConfig
 from models.chat import render_prompt
 from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet, verifier_metrics
-from rewards.steps import process_steps
 from rl import reference as kl_reference
-from rl.advantages import process_advantages
-from rl.rollouts import token_ends
-from rl.scoring import RankRollouts, ScoredGroups, kind_metrics, masked_advantages, score
+from rl.scoring import (
+    RankRollouts,
+    ScoredGroups,
+    kind_metrics,
+    masked_advantages,
+    score,
+    step_advantages,
+)
+from rl.sources import DrawRequest, RolloutSource
+from rl.sources.colocated import ColocatedSource
 from rl.update import PolicyUpdate, UpdateRows
 from sampling.factory import Sampler, context_length, policy_sampler
 from sampling.interface import Completion, SamplingParams
@@ -114,13 +120,16 @@ class GRPOTrainer:
         sampler: Sampler | None = None,
         policy_path: str | Path | None = None,
         probe: ProbeFn | None = None,
+        source: RolloutSource | None = None,
     ):
         """`extra_rewards` supplies rewards that need a model built at run time ("preference").
         Without `engine` the update runs in this process; with one (DeepSpeed), `model` is the
         engine's module and `reference` the engine's frozen copy of the starting policy when
         beta > 0 (DeepSpeedEngine.frozen_reference). Without `sampler`, `cfg.sampler` names one
         (sampling.factory.policy_sampler), opened when training starts and closed by `close()`;
-        a vLLM engine starts from `policy_path` and is synced after every update."""
+        a vLLM engine starts from `policy_path` and is synced after every update. Rollouts come
+        from `source` (rl/sources: sampling workers, possibly drawing ahead), else from that
+        sampler, step by step; the trainer closes the source."""
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.log_metrics = log_metrics
@@ -152,6 +161,9 @@ class GRPOTrainer:
         self.policy_path = policy_path
         self._owns_sampler = sampler is None  # opened (and closed) here
         self.sampler: Sampler | None = sampler
+        self.source: RolloutSource = source or ColocatedSource(self._sampler, self.model)
+        self._colocated = source is None
+        self._carried: Any = None  # a resumed checkpoint's draws made ahead
 
     def open_sampler(self, problems: Sequence[Problem]) -> Sampler:
         """The sampler `cfg.sampler` names, sized for `problems` (a vLLM engine holds their
@@ -184,13 +196,15 @@ class GRPOTrainer:
         if self._owns_sampler and self.sampler is not None:
             self.sampler.close()
             self.sampler = None
+        self.source.close()
 
     def train(self, problems: Sequence[Problem], ckpt_dir: Path, fingerprint: str) -> GRPOReport:
         """Train on `problems`, resuming from `ckpt_dir`; a NaN or infinite loss or gradient norm
         stops training with NonFiniteLossError before the update, keeping the last checkpoint."""
         cfg = self.cfg
         self.problems = problems
-        self.open_sampler(problems)
+        if self._colocated or self._probing():
+            self.open_sampler(problems)
         if cfg.general_per_step is None:
             self.order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, cfg.seed)
         else:
@@ -218,7 +232,8 @@ class GRPOTrainer:
 
     def start(self, resumed_from: int) -> None:
         """Bring the sampler to the engine's weights (a resume may have changed them), and probe
-        the held-out pass@1 before the first step."""
+        the held-out pass@1 before the first step; the rollout source starts drawing."""
+        self.source.begin(resumed_from, self._plan, self.engine.sampling_model(), self._carried)
         if synced := self._sync_sampler():
             self.log_metrics(synced, resumed_from)
         if resumed_from == 0 and self._probing():
@@ -242,12 +257,14 @@ class GRPOTrainer:
         weights = None
         if self.reference is not None and self.cfg.ref_refresh_every:
             weights = kl_reference.state(self.reference)
-        return {"reference": weights, "history": list(self._history)}
+        state = {"reference": weights, "history": list(self._history)}
+        return state | {"rollouts": self.source.carried()}
 
     def restore(self, state: dict[str, Any]) -> None:
         if self.reference is not None and state.get("reference") is not None:
             kl_reference.load_state(self.reference, state["reference"])
         self._history = list(state["history"])
+        self._carried = state.get("rollouts")
 
     def _warn_if_untrained(self) -> None:
         """Say so when no step of this run trained a single sample: the model leaves unchanged."""
@@ -281,12 +298,13 @@ class GRPOTrainer:
         spent = float(seconds >= budget)
         return self.collective.sum([spent])[0] > 0
 
-    def step(self, step: int, batch: Sequence[Problem]) -> dict[str, float]:
-        """One GRPO step on the whole step's `batch`, of which this rank takes its share."""
-        cfg, tok = self.cfg, self.tokenizer
-        t0 = time.perf_counter()
-        local, offset = self.collective.share(batch)
-        prompts = [render_prompt(tok, p.question) for p in local]
+    def _plan(self, step: int) -> DrawRequest:
+        """What step `step` samples (this rank's share): a rollout source drawing ahead asks."""
+        local, offset = self.collective.share([self.problems[i] for i in self.order[step]])
+        return self._request(step, local, offset)
+
+    def _request(self, step: int, local: Sequence[Problem], offset: int) -> DrawRequest:
+        cfg = self.cfg
         params = SamplingParams(
             cfg.temperature,
             cfg.top_p,
@@ -294,22 +312,29 @@ class GRPOTrainer:
             seed=cfg.seed * 1_000_003 + step,
             prompt_offset=offset,
         )
-        self.model.eval()
-        with torch.no_grad():
-            groups = self._sampler().generate(prompts, cfg.group_size, params)
-        t_sample = time.perf_counter() - t0
+        prompts = [render_prompt(self.tokenizer, p.question) for p in local]
+        return DrawRequest(prompts, cfg.group_size, params)
+
+    def step(self, step: int, batch: Sequence[Problem]) -> dict[str, float]:
+        """One GRPO step on the whole step's `batch`, of which this rank takes its share."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        local, offset = self.collective.share(batch)
+        request = self._request(step, local, offset)
+        draw = self.source.take(step, request)
+        prompts, groups, t_sample = request.prompts, draw.groups, draw.wait_seconds
         scored = score(local, prompts, groups, self.rewards)
         mine = RankRollouts(list(local), groups, scored, torch.zeros(0, dtype=torch.bool))
         if cfg.supervision == "process":
-            advantages, mine.zero, mine.steps_seen, mine.steps_right = self._process_advantages(
-                local, groups, scored.rewards
+            advantages, mine.zero, mine.steps_seen, mine.steps_right = step_advantages(
+                self.tokenizer, local, groups, scored.rewards, cfg.step_reward, cfg.scale_std
             )
             mine.process = True
         else:
             advantages, mine.zero = masked_advantages(scored.rewards, cfg.scale_std)
         rows = self._trained_rows(mine)
         whole = RankRollouts.merge(self.collective.gather(mine))
-        metrics = self._rollout_metrics(whole, t_sample)
+        metrics = self._rollout_metrics(whole, t_sample) | draw.metrics()
         metrics |= whole.step_metrics() | kind_metrics(whole.batch, whole.scored.rewards)
         metrics |= verifier_metrics(self.reward_fns)  # this rank's
         trained = int(self.collective.sum([len(rows)])[0])
@@ -329,8 +354,10 @@ class GRPOTrainer:
                 ),
             )
             metrics |= self._sync_sampler()
+        self.source.publish(self.engine.sampling_model(), step + 1, changed=bool(trained))
         if self.log_samples and ((step + 1) % cfg.samples_every == 0 or step == 0):
-            self.log_samples(step + 1, self._sample_rows(whole.batch, whole.flat, whole.scored))
+            rows = self._sample_rows(whole.batch, whole.flat, whole.scored)
+            self.log_samples(step + 1, [r | {"policy_version": draw.version} for r in rows])
         metrics["time/step_seconds"] = time.perf_counter() - t0
         metrics["time/tokens_per_second"] = (
             sum(len(c.token_ids) for c in whole.flat) / metrics["time/step_seconds"]
@@ -344,8 +371,8 @@ class GRPOTrainer:
 
     def _sync_sampler(self) -> dict[str, float]:
         """Bring a sampler that holds its own copy of the weights (vLLM) up to date with the
-        policy; a sampler over the policy itself (hf) needs nothing."""
-        sampler = self._sampler()
+        policy; a sampler over the policy itself (hf), or none, needs nothing."""
+        sampler = self.sampler
         if not isinstance(sampler, SyncsWeights):
             return {}
         return sampler.sync_weights(self.engine.sampling_model()).metrics()
@@ -353,7 +380,7 @@ class GRPOTrainer:
     def _sleep_sampler(self) -> None:
         """A colocated engine in sleep mode gives its device memory back for the update; the
         sync after it wakes the weights, the next generate the KV cache."""
-        sleep = getattr(self._sampler(), "sleep", None)
+        sleep = getattr(self.sampler, "sleep", None)
         if sleep is not None:
             sleep()
 
@@ -368,46 +395,6 @@ class GRPOTrainer:
             truncated = torch.tensor([c.finish_reason == "length" for c in mine.flat])
             keep &= ~truncated.view_as(keep)
         return keep.flatten().nonzero().flatten().tolist()
-
-    def _process_advantages(
-        self,
-        batch: Sequence[Problem],
-        groups: Sequence[Sequence[Completion]],
-        rewards: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-        """Token advantages (B, G, T) from checked steps plus the outcome as the last step, the
-        groups with no spread, and the number of steps checked and found right.
-
-        Each equation of a math or logic completion is a step, and so is each check of a logic
-        attempt against the target, rewarded `step_reward` when right and grounded
-        (rewards/steps.py); the outcome reward is the step that ends at the last token. Code
-        completions have only their outcome. Steps are
-        normalised over the group and token t gets the sum over steps ending at or after t.
-        Unscorable samples take no part in their group's statistics.
-        """
-        width = max(len(c.token_ids) for group in groups for c in group)
-        out = torch.zeros(len(groups), len(groups[0]), width)  # (B, G, T)
-        zero = torch.zeros(len(groups), dtype=torch.bool)
-        n_steps = n_correct = 0
-        for b, (problem, group) in enumerate(zip(batch, groups, strict=True)):
-            step_rewards, step_ends = [], []
-            for g, c in enumerate(group):
-                if torch.isnan(rewards[b, g]):
-                    step_rewards.append([])
-                    step_ends.append([])
-                    continue
-                checks = process_steps(problem.question, c.text, problem.family, problem.answer)
-                ends = token_ends(self.tokenizer, c.token_ids, [s.end for s in checks])
-                n_steps += len(checks)
-                n_correct += sum(s.correct for s in checks)
-                step_rewards.append(
-                    [self.cfg.step_reward * s.correct for s in checks] + [float(rewards[b, g])]
-                )
-                step_ends.append(ends + [len(c.token_ids) - 1])
-            flat = [r for steps in step_rewards for r in steps]
-            zero[b] = len(flat) < 2 or max(flat) - min(flat) <= 1e-6
-            out[b] = process_advantages(step_rewards, step_ends, width, self.cfg.scale_std)
-        return out, zero, n_steps, n_correct
 
     def _rollout_metrics(self, whole: RankRollouts, t_sample: float) -> dict[str, float]:
         scored, zero, flat = whole.scored, whole.zero, whole.flat

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import fmean as mean
 
-from cluster.placement import training_nodes
+from cluster.placement import rollout_source, training_nodes
 from configs.cluster import ClusterConfig
 from configs.reinforcement import GRPOConfig
 from contracts.reward_names import PREFERENCE
@@ -73,7 +73,8 @@ def run(
 ) -> ModelRef:
     """GRPO on the training problems, plus `config.general_prompts` of `general` (stage 6),
     drawn in proportion to their numbers; `extra_rewards` supplies the reward model's score.
-    Under DeepSpeed the ranks span `cluster.nodes` machines when a cluster says so."""
+    Under DeepSpeed the ranks span `cluster.nodes` machines when a cluster says so; rollouts
+    come from sampling workers where `cluster.rollouts` (or `config.max_staleness`) says."""
     train = load_problems(problems.train_path) + list(general[: config.general_prompts])
     ckpt_fingerprint = fingerprint(config, policy.path, problems.train_path)
     if config.engine.kind == "deepspeed":
@@ -91,20 +92,27 @@ def run(
         tracker.log_artifact(path, "samples")
 
     probe = heldout_probe(config, problems.heldout_path, tokenizer) if config.probe.every else None
-    trainer = GRPOTrainer(
-        model,
-        tokenizer,
-        config,
-        tracker.log_metrics,
-        log_samples,
-        extra_rewards=extra_rewards,
-        policy_path=policy.path,
-        probe=probe,
-    )
+    source = rollout_source(config, policy.path, out_dir, cluster)
+    try:
+        trainer = GRPOTrainer(
+            model,
+            tokenizer,
+            config,
+            tracker.log_metrics,
+            log_samples,
+            extra_rewards=extra_rewards,
+            policy_path=policy.path,
+            probe=probe,
+            source=source,
+        )
+    except BaseException:
+        if source is not None:
+            source.close()  # the sampling workers it started
+        raise
     try:
         report = trainer.train(train, out_dir / "checkpoints", ckpt_fingerprint)
     finally:
-        trainer.close()  # the sampler it opened (a vLLM engine's memory)
+        trainer.close()  # the sampler it opened (a vLLM engine's memory), the rollout source
     for plot in plot_grpo_curves(report.history, out_dir, desc):
         tracker.log_artifact(plot)
     write_probe_summary(report.history, out_dir / PROBE_SUMMARY)

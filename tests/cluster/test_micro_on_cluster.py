@@ -1,9 +1,10 @@
 """The micro pipeline end to end on a local two-node Ray cluster: every evaluation (after each
-stage), the rejection sampling and the distillation traces on two sampling actors, and mixed
-SFT under DeepSpeed with its two ranks on two nodes. Against the same profile in one process,
-every stored rollout and every figure of the stage table is the same; and the one-process
-profile run in the cluster run's state folder takes every stage from its cache, because the
-cluster settings are no part of a stage's key."""
+stage), the rejection sampling, the distillation traces and every GRPO stage's rollouts
+(synchronous, max_staleness 0) on two sampling actors, and mixed SFT under DeepSpeed with its
+two ranks on two nodes. Against the same profile in one process, every stored rollout and
+every figure of the stage table is the same; and the one-process profile run in the cluster
+run's state folder takes every stage from its cache, because the cluster settings are no part
+of a stage's key."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def cluster_overrides(address: str) -> list[str]:
         "cluster.workers=2",
         "cluster.chunk_prompts=2",  # several chunks per evaluation, so both actors sample
         "cluster.nodes=2",
+        "cluster.rollouts=workers",  # every GRPO stage draws its groups on the actors
     ]
 
 

@@ -196,3 +196,16 @@ def test_stage_sampler_without_a_cluster_is_the_configured_sampler(tmp_path):
     tokenizer = make_tokenizer()
     ref = save_model(tiny_model(tokenizer), tokenizer, tmp_path)
     assert isinstance(stage_sampler(SamplerConfig(), ref.path, tokenizer, 8), HFSampler)
+
+
+def test_where_rollouts_are_drawn_is_no_part_of_a_grpo_key_and_the_staleness_is(tmp_path):
+    from tests.tiny_models import grpo_config
+
+    def key(cluster: ClusterConfig | None, **grpo) -> str:
+        ctx = RunContext(tmp_path, "parent", "flow", "r1-micro", cluster=cluster)
+        return stage_key("grpo", {"config": grpo_config(**grpo), "ctx": ctx, "stage": "rl"})
+
+    stale = {"max_staleness": 1, "importance_sampling_cap": 3.0}
+    assert key(None) == key(ClusterConfig(rollouts="process"))
+    assert key(None, **stale) == key(ClusterConfig(address="h:1", rollouts="workers"), **stale)
+    assert key(None) != key(None, **stale) != key(None, **stale | {"max_staleness": 2})

@@ -86,8 +86,9 @@ def stored_rows(db: Path) -> list[tuple]:
         ).fetchall()
 
 
-def sampling_actor_pids() -> list[int]:
-    """This machine's processes that are sampling actors (Ray titles them by their class)."""
+def sampling_actor_pids(actor: str = "SamplerActor") -> list[int]:
+    """This machine's processes that are sampling actors of class `actor` (Ray titles them by
+    their class)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -95,7 +96,7 @@ def sampling_actor_pids() -> list[int]:
                 title = (entry / "cmdline").read_bytes().split(b"\0")[0]
             except OSError:
                 continue
-            if title.startswith(b"ray::SamplerActor"):
+            if title.startswith(f"ray::{actor}".encode()):
                 pids.append(int(entry.name))
     return pids
 

@@ -5,13 +5,16 @@ SIGKILL it at any moment, start it again, and compare the end with an uninterrup
 `ready`, then serves one command per line on stdin, answering one line on stdout:
 
     run STAGE FOLDER [MODEL_DIR]  ->  pid PID      a forked child runs STAGE into FOLDER
+                                                   (asynchronous GRPO, grpo-kN: its sampler
+                                                   process opens MODEL_DIR)
     wait PID SECONDS              ->  exit PID CODE  (CODE < 0: killed by signal -CODE)
                                   or  running PID    (still running after SECONDS)
 
 Forking from a process that has imported everything but never trained makes each run start in
 milliseconds instead of the seconds a fresh interpreter needs. A child writes its output to
-FOLDER/output-PID.txt, its metrics to FOLDER/metrics-PID.jsonl (one line per call, flushed) and,
-when it finishes, FOLDER/result.pt (or result.json for rejection sampling). Closing stdin ends
+FOLDER/output-PID.txt, its metrics to FOLDER/metrics-PID.jsonl (one line per call, flushed), a
+GRPO stage its sample rows to FOLDER/samples/step_N.json and, when it finishes,
+FOLDER/result.pt (or result.json for rejection sampling). Closing stdin ends
 the server; it kills and reaps any child still running.
 """
 
@@ -23,6 +26,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -36,7 +40,9 @@ from models.chat import render_prompt
 from models.saved import ModelRef
 from problems.types import Problem
 from rl.on_policy import OnPolicyDistiller
+from rl.sources.pipelined import PipelinedSource
 from rl.trainer import GRPOTrainer
+from sampling.workers.process import ProcessWorkers
 from stages import rejection
 from stages.tracker import NullTracker
 from storage import rollout_store
@@ -59,6 +65,16 @@ SFT = TrainConfig(
     epochs=10, batch_size=10, learning_rate=5e-3, warmup_steps=5, log_every=1, checkpoint_every=3
 )
 GRPO = grpo_config(steps=30, checkpoint_every=3)
+ASYNC_GRPO = {  # max_staleness -> settings; rollouts from a sampler process
+    k: grpo_config(
+        steps=30,
+        checkpoint_every=3,
+        samples_every=1,
+        max_staleness=k,
+        importance_sampling_cap=3.0 if k else None,
+    )
+    for k in (0, 1, 2)
+}
 DISTILL = distill_config(steps=30, checkpoint_every=3)
 REJECTION = RejectionConfig(
     samples_per_prompt=3,
@@ -108,6 +124,39 @@ def run_grpo(folder: Path, model_dir: Path | None) -> None:
     model = tiny_model(tokenizer)
     trainer = GRPOTrainer(model, tokenizer, GRPO, MetricsLog(folder), show_progress=False)
     report = trainer.train(PROBLEMS, folder / "ckpt", FINGERPRINT)
+    save_result(
+        folder,
+        {
+            "weights": model.state_dict(),
+            "resumed_from": report.resumed_from,
+            "curve": report.reward_curve,
+        },
+    )
+
+
+def write_rows(folder: Path, step: int, rows: list[dict]) -> None:
+    path = folder / "samples" / f"step_{step:05d}.json"
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rows))
+    os.replace(tmp, path)
+
+
+def run_async_grpo(k: int, folder: Path, model_dir: Path | None) -> None:
+    assert model_dir is not None, "asynchronous GRPO needs MODEL_DIR for its sampler process"
+    config = ASYNC_GRPO[k]
+    tokenizer = make_tokenizer()
+    model = tiny_model(tokenizer)
+    workers = ProcessWorkers(config.sampler, model_dir, config.prompts_per_step * config.group_size)
+    source = PipelinedSource(workers, folder / "versions", k, config.steps)
+    rows = lambda step, table: write_rows(folder, step, table)  # noqa: E731
+    trainer = GRPOTrainer(
+        model, tokenizer, config, MetricsLog(folder), rows, show_progress=False, source=source
+    )
+    try:
+        report = trainer.train(PROBLEMS, folder / "ckpt", FINGERPRINT)
+    finally:
+        trainer.close()
     save_result(
         folder,
         {
@@ -175,6 +224,7 @@ STAGES: dict[str, Callable[[Path, Path | None], None]] = {
     "grpo": run_grpo,
     "distill": run_distill,
     "rejection": run_rejection,
+    **{f"grpo-k{k}": partial(run_async_grpo, k) for k in ASYNC_GRPO},
 }
 
 

@@ -246,6 +246,31 @@ def assert_same_metrics(got: dict[int, dict[str, float]], want: dict[int, dict[s
 def test_a_training_stage_killed_twice_ends_as_an_uninterrupted_run(server, tmp_path, stage):
     window = uninterrupted(server, stage, tmp_path / "straight", None)
     attempts = killed_and_restarted(server, stage, tmp_path / "killed", None, window)
+    assert_same_end(tmp_path, attempts)
+
+
+@pytest.mark.parametrize(
+    "k", [pytest.param(0, marks=pytest.mark.slow), 1, pytest.param(2, marks=pytest.mark.slow)]
+)
+def test_asynchronous_grpo_killed_twice_ends_as_an_uninterrupted_run(server, tmp_path, policy, k):
+    """Rollouts from a sampler process, drawn up to k steps ahead: the run killed twice stores
+    the same sample rows (each with its policy version) and reaches the same curves and
+    weights; what was drawn ahead at a kill was kept in the checkpoint or is drawn again."""
+    stage = f"grpo-k{k}"
+    window = uninterrupted(server, stage, tmp_path / "straight", policy)
+    attempts = killed_and_restarted(server, stage, tmp_path / "killed", policy, window)
+    assert_same_end(tmp_path, attempts)
+    want = sorted((tmp_path / "straight" / "samples").glob("step_*.json"))
+    assert len(want) == driver.ASYNC_GRPO[k].steps
+    for table in want:
+        rows = json.loads(table.read_text())
+        assert json.loads((tmp_path / "killed" / "samples" / table.name).read_text()) == rows
+        step = int(table.stem.split("_")[1])
+        assert {r["policy_version"] for r in rows} == {max(0, step - 1 - k)}
+
+
+def assert_same_end(tmp_path: Path, attempts: Attempts) -> None:
+    """The killed run's weights, reward curve and metrics are the uninterrupted run's."""
     want = torch.load(tmp_path / "straight" / "result.pt", weights_only=False)
     got = torch.load(tmp_path / "killed" / "result.pt", weights_only=False)
     assert got["resumed_from"] == attempts.resumed_from[-1], attempts.kills

@@ -7,7 +7,7 @@ from configs.reinforcement import GRPOConfig, RewardTerm
 from problems.types import Problem
 from rl.advantages import group_advantages
 from rl.rollouts import token_ends
-from rl.scoring import masked_advantages
+from rl.scoring import masked_advantages, step_advantages
 from rl.trainer import GRPOTrainer, kind_prompt_order, prompt_order
 from sampling.interface import Completion
 from tests.tiny_models import PROBLEMS, grpo_config, tiny_model
@@ -142,13 +142,13 @@ def test_token_ends_find_the_token_that_completes_each_offset(tokenizer):
 
 def test_process_supervision_rewards_steps_token_by_token(tokenizer, tmp_path):
     cfg = config(supervision="process", steps=1, rewards=[RewardTerm(name="accuracy")])
-    model = tiny_model(tokenizer)
-    trainer = GRPOTrainer(model, tokenizer, cfg, lambda m, s: None, show_progress=False)
     problem = Problem("p", "What is 3 + 4?", "7")
     texts = ["3 + 4 = 7. The answer is 7.", "3 + 4 = 8. The answer is 8.", "The answer is 7."]
     groups = [[_completion(tokenizer, t) for t in texts]]
     rewards = torch.tensor([[1.0, 0.0, 1.0]])
-    adv, zero, seen, right = trainer._process_advantages([problem], groups, rewards)
+    adv, zero, seen, right = step_advantages(
+        tokenizer, [problem], groups, rewards, cfg.step_reward, cfg.scale_std
+    )
     assert (seen, right) == (2, 1)
     assert not zero[0]
     # steps of the group: (1, 1), (0, 0), (1): mean 0.6; the wrong sample is negative throughout

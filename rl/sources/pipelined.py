@@ -1,0 +1,162 @@
+"""Asynchronous GRPO with bounded staleness: sampling workers draw the next steps' groups while
+the trainer updates.
+
+Step s is always drawn from policy version max(0, s - k), k = `max_staleness`: the policy after
+step s - k's update. That version exists once the trainer has finished step s - k - 1, so while
+it trains step t the workers may draw steps t + 1 ... t + k, and never from weights more than k
+updates old. The schedule is fixed rather than "the newest weights a worker has": which version
+made a step's samples is then a function of the step alone, so a run gives the same rows and
+curves however fast either side is, on one worker or many, and after a resume. At k = 0 each
+step waits for the update before it: synchronous GRPO on a worker.
+
+A checkpoint written before step c keeps the draws of steps c ... c + k - 1 (they were drawn
+from versions older than c, which a resumed run does not hold): `carried()` waits for them and
+returns them, and `begin` takes them back. Step c + k and later are drawn again from the
+checkpoint's own weights, exactly as the first run drew them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl.sources import Draw, DrawPlan, DrawRequest
+from sampling.interface import Completion
+from sampling.workers import DrawJob, DrawResult, Workers
+from sampling.workers.versions import VersionFolder, VersionMismatchError
+
+log = logging.getLogger(__name__)
+
+
+class MissingRolloutsError(RuntimeError):
+    """A checkpoint that lacks the draws a resumed asynchronous run needs."""
+
+
+class PipelinedSource:
+    """Rollouts from `workers`, drawn up to `max_staleness` steps ahead of training; policy
+    versions are handed over as files in `folder`. Owns the workers: `close()` ends them."""
+
+    def __init__(self, workers: Workers, folder: Path, max_staleness: int, steps: int):
+        self.workers, self.folder, self.k, self.steps = workers, folder, max_staleness, steps
+        self.versions: VersionFolder | None = None
+        self.plan: DrawPlan | None = None
+        self.ready: dict[int, Draw] = {}  # drawn whole, not yet taken
+        self.parts: dict[int, dict[int, DrawResult]] = {}  # step -> chunk -> result
+        self.chunks: dict[int, int] = {}  # submitted, not yet drawn whole: step -> its chunks
+        self.next = 0  # the next step to submit
+        self.taking = 0  # the next step the trainer takes
+        self.latest = -1  # the newest version published
+
+    def needs(self, step: int) -> int:
+        """The policy version step `step` is drawn from."""
+        return max(0, step - self.k)
+
+    def begin(
+        self, first: int, plan: DrawPlan, model: torch.nn.Module, carried: Any | None
+    ) -> None:
+        self.plan, self.taking = plan, first
+        self.versions = VersionFolder(self.folder)
+        self.ready = {d.step: d for d in map(draw_from_record, carried or [])}
+        wanted = range(first, min(first + self.k, self.steps))
+        missing = [s for s in wanted if self.needs(s) < first and s not in self.ready]
+        if missing:
+            raise MissingRolloutsError(
+                f"the checkpoint at step {first} does not hold the rollouts of steps {missing}, "
+                f"drawn from policy versions before {first} (max_staleness {self.k}); it was not "
+                "written by this run's settings"
+            )
+        self.next = max([first - 1, *self.ready]) + 1
+        self.publish(model, first, changed=True)
+
+    def publish(self, model: torch.nn.Module, version: int, changed: bool) -> None:
+        assert self.versions is not None, "begin() first"
+        self.versions.publish(model, version, changed)
+        self.latest = version
+        self._submit()
+
+    def _submit(self) -> None:
+        """Send every step whose version is published, then forget versions no job needs."""
+        assert self.plan is not None and self.versions is not None
+        while self.next < self.steps and self.needs(self.next) <= self.latest:
+            step = self.next
+            version = self.versions.versions[self.needs(step)]
+            jobs = split(step, self.plan(step), version, self.workers.size)
+            for job in jobs:
+                self.workers.submit(job)
+            self.chunks[step] = len(jobs)
+            self.next += 1
+        self.versions.release(min([self.needs(s) for s in self.chunks] + [self.latest]))
+
+    def take(self, step: int, request: DrawRequest) -> Draw:
+        if step != self.taking or step >= self.next:
+            raise RuntimeError(f"step {step} taken out of order (next is {self.taking})")
+        began = time.perf_counter()
+        while step not in self.ready:
+            self._collect(self.workers.result())
+        self.taking = step + 1
+        return dataclasses.replace(self.ready.pop(step), wait_seconds=time.perf_counter() - began)
+
+    def _collect(self, result: DrawResult) -> None:
+        if result.version != self.needs(result.step):
+            raise VersionMismatchError(
+                f"step {result.step} was drawn from policy version {result.version}, not "
+                f"{self.needs(result.step)} (worker pid {result.pid} on {result.node})"
+            )
+        parts = self.parts.setdefault(result.step, {})
+        parts[result.chunk] = result
+        if len(parts) < self.chunks[result.step]:
+            return
+        ordered = [parts[i] for i in range(len(parts))]
+        seconds = sum(r.generate_seconds + r.load_seconds for r in ordered)
+        groups = [group for r in ordered for group in r.groups]
+        self.ready[result.step] = Draw(result.step, groups, result.version, 0.0, seconds)
+        del self.parts[result.step], self.chunks[result.step]
+
+    def carried(self) -> list[dict[str, Any]]:
+        """The draws of the steps after the last trained one that come from versions before
+        the current one, each waited for."""
+        keep = [s for s in range(self.taking, self.next) if self.needs(s) < self.taking]
+        while any(s not in self.ready for s in keep):
+            self._collect(self.workers.result())
+        return [draw_record(self.ready[s]) for s in keep]
+
+    def close(self) -> None:
+        """End the workers and remove the version files (a model's size each)."""
+        self.workers.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def split(step: int, request: DrawRequest, version: Any, workers: int) -> list[DrawJob]:
+    """The step's prompts in one chunk per worker (as even as can be); each chunk carries its
+    first prompt's index, so its samples are those of the whole request."""
+    size = max(1, math.ceil(len(request.prompts) / workers))
+    offset = request.params.prompt_offset
+    return [
+        DrawJob(
+            step,
+            chunk,
+            request.prompts[i : i + size],
+            request.n,
+            dataclasses.replace(request.params, prompt_offset=offset + i),
+            version,
+        )
+        for chunk, i in enumerate(range(0, len(request.prompts), size))
+    ]
+
+
+def draw_record(draw: Draw) -> dict[str, Any]:
+    """A draw as plain data, for a checkpoint."""
+    groups = [[dataclasses.asdict(c) for c in group] for group in draw.groups]
+    return {"step": draw.step, "version": draw.version, "groups": groups}
+
+
+def draw_from_record(record: dict[str, Any]) -> Draw:
+    groups = [[Completion(**c) for c in group] for group in record["groups"]]
+    return Draw(record["step"], groups, record["version"], 0.0, 0.0)
