@@ -22,7 +22,7 @@ from models.saved import ModelRef, save_model
 from problems.loader import write_problems
 from problems.types import ProblemSet
 from stages import reasoning_rl
-from tests.cluster.test_sampling_on_actors import sampling_actor_pids
+from tests.cluster.test_sampling_on_actors import one_new_actor, sampling_actor_pids
 from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.heavy]
@@ -108,10 +108,11 @@ def test_an_actor_killed_mid_stage_is_replaced_and_its_steps_drawn_again(
 ):
     want_out, want = on_actors
     killed: list[int] = []
+    before = set(sampling_actor_pids("RolloutActor"))
 
     def kill(step: int) -> None:
         if step == 3:  # step 4 (maybe 3 too) is out on the actors
-            killed.append(sorted(sampling_actor_pids("RolloutActor"))[0])
+            killed.append(one_new_actor(before, "RolloutActor"))
             os.kill(killed[0], signal.SIGKILL)
 
     tracker = Recorder(kill)

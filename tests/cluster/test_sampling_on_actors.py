@@ -101,14 +101,23 @@ def sampling_actor_pids(actor: str = "SamplerActor") -> list[int]:
     return pids
 
 
+def one_new_actor(before: set[int], actor: str = "SamplerActor") -> int:
+    """A sampling actor's pid that is not in `before`: one of the run under test, never an
+    earlier test's actor that Ray has been told to kill and that has not exited yet."""
+    new = sorted(set(sampling_actor_pids(actor)) - before)
+    assert new, f"no {actor} process started since the test began"
+    return new[0]
+
+
 def test_a_killed_actor_is_replaced_and_its_chunks_rerun(
     model, cluster, one_process, tmp_path, caplog
 ):
     killed: list[int] = []
+    before = set(sampling_actor_pids())
 
     def kill_one_actor(inserts: int) -> None:
         if inserts == 1:  # chunks are still out on both actors
-            pid = sorted(sampling_actor_pids())[0]
+            pid = one_new_actor(before)
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
