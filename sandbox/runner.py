@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.host_dirs import interpreter_dirs, site_packages_dirs
 from sandbox.inner import cgroups, seccomp, wire
 from sandbox.inner.process import GRACE_SECONDS, SETUP_SECONDS
 from sandbox.limits import Limits, SandboxResult, Verdict
@@ -295,8 +296,8 @@ class _Session:
         return {
             "namespaces": self.namespaces,
             "root": str(base / "root"),
-            "binds": _interpreter_dirs(),
-            "masks": _site_packages_dirs(),
+            "binds": interpreter_dirs(PYTHON),
+            "masks": site_packages_dirs(),
             "cgroup": cgroup_dir,
             "cgroup_version": _cgroup.version if (cgroup_dir and _cgroup) else 0,
             "seccomp": seccomp.supported(),
@@ -494,23 +495,3 @@ def _scratch_dir(namespaces: bool) -> str | None:
     if namespaces and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
         return "/dev/shm"
     return None
-
-
-def _interpreter_dirs() -> list[str]:
-    """Host directories the session's interpreter needs (bound read-only into the root)."""
-    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
-    dirs.add(os.path.dirname(os.path.dirname(PYTHON)))
-    return sorted(d for d in dirs if d not in ("/", "") and not d.startswith("/usr/"))
-
-
-def _site_packages_dirs() -> list[str]:
-    """Directories of third-party packages the programs must not import from: each is covered by
-    an empty read-only directory in the private root."""
-    import glob
-    import site
-
-    found = set(site.getsitepackages([sys.base_prefix, sys.base_exec_prefix]))
-    for pattern in ("/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages",
-                    "/usr/lib/python3/dist-packages"):  # fmt: skip
-        found.update(glob.glob(pattern))
-    return sorted(os.path.realpath(p) for p in found if os.path.isdir(p))
