@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from prefect import get_run_logger
@@ -18,21 +19,50 @@ from prefect.exceptions import MissingContextError
 from prefect.logging.handlers import APILogHandler
 
 PROGRESS_EVERY = 0.1  # a progress line each time another tenth of a stage's steps is done
+SHOWN_EXCEPTIONS = 64  # exceptions a formatter remembers having shown the traceback of
 
 
 class TaskNamedFormatter(logging.Formatter):
     """`reasoning_rl: Finished in state Completed()`: a task run's record, as the Prefect server
     stores it, starts with the task run's name; a flow run's record is left as it is. A
-    traceback keeps the project's own frames and the exception (a task's failure is logged
-    twice, by its task run and its flow run, each time through Prefect's engine: forty lines of
-    library frames each); the worker's log keeps it whole."""
+    traceback keeps the project's own frames and the exception (forty lines of Prefect's engine
+    otherwise), and is shown once: a task's failure is logged by its task run, again by its flow
+    run and once more as the engine exits, and the later records of the same exception end with
+    it in one line instead (`Engine execution exited with unexpected exception: InjectedFailure:
+    ...`), the last line a person reads before the run's end."""
+
+    def __init__(self, fmt: str | None = None):
+        super().__init__(fmt)
+        self._shown: OrderedDict[int, str] = OrderedDict()  # id -> text of exceptions shown
 
     def format(self, record: logging.LogRecord) -> str:
-        message = super().format(record)
+        record = self._once(record)
         name = getattr(record, "task_run_name", None)
-        if not name or message.startswith(f"{name}: "):
-            return message
-        return f"{name}: {message}"
+        message = record.getMessage()
+        if name and not message.startswith(f"{name}: "):
+            record = logging.makeLogRecord(record.__dict__)  # the others' record stays as it is
+            record.msg, record.args = f"{name}: {message}", None
+        return super().format(record)
+
+    def _once(self, record: logging.LogRecord) -> logging.LogRecord:
+        """The record, or, when its exception's traceback was shown already, a copy without the
+        traceback whose message names the exception (the record itself is left as it is, for
+        the other handlers)."""
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None:
+            return record
+        text = exception_line(error)
+        if self._shown.get(id(error)) != text:  # the id alone may be a new exception's
+            self._shown[id(error)] = text
+            while len(self._shown) > SHOWN_EXCEPTIONS:
+                self._shown.popitem(last=False)
+            return record
+        brief = logging.makeLogRecord(record.__dict__)
+        brief.exc_info = brief.exc_text = None
+        message = record.getMessage()
+        named = str(error) and str(error) in message  # e.g. "...: InjectedFailure('...')"
+        brief.msg, brief.args = message if named else f"{message}: {text}", None
+        return brief
 
     def formatException(self, ei) -> str:  # noqa: N802 - logging's name
         kind, value, tb = ei
@@ -48,6 +78,12 @@ class TaskNamedFormatter(logging.Formatter):
             cause = value.__cause__
             lines += ["caused by: "] + traceback.format_exception_only(type(cause), cause)
         return "".join(lines).rstrip("\n")
+
+
+def exception_line(error: BaseException) -> str:
+    """`InjectedFailure: reasoning_rl: injected failure at step 2 (faults.fail_once_at)`."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def library_file(path: str) -> bool:

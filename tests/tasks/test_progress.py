@@ -109,3 +109,27 @@ def test_the_plan_follows_the_settings():
     plan = planned_stages(fewer, "r1_pipeline")
     assert "r1_zero_rl" not in plan and not [s for s in plan if s.startswith("rl_only_")]
     assert planned_stages(tiny, "evaluate_registered") == ()
+
+
+def test_a_failure_logged_three_times_shows_its_traceback_once_and_ends_in_one_line():
+    """The task run's record, the flow run's and the engine's exit, as a failed run logs them:
+    the traceback with the first, then the exception in one line, the last line a person reads.
+    The records themselves keep their exception for the other handlers (the worker's log)."""
+    formatter = TaskNamedFormatter()
+    try:
+        raise_through_a_library()
+    except RuntimeError:
+        info = sys.exc_info()
+    task = record("Task run failed with exception: RuntimeError('bad row')", "reasoning_rl", info)
+    flow = record("Encountered exception during execution: RuntimeError('bad row')", None, info)
+    engine = record("Engine execution exited with unexpected exception", None, info)
+    first, second, last = (formatter.format(r) for r in (task, flow, engine))
+    assert "Traceback (most recent call last" in first and "in bad_row" in first
+    assert second == "Encountered exception during execution: RuntimeError('bad row')"
+    assert last == "Engine execution exited with unexpected exception: RuntimeError: bad row"
+    assert engine.exc_info is info
+    try:
+        raise_through_a_library()
+    except RuntimeError:  # another failure, of the same words: its own traceback
+        again = formatter.format(record("Task run failed", "student_qwen", sys.exc_info()))
+    assert "Traceback (most recent call last" in again
