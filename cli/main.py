@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     server = EarlyServer.start(paths.prefect_home)  # comes up while the flow's modules import
     from rich.console import Console
 
-    from cli.table import filter_table, stage_table
+    from cli.table import print_report
     from storage.tracking import tracking_client
     from tasks.pipeline import run_url
 
@@ -161,10 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"r1: the run failed: {exception_line(error)}", file=sys.stderr)
         return 1
-    console = Console(width=max(180, Console().width))  # the stage table is wide
-    console.print(stage_table(result, config.evaluation.k))
-    if result.filter_counts:
-        console.print(filter_table(result.filter_counts))
+    console = Console()
+    print_report(console, result, config.evaluation.k)
     console.print(f"state folder:   {paths.root}")
     console.print(f"DuckDB:         {paths.duckdb}")
     console.print(f"MLflow run:     {result.parent_run_id}")

@@ -11,6 +11,7 @@ the wrong profile it names the command that works; `serve.sh stop` leaves no pro
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -167,6 +168,15 @@ def test_a_new_run_with_the_same_parameters_computes_nothing_again(failed_then_r
     env = failed_then_retried[1]
     again = prefect(env, "deployment", "run", "r1-pipeline/micro", "--watch")
     assert again.returncode == 0, again.stdout + again.stderr
+    # the report at its end, a line a stage, each whole at 80 columns (not wrapped)
+    lines = again.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.endswith("held-out, after each stage:")]
+    footer = "the table: prefect artifact inspect r1-stage-report"  # whole: not wrapped
+    (end,) = [i for i, line in enumerate(lines) if line.endswith(footer)]
+    report = lines[at + 1 : end]
+    assert len(report) == 16, report  # a whole line each, none wrapped into a second
+    assert all(re.fullmatch(r"\s+[a-z_0-9]+ +\d+s(  \S.*)?", line) for line in report), report
+    assert re.fullmatch(r"\s+bootstrap +\d+s  pass@1 \d\.\d{3} format \d\.\d{3}", report[0])
     runs = task_runs(env, flow_run_id(again.stdout))
     computed = {name for name, _, state_name, _ in runs if state_name != "Cached"}
     # stage 3 ran under the fault's key in the faulted run, so a run without the fault computes it
