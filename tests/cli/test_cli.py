@@ -112,3 +112,17 @@ def test_a_failing_run_shows_its_traceback_once_and_ends_with_why(tmp_path):
     ]
     after = ran.stderr.split(ours[0])[1].strip().splitlines()
     assert all("Stopping temporary server" in line for line in after), after  # the last word
+
+
+def test_a_retry_is_suggested_only_where_it_can_end_otherwise():
+    from cli.watch import retry_helps
+
+    assert retry_helps("reasoning_rl: InjectedFailure: reasoning_rl: injected failure at step 2")
+    assert retry_helps("Execution was aborted by a termination signal.")
+    assert retry_helps("No heartbeat for 90 s: the flow run's process or its worker is gone")
+    assert retry_helps("open-pipeline-run: ClusterUnreachableError: cannot reach the head")
+    assert not retry_helps(
+        "registered-model: models:/r1-tiny@final: RegistryError: no registered model 'r1-tiny'"
+    )
+    assert not retry_helps("EvaluationRegression: models:/r1-micro@final version 3 regressed")
+    assert not retry_helps("ConfigError: micro.yaml: 1 invalid setting(s)")

@@ -270,6 +270,14 @@ def test_the_nightly_evaluation_on_the_wrong_profile_names_the_command_to_run(
     assert tiny.returncode != 0
     fix = "prefect deployment run 'evaluate-model/final-nightly' --param profile=micro"
     assert fix in " ".join(tiny.stdout.split()), tiny.stdout[-3000:]
+    # said once in full before the end (the traceback) and once at the end, cut in between
+    said = "no registered model 'r1-tiny' (registered: r1-micro). Profile 'tiny' evaluates"
+    assert " ".join(tiny.stdout.split()).count(said) == 2, tiny.stdout
+    # a retry would meet the same registry: `r1 watch` does not suggest one
+    watched = r1(env, "watch", flow_run_id(tiny.stdout), timeout=120)
+    assert watched.returncode == 1 and "RegistryError: no registered model" in watched.stdout
+    assert "flow-run retry" not in watched.stdout
+    assert "would fail the same way" in watched.stdout
 
 
 def test_overrides_of_a_cluster_run_add_to_the_deployments_cluster(stack):
