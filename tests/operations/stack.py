@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -88,19 +89,25 @@ def flow_run_id(output: str) -> str:
     return match.group(1)
 
 
-def run_state(env: dict, run_id: str) -> tuple[str, str]:
-    """The flow run's state type and message, read from the server by a fresh interpreter."""
+def flow_run_json(env: dict, run_id: str, expression: str) -> Any:
+    """`expression` of the flow run `run` (read from the stack's server by a fresh interpreter),
+    as JSON."""
     code = (
         "import json, sys\n"
         "from prefect import get_client\n"
         "with get_client(sync_client=True) as c:\n"
-        "    state = c.read_flow_run(sys.argv[1]).state\n"
-        "print(json.dumps([state.type.value, state.message or '']))\n"
+        "    run = c.read_flow_run(sys.argv[1])\n"
+        f"print(json.dumps({expression}))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, run_id], env=env, capture_output=True, text=True, check=True
     )
-    kind, message = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def run_state(env: dict, run_id: str) -> tuple[str, str]:
+    """The flow run's state type and message."""
+    kind, message = flow_run_json(env, run_id, "[run.state.type.value, run.state.message or '']")
     return kind, message
 
 

@@ -26,6 +26,7 @@ from tests.operations.stack import (
     ROOT,
     Stack,
     flow_run_id,
+    flow_run_json,
     flow_run_process,
     prefect,
     r1,
@@ -291,17 +292,8 @@ def test_overrides_of_a_cluster_run_add_to_the_deployments_cluster(stack):
     )
     assert started.returncode == 0, started.stdout + started.stderr
     run_id = flow_run_id(started.stdout)
-    code = (
-        "import json, sys\n"
-        "from prefect import get_client\n"
-        "with get_client(sync_client=True) as c:\n"
-        "    print(json.dumps(c.read_flow_run(sys.argv[1]).parameters))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, run_id], env=env, capture_output=True, text=True, check=True
-    )
+    parameters = flow_run_json(env, run_id, "run.parameters")
     prefect(env, "flow-run", "delete", run_id)
-    parameters = json.loads(out.stdout)
     assert parameters["overrides"] == ["cluster.workers=8"], parameters
     config = load_profile(
         parameters["profile"], parameters["overrides"], parameters["cluster_address"]

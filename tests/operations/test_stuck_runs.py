@@ -6,7 +6,9 @@ a Prefect server, the process worker, the MLflow UI) and a real micro pipeline r
   ends its flow run, which reports Crashed before the server stops;
 - the machine gone while stage 3 trains (every process of the stack and the run killed at once
   with SIGKILL, nothing reported), then the stack started again: the heartbeat automation marks
-  the run Crashed once its heartbeats have stopped for `R1_CRASH_AFTER_SECONDS`.
+  the run Crashed once its heartbeats have stopped for `R1_CRASH_AFTER_SECONDS`;
+- the worker and the run killed, then the run cancelled: it ends Cancelled, not Cancelling for
+  ever.
 """
 
 from __future__ import annotations
@@ -145,3 +147,23 @@ def test_a_run_whose_machine_went_down_is_marked_crashed_by_its_heartbeats(stack
     retry = prefect(stack.env, "flow-run", "retry", run_id)
     assert retry.returncode == 0, retry.stdout + retry.stderr
     assert wait_for_end(stack.env, run_id) == "COMPLETED"
+
+
+def test_a_run_cancelled_after_its_worker_was_killed_ends_cancelled(stack):
+    """The worker and the run killed outright while the stack stays up, then `prefect flow-run
+    cancel`: nothing is left to stop the run, and Prefect lets a cancelling run go nowhere but
+    Cancelled. It ends Cancelled once it has been unheard for `R1_CRASH_AFTER_SECONDS` (it stayed
+    Cancelling for ever)."""
+    run_id = start_training_run(stack, STEPS + 2)
+    (engine,) = [p for p in psutil.process_iter() if flow_run_process(p, run_id)]
+    sessions = {stack.pid("worker"), os.getsid(engine.pid)}
+    for process in psutil.process_iter():
+        if session_of(process) in sessions:
+            process.send_signal(signal.SIGKILL)
+    cancel = prefect(stack.env, "flow-run", "cancel", run_id)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    watched = r1(stack.env, "watch", run_id, timeout=CRASH_AFTER + 120)
+    assert f"flow run {run_id} Cancelled: " in watched.stdout, watched.stdout
+    assert "its process was already gone" in watched.stdout
+    started = stack.serve("start")  # the worker again, for what follows
+    assert started.returncode == 0, started.stdout + started.stderr
