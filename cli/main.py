@@ -132,15 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         return 0
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("httpx", "alembic", "mlflow.store"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    show_logs()
     from cli.prefect_server import EarlyServer
 
     server = EarlyServer.start(paths.prefect_home)  # comes up while the flow's modules import
     from rich.console import Console
 
-    from cli.table import filter_table, stage_table
+    from cli.table import print_report
     from storage.tracking import tracking_client
     from tasks.pipeline import run_url
 
@@ -158,10 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         signum = stop.signum if isinstance(stop, Terminated) else signal.SIGINT
         print(f"r1: stopped by {signum.name}: the flow run is marked crashed", file=sys.stderr)
         return 128 + signum
-    console = Console(width=max(180, Console().width))  # the stage table is wide
-    console.print(stage_table(result, config.evaluation.k))
-    if result.filter_counts:
-        console.print(filter_table(result.filter_counts))
+    except Exception as error:  # its traceback is in the run's log above, once
+        from tasks.progress import exception_line
+
+        print(f"r1: the run failed: {exception_line(error)}", file=sys.stderr)
+        return 1
+    console = Console()
+    print_report(console, result, config.evaluation.k)
     console.print(f"state folder:   {paths.root}")
     console.print(f"DuckDB:         {paths.duckdb}")
     console.print(f"MLflow run:     {result.parent_run_id}")
@@ -169,6 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     experiment = tracking_client(paths).get_run(result.parent_run_id).info.experiment_id
     console.print(f"  then open     {run_url(experiment, result.parent_run_id)}")
     return 0
+
+
+def show_logs() -> None:
+    """Log lines on stderr with their time and logger; a failure's traceback once (the task run,
+    its flow run and Prefect's engine each log it), its project frames only."""
+    from tasks.progress import TaskNamedFormatter
+
+    logging.basicConfig(level=logging.INFO)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(TaskNamedFormatter("%(asctime)s %(name)s %(message)s"))
+    for noisy in ("httpx", "alembic", "mlflow.store"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def print_memory_fits(config, gpu_gib: float) -> None:

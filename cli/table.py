@@ -1,12 +1,31 @@
-"""The tables printed at the end of a pipeline run."""
+"""The tables printed at the end of a pipeline run: the whole per-stage table on a terminal
+wide enough to hold it, else a line a stage (its row would wrap into three at 80 columns)."""
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.table import Table
 
-from evaluation.report import cell
+from evaluation.report import cell, stage_lines
 from evaluation.report import columns as report_columns
 from tasks.pipeline import PipelineResult
+
+WIDE = 180  # columns the whole table needs
+
+
+def print_report(console: Console, result: PipelineResult, k: int) -> None:
+    """The per-stage figures at the terminal's width; where the rest is."""
+    if console.width >= WIDE:
+        console.print(stage_table(result, k))
+    else:
+        console.print("held-out, after each stage:", highlight=False)
+        console.print("\n".join(stage_lines(result.rows)), highlight=False)
+        console.print(
+            f"every figure: at {WIDE} columns, or the MLflow run's report/stages.html (below)",
+            highlight=False,
+        )
+    if result.filter_counts:
+        console.print(filter_table(result.filter_counts))
 
 
 def stage_table(result: PipelineResult, k: int) -> Table:

@@ -9,6 +9,7 @@ attempt's `Failed`. This reads the server's logs of the latest attempt only, eve
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -101,6 +102,25 @@ def attempt_seconds(client: Any, run: Any) -> float | None:
     return (run.state.timestamp - max(running)).total_seconds()
 
 
+# Failures that a retry meets again: it runs the same parameters on the same stores. A bad
+# setting or profile, a model or input file that is not there, data or memory that cannot hold
+# the stages, a regression the evaluation found, a non-finite loss (same data, same seed).
+NOT_FIXED_BY_RETRY = frozenset(
+    {
+        "ConfigError", "ValidationError", "RegistryError", "MissingInputsError",
+        "ProblemFileError", "DataFitError", "MemoryFitError", "EvaluationRegression",
+        "NonFiniteLossError", "RayMissingError", "DeepSpeedMissingError",
+    }
+)  # fmt: skip
+ERROR_NAME = re.compile(r"\b([A-Z][A-Za-z0-9]*(?:Error|Regression|Exception|Failure))\b")
+
+
+def retry_helps(reason: str) -> bool:
+    """Whether retrying can end otherwise: not for the errors a retry meets again."""
+    found = ERROR_NAME.search(reason)
+    return found is None or found.group(1) not in NOT_FIXED_BY_RETRY
+
+
 def ending(client: Any, run: Any) -> tuple[list[str], int]:
     """What to say when the run has ended, and the exit status (0 only for Completed)."""
     if run.state.is_completed():
@@ -111,14 +131,22 @@ def ending(client: Any, run: Any) -> tuple[list[str], int]:
             else f" (this attempt ran {seconds // 60:.0f} min {seconds % 60:.0f} s)"
         )
         return [f"flow run {run.id} Completed{took}"], 0
-    lines = [f"flow run {run.id} {run.state.name}: {failure_reason(client, run)}"]
-    if run.state.is_failed() or run.state.is_crashed():
+    reason = failure_reason(client, run)
+    lines = [f"flow run {run.id} {run.state.name}: {reason}"]
+    if not (run.state.is_failed() or run.state.is_crashed()):
+        return lines, 1
+    if not retry_helps(reason):
         lines += [
-            "retry it (finished stages come from the cache; the failed one resumes from its",
-            "last checkpoint):",
-            f"  .venv/bin/prefect flow-run retry {run.id}",
-            f"  .venv/bin/r1 watch {run.id}",
+            "a retry runs the same parameters and would fail the same way: start a new run",
+            "with what the message above says to change (prefect deployment run ... --param ...)",
         ]
+        return lines, 1
+    lines += [
+        "retry it (finished stages come from the cache; the failed one resumes from its",
+        "last checkpoint):",
+        f"  .venv/bin/prefect flow-run retry {run.id}",
+        f"  .venv/bin/r1 watch {run.id}",
+    ]
     return lines, 1
 
 

@@ -25,8 +25,6 @@ INSTALL_HINT = (
     "(scripts/setup.sh installs it), on every machine of the cluster"
 )
 NAMESPACE = "r1-pipeline"
-# Ray's own record of the cluster this machine joined (`ray start`), read for address 'auto'
-CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 
 _joined: dict[str, str] = {}  # the address this process's Ray connection was made to
 
@@ -44,18 +42,29 @@ def require_ray() -> None:
         raise RayMissingError(f"cluster.address is set but Ray is not installed: {INSTALL_HINT}")
 
 
+def current_cluster_file() -> Path:
+    """Ray's own record of the cluster this machine started or joined (`ray start`), where Ray
+    itself looks for it: under `$RAY_TMPDIR/ray/`, else `$TMPDIR/ray/` (Linux), else /tmp/ray/
+    (`ray._common.utils.get_ray_address_file`, read through Ray when it is installed)."""
+    try:
+        from ray._common.utils import get_ray_address_file
+    except ImportError:
+        base = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+        return Path(base) / "ray" / "ray_current_cluster"
+    return Path(get_ray_address_file(None))
+
+
 def head_address(address: str) -> str:
     """HOST:PORT of the head: `address` itself, or for 'auto' what RAY_ADDRESS or Ray's record
     of the cluster this machine joined says."""
     if address != "auto":
         return address.removeprefix("ray://")
-    found = os.environ.get("RAY_ADDRESS") or (
-        CURRENT_CLUSTER.read_text().strip() if CURRENT_CLUSTER.exists() else ""
-    )
+    record = current_cluster_file()
+    found = os.environ.get("RAY_ADDRESS") or (record.read_text().strip() if record.exists() else "")
     if not found or found == "auto":
         raise ClusterUnreachableError(
             "cluster.address is 'auto' but this machine has not joined a Ray cluster (no "
-            f"RAY_ADDRESS, no {CURRENT_CLUSTER}): run `ray start --head` here, or "
+            f"RAY_ADDRESS, no {record}): run `ray start --head` here, or "
             "`ray start --address HEAD:6379` to join one, or set cluster.address=HOST:PORT"
         )
     return found

@@ -19,6 +19,15 @@ DEFAULT_SHELL = ["ssh", "-o", "BatchMode=yes", "-tt", "{host}"]
 Rollouts = Literal["colocated", "process", "workers"]
 
 
+# what only a Ray cluster reads (`nodes` also splits a stage over `hosts`, without Ray)
+RAY_ONLY = frozenset(
+    {
+        "workers", "cpus_per_worker", "gpus_per_worker", "threads_per_worker", "chunk_prompts",
+        "max_restarts", "cpus_per_rank", "gpus_per_rank", "connect_timeout_s", "place_timeout_s",
+    }
+)  # fmt: skip
+
+
 class ClusterConfig(Strict):
     """The `cluster` section of a profile (docs/cluster.md)."""
 
@@ -101,6 +110,19 @@ class ClusterConfig(Strict):
                 "colocated samplers: set it to auto or colocated, or use engine.kind single"
             )
         return self.rollouts
+
+    @model_validator(mode="after")
+    def _ray_settings_need_ray(self) -> ClusterConfig:
+        """A setting that only a Ray cluster reads, given without `address`, would do nothing."""
+        unused = sorted(RAY_ONLY & self.model_fields_set) if self.address is None else []
+        if unused:
+            names = ", ".join(f"cluster.{name}" for name in unused)
+            raise ValueError(
+                f"{names}: only a Ray cluster reads {'it' if len(unused) == 1 else 'them'}, and "
+                "cluster.address is not set, so it would do nothing: add cluster.address=auto "
+                "(the cluster this machine joined) or cluster.address=HOST:PORT"
+            )
+        return self
 
     @model_validator(mode="after")
     def _nodes_have_a_launcher(self) -> ClusterConfig:

@@ -60,8 +60,14 @@ def validate(data: dict[str, Any], source: str = "config") -> PipelineConfig:
 
 
 def load_profile(
-    profile: str | Path = "tiny", overrides: list[str] | None = None
+    profile: str | Path = "tiny",
+    overrides: list[str] | None = None,
+    cluster_address: str | None = None,
 ) -> PipelineConfig:
+    """The profile with `cluster_address` as its `cluster.address` (when given), then the
+    `overrides` on top. A deployment that runs on a cluster sets the address as a parameter of
+    its own: Prefect merges a run's parameters over a deployment's key by key, so a run's
+    `overrides` would replace a list that held it, and add to this."""
     path = profile_path(profile)
     if not path.exists():
         raise ConfigError(f"no profile {str(profile)!r}; known: {known_profiles()} or a .yaml path")
@@ -71,6 +77,11 @@ def load_profile(
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    if cluster_address:
+        cluster = data.setdefault("cluster", {})
+        if not isinstance(cluster, dict):
+            raise ConfigError(f"{path}: cluster must be a mapping")
+        cluster["address"] = cluster_address
     for assignment in overrides or []:
         apply_override(data, assignment)
     return validate(data, source=str(path))

@@ -75,6 +75,31 @@ def markdown_table(rows: Sequence[StageRow], k: int) -> str:
     return "\n".join(lines) + "\n\n" + LEGEND
 
 
+# A log line's room at 80 columns under `prefect deployment run --watch`, which puts up to 28
+# characters of time and run id in front of each line
+LINE_WIDTH = 52
+
+
+def stage_lines(rows: Sequence[StageRow]) -> list[str]:
+    """The per-stage report one line a stage, narrow enough for an 80-column terminal under a
+    log's prefix: the stage, its time, and for a model its held-out pass@1 and format rate, else
+    its notes (`reasoning_rl  219s  pass@1 0.814  format 0.911`). The whole table: the markdown
+    table, the MLflow run's report."""
+    width = max((len(row.stage) for row in rows), default=0)
+    lines = []
+    for row in rows:
+        head = f"{row.stage:<{width}} {row.seconds:>4.0f}s"
+        if "pass_at_1_lenient" in row.metrics:
+            pass_at_1 = f"{row.metrics['pass_at_1_lenient']:.3f}"
+            tail = f"pass@1 {pass_at_1} format {cell(row.metrics, 'format_rate')}"
+        else:
+            notes = [n for n in row.note.split(", ") if not n.startswith("cached from run")]
+            tail = ", ".join(notes)
+        line = f"{head}  {tail}".rstrip()
+        lines.append(line if len(line) <= LINE_WIDTH else line[: LINE_WIDTH - 1] + "…")
+    return lines
+
+
 HTML_STYLE = (
     "body{font-family:system-ui,sans-serif;font-size:12px;margin:8px;color:#11171c}"
     "table{border-collapse:collapse}"

@@ -85,6 +85,22 @@ def verdict_markdown(
     return "\n".join(lines) + "\n"
 
 
+def verdict_line(verdict: EvaluationVerdict, max_drop: dict[str, float]) -> str:
+    """The verdict in one line, as the flow run's log ends with it: `models:/r1-micro@final
+    v13 held against v12: pass_at_1 0.640 (was 0.650), general_score ...; a drop over 0.020
+    fails`, `... regressed against v12: ...`, or a first evaluation with nothing to compare."""
+    model, earlier = verdict.model, verdict.previous
+    now = {m: verdict.metrics[m] for m in max_drop if m in verdict.metrics}
+    if earlier is None:
+        figures = ", ".join(f"{m} {v:.3f}" for m, v in now.items())
+        return f"{model.uri} v{model.version}: first evaluation, nothing to compare ({figures})"
+    figures = ", ".join(f"{m} {v:.3f} (was {fmt(earlier.metrics.get(m))})" for m, v in now.items())
+    held = "regressed" if verdict.regressions else "held"
+    allowed = sorted(set(max_drop.values()))
+    rule = f"a drop over {allowed[0]:.3f} fails" if len(allowed) == 1 else "see max_drop"
+    return f"{model.uri} v{model.version} {held} against v{earlier.version}: {figures}; {rule}"
+
+
 def fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 

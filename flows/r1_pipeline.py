@@ -31,11 +31,16 @@ from tasks.sft import cold_start_sft, mixed_sft
 
 @flow(name="r1-pipeline", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
 def r1_pipeline(
-    profile: str = "tiny", overrides: list[str] | None = None, config: PipelineConfig | None = None
+    profile: str = "tiny",
+    overrides: list[str] | None = None,
+    config: PipelineConfig | None = None,
+    cluster_address: str | None = None,
 ) -> PipelineResult:
     """Run the stages in order on `config`, or, when none is given, on the named profile with
-    `overrides` (`key=value` settings, as `r1 run --set` takes them)."""
-    config = config or load_profile(profile, overrides or [])
+    `overrides` (`key=value` settings, as `r1 run --set` takes them) and, when given,
+    `cluster_address` as its `cluster.address` (the `r1-pipeline/cluster` deployment's 'auto',
+    which a run's own overrides add to rather than replace)."""
+    config = config or load_profile(profile, overrides or [], cluster_address)
     ctx = open_pipeline_run(config)
     problems = prepare_problems(config.data, ctx)
     general = prepare_general(config.data.general, ctx) if config.data.general else None

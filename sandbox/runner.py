@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.host_dirs import interpreter_dirs, site_packages_dirs
 from sandbox.inner import cgroups, seccomp, wire
-from sandbox.inner.process import GRACE_SECONDS
+from sandbox.inner.process import GRACE_SECONDS, SETUP_SECONDS
 from sandbox.limits import Limits, SandboxResult, Verdict
 from sandbox.outcome import classify, verdict_of
 
@@ -281,7 +282,8 @@ class _Session:
             for fd in (result_r, status_r):
                 os.close(fd)
         if timed_out:
-            return "the sandbox session ran past its deadline"
+            quiet = self._quiet_limit()
+            return f"the sandbox session stopped answering (no result for {quiet:.0f}s)"
         return self._why_missing(proc)
 
     def _config(
@@ -294,8 +296,8 @@ class _Session:
         return {
             "namespaces": self.namespaces,
             "root": str(base / "root"),
-            "binds": _interpreter_dirs(),
-            "masks": _site_packages_dirs(),
+            "binds": interpreter_dirs(PYTHON),
+            "masks": site_packages_dirs(),
             "cgroup": cgroup_dir,
             "cgroup_version": _cgroup.version if (cgroup_dir and _cgroup) else 0,
             "seccomp": seccomp.supported(),
@@ -319,9 +321,10 @@ class _Session:
             os.close(fd)
 
     def _collect(self, proc: subprocess.Popen, result_r: int, status_r: int) -> bool:
-        """Read results, status lines and the launcher's stderr until all are closed or the
-        deadline passes; True when it passed."""
-        deadline = time.monotonic() + self._budget()
+        """Read results, status lines and the launcher's stderr until all are closed, or until
+        no result has come for longer than the session's quiet limit; True when it had not."""
+        quiet = self._quiet_limit()
+        deadline = time.monotonic() + STARTUP_SECONDS + quiet
         selector = selectors.DefaultSelector()
         assert proc.stderr is not None
         buffers = {status_r: bytearray(), proc.stderr.fileno(): bytearray()}
@@ -342,6 +345,7 @@ class _Session:
                         selector.unregister(key.fd)
                     elif key.fd == result_r:
                         self._take_results(chunk)
+                        deadline = time.monotonic() + quiet
                     elif len(buffers[key.fd]) < RESULT_LIMIT:
                         buffers[key.fd] += chunk
         finally:
@@ -350,19 +354,22 @@ class _Session:
             self.stderr = bytes(buffers[proc.stderr.fileno()])[-2000:].decode("utf-8", "replace")
         return False
 
-    def _budget(self) -> float:
-        """Seconds the whole session may take: every run at its wall limit (and the judge's
-        grace past it), spread over the workers, plus start-up."""
-        runs = [
-            len(job.tests if job.tests is not None else job.inputs)
-            * (job.limits.wall_seconds + GRACE_SECONDS + 1)
-            for job in self.jobs
-        ]
-        return STARTUP_SECONDS + sum(runs) / self.workers + max(runs)
+    def _quiet_limit(self) -> float:
+        """The longest a working session goes without a result: one run or test at its worst
+        (`item_seconds`). The judge's supervisor ends a worker that overruns its own deadline,
+        so a session quiet for longer is stuck, and only then are the results it lacks
+        sandbox_failed. There is no budget for the whole batch: however slow the siblings, each
+        sample is scored by what its own programs did."""
+        return max(item_seconds(job.limits) for job in self.jobs)
 
     def _take_results(self, chunk: bytes) -> None:
+        """Each run's or test's result as the judge passes it on, then the job's end."""
         for message in self.frames.feed(chunk):
-            self.results[int(message.pop("job"))] = message
+            entry = self.results.setdefault(int(message["job"]), {"items": []})
+            if "item" in message:
+                entry["items"].append(message["item"])
+            if "done" in message:
+                entry.update(message["done"], done=True)
 
     def _take_status(self, data: bytes) -> None:
         for line in data.splitlines():
@@ -376,23 +383,34 @@ class _Session:
         for message in self.status:
             if message.get("kind") == "setup_failed":
                 return f"setup_failed: {message.get('error')}"
-        if len(self.results) < len(self.jobs):
+        if sum(bool(entry.get("done")) for entry in self.results.values()) < len(self.jobs):
             tail = self.stderr.strip().splitlines()[-1:] or [f"launcher exit {proc.returncode}"]
             return f"the sandbox ended without every result ({tail[0][:300]})"
         return ""
 
     def _outcome(self, i: int, job: Job, why: str) -> Outcome:
+        """The job's results: those that came, each as it came; what did not, sandbox_failed."""
         raw = self.results.get(i)
         if raw is None:
             return _failed(job, why or "no result")
         error = raw.get("setup_error") or raw.get("judge_error") or why or "no result"
         if job.tests is None:
-            runs = [classify(facts, job.limits) for facts in raw.get("runs", [])]
+            runs = [classify(facts, job.limits) for facts in raw["items"]]
             return runs + [_sandbox_failed(error) for _ in job.inputs[len(runs) :]]
-        verdicts = [verdict_of(v, job.limits) for v in raw.get("verdicts", [])]
+        verdicts = [verdict_of(v, job.limits) for v in raw["items"]]
         return verdicts + [
             Verdict(None, "sandbox_failed", error) for _ in job.tests[len(verdicts) :]
         ]
+
+
+def item_seconds(limits: Limits) -> float:
+    """The longest one run or test can take, every step at the deadline the judge keeps for it:
+    a fresh process spawned, the program loaded (a calls job; the run's wall clock) and called
+    (the wall clock again), the timed-out process ended, and the supervisor's grace on each.
+    Early in RL many programs are this slow: loading for most of the wall clock, then looping."""
+    spawn = 2 * SETUP_SECONDS + 1  # what a worker announces while it spawns
+    end = 2 * SETUP_SECONDS + 2  # and while it ends a process
+    return spawn + 2 * limits.wall_seconds + end + 3 * GRACE_SECONDS
 
 
 def _job_message(index: int, job: Job) -> dict[str, Any]:
@@ -477,23 +495,3 @@ def _scratch_dir(namespaces: bool) -> str | None:
     if namespaces and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
         return "/dev/shm"
     return None
-
-
-def _interpreter_dirs() -> list[str]:
-    """Host directories the session's interpreter needs (bound read-only into the root)."""
-    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
-    dirs.add(os.path.dirname(os.path.dirname(PYTHON)))
-    return sorted(d for d in dirs if d not in ("/", "") and not d.startswith("/usr/"))
-
-
-def _site_packages_dirs() -> list[str]:
-    """Directories of third-party packages the programs must not import from: each is covered by
-    an empty read-only directory in the private root."""
-    import glob
-    import site
-
-    found = set(site.getsitepackages([sys.base_prefix, sys.base_exec_prefix]))
-    for pattern in ("/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages",
-                    "/usr/lib/python3/dist-packages"):  # fmt: skip
-        found.update(glob.glob(pattern))
-    return sorted(os.path.realpath(p) for p in found if os.path.isdir(p))

@@ -6,13 +6,21 @@
 #   bash scripts/serve.sh          start what is not running, and deploy
 #   bash scripts/serve.sh stop     stop all three: nothing they started is left running
 #   bash scripts/serve.sh status   show what runs, and where
+#   bash scripts/serve.sh env      print the lines that point a shell at the running stack
 #
 # Then, in any shell:
-#   export PREFECT_API_URL=http://127.0.0.1:4200/api
+#   eval "$(bash scripts/serve.sh env)"     # export PREFECT_API_URL=http://127.0.0.1:4200/api
 #   .venv/bin/prefect deployment run 'r1-pipeline/micro' --watch
 #
 # Settings: R1_STATE_DIR (default ./state), R1_PREFECT_PORT (default 4200), R1_MLFLOW_PORT
-# (default 5000), R1_WORK_POOL (default r1-local), R1_VENV (default .venv).
+# (default 5000), R1_WORK_POOL (default r1-local), R1_VENV (default .venv),
+# R1_CRASH_AFTER_SECONDS (default 90: a flow run unheard that long is marked Crashed).
+#
+# A flow run whose process is gone ends Crashed: the worker, when it stops, sends SIGTERM to its
+# flow runs, which Prefect's engine reports as Crashed (cli/worker.py); a run whose process was
+# killed outright, or whose machine went down, is marked Crashed by the heartbeat automation
+# this script puts on the server (cli/heartbeats.py), R1_CRASH_AFTER_SECONDS after its last
+# heartbeat.
 #
 # Each component runs in a session of its own (setsid), so `stop` signals it with everything it
 # started (uvicorn workers, flow-run processes) and waits until none of them is left. SIGTERM
@@ -32,6 +40,7 @@ port="${R1_PREFECT_PORT:-4200}"
 mlflow_port="${R1_MLFLOW_PORT:-5000}"
 pool="${R1_WORK_POOL:-r1-local}"
 stop_seconds="${R1_STOP_SECONDS:-30}"
+crash_after="${R1_CRASH_AFTER_SECONDS:-90}"
 gpu_pool=r1-gpu  # prefect.yaml names it
 cluster_pool=r1-cluster  # and this one: a worker on a machine of a Ray cluster (docs/cluster.md)
 state="$(realpath -m "${R1_STATE_DIR:-state}")"
@@ -136,21 +145,30 @@ start() {
   "$venv/bin/prefect" --no-prompt deploy --all > "$logs/deploy.log" 2>&1 ||
     { cat "$logs/deploy.log" >&2; exit 1; }
   echo "serve: deployed $(grep -c "^  - name:" prefect.yaml) deployments (log: $logs/deploy.log)"
+  "$venv/bin/python" -m cli.heartbeats --within "$crash_after" | sed 's/^/serve: /'
   if ! running worker; then
-    start_one worker "$logs/prefect-worker.log" "$venv/bin/python" -m cli.worker --pool "$pool"
+    # its flow runs get the stop's time, less a margin, to report Crashed before the worker exits
+    start_one worker "$logs/prefect-worker.log" "$venv/bin/python" -m cli.worker --pool "$pool" \
+      --grace "$(( stop_seconds > 10 ? stop_seconds - 5 : stop_seconds / 2 ))"
     echo "serve: worker started on pool $pool (log: $logs/prefect-worker.log)"
   fi
   wait_healthy "$R1_MLFLOW_UI/health" mlflow "$logs/mlflow-ui.log"
-  printf 'export PREFECT_API_URL=%s\nexport R1_MLFLOW_UI=%s\n' "$PREFECT_API_URL" "$R1_MLFLOW_UI" \
-    > "$state/serve.env"
+  environment > "$state/serve.env"
   status
-  echo "next: export PREFECT_API_URL=$PREFECT_API_URL"
+  echo "next, in any shell: eval \"\$(bash scripts/serve.sh env)\"   (or: export PREFECT_API_URL=$PREFECT_API_URL)"
   echo "      $venv/bin/prefect deployment run 'r1-pipeline/micro' --watch"
+}
+
+environment() {  # the lines that point a shell at this stack
+  printf 'export PREFECT_API_URL=%s\nexport R1_MLFLOW_UI=%s\n' "$PREFECT_API_URL" "$R1_MLFLOW_UI"
 }
 
 case "${1:-start}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: bash scripts/serve.sh [start|stop|status]" >&2; exit 2 ;;
+  env)  # what the running stack left in the state folder: its ports, not this shell's settings
+    if [ -f "$state/serve.env" ]; then cat "$state/serve.env"
+    else echo "serve: no stack serves $state (start it: bash scripts/serve.sh)" >&2; exit 1; fi ;;
+  *) echo "usage: bash scripts/serve.sh [start|stop|status|env]" >&2; exit 2 ;;
 esac

@@ -18,7 +18,8 @@ wanted="$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   echo "setup: installing the project into $venv (CPU build of torch; first time takes a few minutes)" >&2
   "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -c constraints/cpu.txt -e ".[dev,cluster]"
+  # -qq: errors only; setuptools otherwise prints its notice about editable installs each time
+  "$venv/bin/python" -m pip install -qq -c constraints/cpu.txt -e ".[dev,cluster]"
   echo "$wanted" > "$stamp"
 fi
 

@@ -163,9 +163,11 @@ def run(
             new = sink.insert(rows)
             sampled += rows.num_rows
             inserted += new
+            # the step is the count of chunks done, not the chunk's index: a cluster's actors
+            # hand chunks back in any order, and "step 3 of 3" must not come first
             done = len(chunks) - len(todo) + position + 1
             tracker.log_metrics(
-                {"rollouts/inserted": float(inserted), PROGRESS: done / len(chunks)}, step=index + 1
+                {"rollouts/inserted": float(inserted), PROGRESS: done / len(chunks)}, step=done
             )
     finally:
         close_sampler(sampler)

@@ -18,7 +18,14 @@ from configs.preflight import check_inputs
 from configs.schema import PipelineConfig
 from curation.curated import CuratedSet
 from evaluation.metrics import EvalReport
-from evaluation.report import StageRow, html_table, markdown_table, plot_stages, table_dict
+from evaluation.report import (
+    StageRow,
+    html_table,
+    markdown_table,
+    plot_stages,
+    stage_lines,
+    table_dict,
+)
 from problems.fit import check_data_fit
 from storage.paths import StatePaths
 from storage.tracking import (
@@ -180,16 +187,22 @@ def cached_from(client: MlflowClient, ctx: RunContext, result: StageResult) -> s
     return parent if parent and parent != ctx.parent_run_id else None
 
 
+# where the report's whole table is, for a person who read its lines in a run's log
+WHOLE_TABLE = "the table: prefect artifact inspect r1-stage-report"
+
+
 def publish_report(ctx: RunContext, rows: list[StageRow], k: int) -> None:
     """The per-stage table where each person meets it: the parent run's description in the
-    MLflow UI (tasks.run_pages), a table and plot among its artifacts, a markdown artifact and
-    a log line of the flow run (`prefect flow-run logs <id>`)."""
+    MLflow UI (tasks.run_pages), a table and plot among its artifacts, a markdown artifact, and
+    in the flow run's log (`--watch`, `r1 watch`, `prefect flow-run logs <id>`) a line a stage
+    that fits an 80-column terminal."""
     client = ctx.client()
     table = markdown_table(rows, k)
     experiment = client.get_run(ctx.parent_run_id).info.experiment_id
     description = report_description(experiment, ctx.parent_run_id, rows, table)
     client.set_tag(ctx.parent_run_id, RUN_DESCRIPTION_TAG, description)
-    get_run_logger().info("per-stage report:\n%s", table)
+    lines = "\n".join(stage_lines(rows))
+    get_run_logger().info("held-out, after each stage:\n%s\n%s", lines, WHOLE_TABLE)
     client.log_table(ctx.parent_run_id, table_dict(rows, k), "report/stages.json")
     client.log_text(ctx.parent_run_id, html_table(rows, k), "report/stages.html")
     plot = plot_stages(rows, k, ctx.run_dir("report") / "stages.png")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from prefect import get_run_logger
@@ -18,21 +19,75 @@ from prefect.exceptions import MissingContextError
 from prefect.logging.handlers import APILogHandler
 
 PROGRESS_EVERY = 0.1  # a progress line each time another tenth of a stage's steps is done
+SHOWN_EXCEPTIONS = 64  # exceptions a formatter remembers having shown the traceback of
+LONG_WORDS = 60  # an exception's message longer than this is cut where it is said again
 
 
 class TaskNamedFormatter(logging.Formatter):
     """`reasoning_rl: Finished in state Completed()`: a task run's record, as the Prefect server
-    stores it, starts with the task run's name; a flow run's record is left as it is. A
-    traceback keeps the project's own frames and the exception (a task's failure is logged
-    twice, by its task run and its flow run, each time through Prefect's engine: forty lines of
-    library frames each); the worker's log keeps it whole."""
+    stores it, starts with the task run's name; a flow run's record is left as it is.
+
+    A failure is said in full twice: its traceback (the project's own frames and the exception;
+    forty lines of Prefect's engine otherwise) with the first record that carries it, and its
+    words at the end. A task's failure is logged by its task run, with its final state, by its
+    flow run, with the flow run's final state, and once more as the engine exits; in between,
+    long words of an exception already shown are cut (`RegistryError: no registered model
+    'r1-tiny' (registered: r…`), and a record of the same exception without its words ends with
+    them in one line (`Engine execution exited with unexpected exception: RegistryError: ...`),
+    the last line a person reads before the run's end."""
+
+    def __init__(self, fmt: str | None = None):
+        super().__init__(fmt)
+        self._shown: OrderedDict[int, str] = OrderedDict()  # id -> text of exceptions shown
+        self._words: OrderedDict[str, None] = OrderedDict()  # their long messages
 
     def format(self, record: logging.LogRecord) -> str:
-        message = super().format(record)
+        record = self._briefly(record)
         name = getattr(record, "task_run_name", None)
-        if not name or message.startswith(f"{name}: "):
-            return message
-        return f"{name}: {message}"
+        message = record.getMessage()
+        if name and not message.startswith(f"{name}: "):
+            record = logging.makeLogRecord(record.__dict__)  # the others' record stays as it is
+            record.msg, record.args = f"{name}: {message}", None
+        return super().format(record)
+
+    def _briefly(self, record: logging.LogRecord) -> logging.LogRecord:
+        """The record, or a copy (the record itself stays as it is, for the other handlers):
+        the long words of exceptions shown already cut in its message; and when it carries an
+        exception whose traceback was shown, without the traceback, naming the exception."""
+        error = record.exc_info[1] if record.exc_info else None
+        first = error is not None and self._first_sight(error)
+        message = record.getMessage()
+        shorter = self._cut(message)
+        if error is not None and not first:
+            brief = logging.makeLogRecord(record.__dict__)
+            brief.exc_info = brief.exc_text = None
+            named = str(error) and str(error) in message  # e.g. "...: InjectedFailure('...')"
+            brief.msg = shorter if named else f"{shorter}: {exception_line(error)}"
+            brief.args = None
+            return brief
+        if shorter == message:
+            return record
+        cut = logging.makeLogRecord(record.__dict__)
+        cut.msg, cut.args = shorter, None
+        return cut
+
+    def _first_sight(self, error: BaseException) -> bool:
+        """Whether this formatter sees `error` for the first time (and remembers it)."""
+        text = exception_line(error)
+        if self._shown.get(id(error)) == text:  # the id alone may be a new exception's
+            return False
+        self._shown[id(error)] = text
+        if len(str(error)) > LONG_WORDS:
+            self._words[str(error)] = None
+        for remembered in (self._shown, self._words):
+            while len(remembered) > SHOWN_EXCEPTIONS:
+                remembered.popitem(last=False)
+        return True
+
+    def _cut(self, message: str) -> str:
+        for words in self._words:
+            message = message.replace(words, words[: LONG_WORDS - 1] + "…")
+        return message
 
     def formatException(self, ei) -> str:  # noqa: N802 - logging's name
         kind, value, tb = ei
@@ -48,6 +103,12 @@ class TaskNamedFormatter(logging.Formatter):
             cause = value.__cause__
             lines += ["caused by: "] + traceback.format_exception_only(type(cause), cause)
         return "".join(lines).rstrip("\n")
+
+
+def exception_line(error: BaseException) -> str:
+    """`InjectedFailure: reasoning_rl: injected failure at step 2 (faults.fail_once_at)`."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def library_file(path: str) -> bool:

@@ -20,7 +20,7 @@ from configs.profiles import ConfigError, known_profiles, load_profile
 from configs.reinforcement import EvalConfig
 from configs.schema import PipelineConfig
 from evaluation.metrics import EvalReport
-from evaluation.verdict import EvaluationVerdict, artifact_key, verdict_markdown
+from evaluation.verdict import EvaluationVerdict, artifact_key, verdict_line, verdict_markdown
 from models.saved import ModelRef
 from preference.reward import PreferenceReward
 from problems.general_files import write_general_sets
@@ -236,6 +236,7 @@ def record_evaluation(
     earlier = eval_history.latest_before(paths.duckdb, model.name, alias, run_id)
     lines = [] if earlier is None else eval_history.regressions(earlier.metrics, metrics, max_drop)
     verdict = EvaluationVerdict(model, run_id, metrics, earlier, lines)
+    get_run_logger().info("%s", verdict_line(verdict, max_drop))
     close_evaluation_run(tracking_client(paths), verdict)
     create_markdown_artifact(
         key=artifact_key(alias),

@@ -49,7 +49,9 @@ PEER_LOST = re.compile(
 )
 EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 # Variables a rank needs from worker_env on a host reached by a remote shell
-FORWARDED_PREFIXES = ("PYTHONPATH", "DS_", "OMP_", "TOKENIZERS_", "HF_", "TRANSFORMERS_", "NCCL_")
+FORWARDED_PREFIXES = (
+    "PYTHONPATH", "DS_", "OMP_", "TOKENIZERS_", "HF_", "TRANSFORMERS_", "NCCL_", "GLOO_",
+)  # fmt: skip
 
 
 class Node(Protocol):

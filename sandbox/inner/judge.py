@@ -1,9 +1,11 @@
 """The judge: runs a session's jobs through the zygote, a few at a time, and reports each result.
 
 It reads jobs from the runner (`{"job": id, "kind": "program" | "calls", ...}` messages, then
-`{"end": true}`) and writes one result message per job. It is the only process of the session that
-sees tests: they reach it on its own pipe, after the zygote was forked, and no program is ever
-forked from it; it runs under its own uid when the sandbox is root.
+`{"end": true}`) and writes a message per run or test as it ends (`{"job": id, "item": ...}`),
+then one when the job is done (`{"job": id, "done": {...}}`, with a setup or judge error if
+any). It is the only process of the session that sees tests: they reach it on its own pipe,
+after the zygote was forked, and no program is ever forked from it; it runs under its own uid
+when the sandbox is root.
 
 - A program job (sandbox/inner/programs.py) runs the code once per input and reports what each
   run did (`facts`: exit status, CPU seconds, OOM, time and output limits, stdout and stderr):
@@ -146,14 +148,20 @@ class Supervisor:
             if "deadline" in message:
                 slot.deadline = float(message["deadline"])
             elif "item" in message:
-                slot.items.append(message["item"])
+                self._item(slot, message["item"])
             elif "done" in message:
                 self._finish(slot, message["done"])
 
+    def _item(self, slot: _Slot, item: dict[str, Any]) -> None:
+        """A run's or test's result, passed on to the runner as it comes: what a program did
+        is kept whatever happens to the rest of its job or session."""
+        assert slot.job is not None
+        slot.items.append(item)
+        wire.write_message(self.result_fd, {"job": slot.job["job"], "item": item})
+
     def _finish(self, slot: _Slot, extra: dict[str, Any]) -> None:
         assert slot.job is not None
-        key = "verdicts" if slot.job["kind"] == "calls" else "runs"
-        wire.write_message(self.result_fd, {"job": slot.job["job"], key: slot.items, **extra})
+        wire.write_message(self.result_fd, {"job": slot.job["job"], "done": extra})
         slot.job, slot.items = None, []
 
     def _overdue(self, slot: _Slot) -> None:
@@ -161,7 +169,7 @@ class Supervisor:
         worker goes on with the rest of the job."""
         assert slot.job is not None
         self._stop(slot, kill=True)
-        slot.items.append(_overdue_item(slot.job, slot.deadline))
+        self._item(slot, _overdue_item(slot.job, slot.deadline))
         self._start(slot)
         remaining = slot.job[_items_key(slot.job)][len(slot.items) :]
         if remaining:

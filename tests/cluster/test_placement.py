@@ -13,7 +13,7 @@ import pytest
 
 from cluster import connect
 from cluster.placement import stage_sampler, training_nodes
-from configs import load_profile
+from configs import ConfigError, load_profile
 from configs.cluster import ClusterConfig
 from configs.reinforcement import EvalConfig
 from configs.supervised import EngineConfig
@@ -54,6 +54,16 @@ def test_nodes_need_a_launcher_and_ranks_split_evenly():
         )
 
 
+def test_a_ray_setting_without_an_address_is_refused_naming_it():
+    """`r1 config --set cluster.workers=8` without cluster.address would change nothing."""
+    with pytest.raises(ConfigError, match=r"cluster.workers: only a Ray cluster reads it"):
+        load_profile("micro", ["cluster.workers=8"])
+    with pytest.raises(ConfigError, match=r"cluster.cpus_per_worker, cluster.workers: .* them"):
+        load_profile("micro", ["cluster.workers=8", "cluster.cpus_per_worker=2"])
+    assert load_profile("micro", ["cluster.workers=8", "cluster.address=auto"]).cluster.workers == 8
+    assert load_profile("micro").cluster.active() is None  # the defaults alone: no cluster
+
+
 def test_without_a_cluster_the_stage_keys_and_samplers_are_one_machines(tmp_path):
     plain = RunContext(tmp_path, "parent", "flow", "r1-micro")
     placed = RunContext(
@@ -74,7 +84,7 @@ def test_the_default_path_never_imports_ray(tmp_path):
 import sys
 import flows.r1_pipeline, flows.distill, flows.evaluate_registered, flows.r1_zero
 from cluster.placement import stage_sampler, training_nodes
-from configs import load_profile
+from configs import ConfigError, load_profile
 from configs.reinforcement import SamplerConfig
 from models.saved import save_model
 from tests.tiny_models import make_tokenizer, tiny_model
@@ -174,11 +184,23 @@ def test_an_address_where_nothing_answers_fails_at_once():
 
 def test_auto_without_a_joined_cluster_says_how_to_join(monkeypatch, tmp_path):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(connect, "CURRENT_CLUSTER", tmp_path / "none")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     with pytest.raises(connect.ClusterUnreachableError, match="ray start --head"):
         connect.head_address("auto")
     monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
     assert connect.head_address("auto") == "10.1.2.3:6379"
+
+
+def test_auto_finds_a_cluster_started_under_ray_tmpdir(monkeypatch, tmp_path):
+    """`RAY_TMPDIR=/x ray start --head` records the cluster in /x/ray/ray_current_cluster, where
+    Ray itself looks for it (read here without Ray when it is not installed)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("10.9.8.7:6380\n")
+    assert connect.head_address("auto") == "10.9.8.7:6380"
+    monkeypatch.setitem(sys.modules, "ray._common.utils", None)  # as without Ray: same rule
+    assert connect.head_address("auto") == "10.9.8.7:6380"
 
 
 def test_a_cluster_without_ray_installed_names_the_extra(monkeypatch):

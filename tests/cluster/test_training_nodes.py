@@ -34,7 +34,27 @@ CONFIG = SFTConfig(train=TRAIN, engine=EngineConfig(kind="deepspeed", processes=
 LONG = SFTConfig(
     train=TRAIN.model_copy(update={"epochs": 6, "checkpoint_every": 2}), engine=CONFIG.engine
 )
-HOSTS = ClusterConfig(nodes=2, hosts=["127.0.0.1", "127.0.0.2"], remote_shell=["bash", "-c"])
+# Node 1 (127.0.0.2, not this machine's name) is started through the remote shell: here bash on
+# this machine in place of ssh, which first writes down the launch command it was given.
+REMOTE_SHELL = 'printf "%s\\n" "$1" >> "$R1_TEST_REMOTE_LOG" && exec bash -c "$1"'
+HOSTS = ClusterConfig(
+    nodes=2, hosts=["127.0.0.1", "127.0.0.2"], remote_shell=["bash", "-c", REMOTE_SHELL, "{host}"]
+)
+
+
+@pytest.fixture
+def remote_log(tmp_path, monkeypatch) -> Path:
+    """Where the remote shell writes each launch command it was given."""
+    log = tmp_path / "remote-launches.txt"
+    monkeypatch.setenv("R1_TEST_REMOTE_LOG", str(log))
+    return log
+
+
+def assert_two_nodes_ran(remote_log: Path) -> None:
+    """Node 1's torchrun went through the remote shell, as one of two nodes: the stage did not
+    run both ranks on this machine."""
+    (launch,) = remote_log.read_text().splitlines()
+    assert "--nnodes 2 --node_rank 1 --nproc_per_node 1" in launch, launch
 
 
 def weights(ref: ModelRef) -> dict[str, torch.Tensor]:
@@ -56,13 +76,19 @@ def one_node(world, tmp_path_factory) -> ModelRef:  # noqa: F811
     return sft.run(CONFIG, ModelRef(world["base"]), world["data"], out, Recorder())
 
 
-def test_two_listed_hosts_train_the_weights_of_one_node(world, one_node, tmp_path):  # noqa: F811
-    """Node 1 is started through the remote shell (here bash on this machine, in place of ssh)
-    with the environment a rank needs; node 0 runs directly."""
+def test_two_listed_hosts_train_the_weights_of_one_node(
+    world,  # noqa: F811
+    one_node,
+    tmp_path,
+    remote_log,
+):
+    """Node 1 is started through the remote shell with the environment a rank needs; node 0
+    runs directly."""
     recorder = Recorder()
     ref = sft.run(CONFIG, ModelRef(world["base"]), world["data"], tmp_path, recorder, cluster=HOSTS)
     assert sorted(recorder.steps) == list(range(1, 9))
     assert_same_weights(ref, one_node)
+    assert_two_nodes_ran(remote_log)
 
 
 def test_two_ray_nodes_train_the_weights_of_one_node(
@@ -81,6 +107,10 @@ def test_two_ray_nodes_train_the_weights_of_one_node(
     assert sorted(recorder.steps) == list(range(1, 9))
     assert_same_weights(ref, one_node)
     assert "--master_addr 127.0.0.1" in caplog.text  # node 0's address in the cluster
+    for rank in (0, 1):  # each node's torchrun, placed by Ray, one rank each
+        assert f"node {rank} on " in caplog.text and f"--node_rank {rank} --nproc_per_node 1" in (
+            caplog.text
+        ), caplog.text
 
 
 def rank_pid(spec: Path, rank: int) -> int | None:
@@ -136,7 +166,7 @@ def test_a_dead_node_is_named_and_the_retry_resumes(world, ray_cluster, tmp_path
         assert torch.allclose(trained[name], tensor, atol=WEIGHT_ATOL), name
 
 
-def test_grpo_on_two_listed_hosts_trains_the_weights_of_one_node(tmp_path):
+def test_grpo_on_two_listed_hosts_trains_the_weights_of_one_node(tmp_path, remote_log):
     """GRPO's ranks each sample their share of a step with a colocated sampler, on whichever
     node they run: two nodes of one rank end where one node of two ranks ends."""
     from problems.loader import write_problems
@@ -153,3 +183,4 @@ def test_grpo_on_two_listed_hosts_trains_the_weights_of_one_node(tmp_path):
     one = reasoning_rl.run(cfg, base, problems, tmp_path / "one", Recorder(), "grpo")
     two = reasoning_rl.run(cfg, base, problems, tmp_path / "two", Recorder(), "grpo", cluster=HOSTS)
     assert_same_weights(two, one)
+    assert_two_nodes_ran(remote_log)

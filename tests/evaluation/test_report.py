@@ -2,7 +2,15 @@
 
 import pytest
 
-from evaluation.report import StageRow, html_table, markdown_table, plot_stages, table_dict
+from evaluation.report import (
+    LINE_WIDTH,
+    StageRow,
+    html_table,
+    markdown_table,
+    plot_stages,
+    stage_lines,
+    table_dict,
+)
 from models.saved import ModelRef
 from stages.distill import check_smaller
 
@@ -66,3 +74,21 @@ def test_html_table_has_every_cell_escaped():
     assert page.count("<tr>") == len(rows) + 1
     assert '<td class="n">1.500 ± 0.040</td>' in page
     assert "x&lt;script&gt;" in page and "a &amp; b" in page and "<script>" not in page
+
+
+def test_a_line_a_stage_fits_80_columns_under_a_logs_prefix():
+    """The longest stage names, a four-digit time and long notes: each line within LINE_WIDTH
+    (80 columns less `--watch`'s 28), the figures of a model, the notes of the rest."""
+    rows = [
+        *ROWS,
+        StageRow("student_base_llama", 1234.0, {}, "cached from run 7a72dbd5, params 0.70M, v11"),
+        StageRow("rejection_sampling", 64.0, {}, "data 25 general, 8 reasoning, kept 2199/4400"),
+    ]
+    lines = stage_lines(rows)
+    assert LINE_WIDTH + 28 <= 80 and all(len(line) <= LINE_WIDTH for line in lines), lines
+    assert lines[0] == "bootstrap             10s  pass@1 0.800 format 0.000"
+    assert lines[1] == "cold_start_curation    2s  kept 5/9"
+    assert lines[3] == "all_scenarios_rl       6s"  # no pass@1: its general score is in the table
+    assert lines[4] == "student_base_llama  1234s  params 0.70M, v11"  # no "cached from"
+    assert lines[5].startswith("rejection_sampling    64s  data 25 general")
+    assert lines[5].endswith("…")

@@ -383,6 +383,59 @@ def test_the_regression_message_names_each_evaluations_own_run(tmp_path):
     assert "against version 2 (its evaluation: MLflow run old-eval-run)" in message
 
 
+def test_the_verdict_line_says_held_regressed_or_first():
+    from datetime import UTC, datetime
+
+    from evaluation.verdict import EvaluationVerdict, verdict_line
+    from storage.eval_history import Evaluation
+    from storage.model_registry import RegisteredModel
+
+    model = RegisteredModel("r1-micro", "final", "3", "source-run", None, "d" * 64)
+    earlier = Evaluation(
+        datetime.now(UTC), "r1-micro", "final", "2", "c", "old", "src", {"pass_at_1": 0.65}
+    )
+    now = {"pass_at_1": 0.64, "general_score": 1.2, "format_rate": 1.0}
+    watched = {"pass_at_1": 0.02, "general_score": 0.02}
+    held = verdict_line(EvaluationVerdict(model, "new", now, earlier), watched)
+    assert held == (
+        "models:/r1-micro@final v3 held against v2: pass_at_1 0.640 (was 0.650), "
+        "general_score 1.200 (was -); a drop over 0.020 fails"
+    )
+    worse = EvaluationVerdict(model, "new", now, earlier, ["pass_at_1 fell"])
+    assert " v3 regressed against v2: " in verdict_line(worse, watched)
+    first = verdict_line(EvaluationVerdict(model, "new", now, None), watched)
+    assert first == (
+        "models:/r1-micro@final v3: first evaluation, nothing to compare "
+        "(pass_at_1 0.640, general_score 1.200)"
+    )
+
+
+def flow_run_logs(mlflow_run_id: str, paths: StatePaths) -> list[str]:
+    """The log lines of the flow run that recorded the evaluation `mlflow_run_id`."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()
+    flow_run = MlflowClient(paths.tracking_uri).get_run(mlflow_run_id).data.tags
+    with get_client(sync_client=True) as prefect:
+        logs = prefect.read_logs(
+            log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[flow_run["prefect.flow_run_id"]])
+            )
+        )
+    return [log.message for log in logs]
+
+
+@pytest.mark.heavy
+def test_the_flow_runs_log_says_whether_the_model_held(evaluations):
+    """What `--watch` and `r1 watch` print: the verdict, not only the artifact."""
+    second = evaluations["second"]
+    lines = flow_run_logs(second["mlflow_run_id"], evaluations["paths"])
+    held = f"{URI} v{second['version']} held against v{second['previous_version']}: pass_at_1"
+    assert any(line.startswith(f"record-evaluation: {held}") for line in lines), lines
+
+
 @pytest.mark.heavy
 def test_a_missing_model_is_an_error_that_names_the_command_for_a_registered_one(evaluations):
     """The nightly deployment on profile tiny, in a store where only micro's models exist: the

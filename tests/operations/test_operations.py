@@ -11,139 +11,54 @@ the wrong profile it names the command that works; `serve.sh stop` leaves no pro
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 from mlflow import MlflowClient
 
+from configs import load_profile
+from tests.operations.stack import (
+    ROOT,
+    Stack,
+    flow_run_id,
+    flow_run_json,
+    flow_run_process,
+    prefect,
+    r1,
+    session_of,
+    stack_environment,
+    task_runs,
+    wait_for_end,
+)
+
 # Heavy: a Prefect server and worker (scripts/serve.sh) and deployment runs of the pipeline.
 pytestmark = pytest.mark.heavy
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
 CRASH_REPORT_SECONDS = 15
 FAULT = "reasoning_rl@2"  # micro's stage 3 checkpoints every step and runs 2
 EARLIER_TASKS = {"prepare-problems", "bootstrap", "cold_start_curation", "cold_start_sft"}
 REASON = "InjectedFailure: reasoning_rl: injected failure at step 2 (faults.fail_once_at)"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """Server and worker started by the documented script, stopped by it at the end."""
     state = tmp_path_factory.mktemp("ops-state")
-    port = free_port()
-    env = os.environ | {
-        "R1_STATE_DIR": str(state),
-        "R1_PREFECT_PORT": str(port),
-        "R1_MLFLOW_PORT": str(free_port()),
-        "COLUMNS": "80",  # what a terminal of 80 columns gives the commands
-        "R1_VENV": str(VENV_BIN.parent),
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        "PREFECT_HOME": str(state / "prefect"),
-        # the scheduler looks for deployments to schedule every 60 s by default
-        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
-    }
-    env.pop("TQDM_DISABLE", None)
-
-    def serve(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["bash", "scripts/serve.sh", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-
-    started = serve("start")
+    # the scheduler looks for deployments to schedule every 60 s by default
+    served = Stack(
+        state, stack_environment(state, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2")
+    )
+    started = served.serve("start")
     try:
         assert started.returncode == 0, started.stdout + started.stderr
-        yield state, env
+        yield state, served.env
     finally:
-        serve("stop")
-
-
-def prefect(env: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return command(env, "prefect", *args, timeout=timeout)
-
-
-def r1(env: dict, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return command(env, "r1", *args, timeout=timeout)
-
-
-def command(env: dict, name: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(VENV_BIN / name), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def flow_run_id(output: str) -> str:
-    match = re.search(r"UUID:\s*([0-9a-f-]{36})", output)
-    assert match, output
-    return match.group(1)
-
-
-def wait_for_end(env: dict, run_id: str, timeout: int = 900) -> str:
-    """The flow run's final state type, polled from the server by a fresh interpreter."""
-    code = (
-        "import sys, time\n"
-        "from prefect import get_client\n"
-        "deadline = time.time() + float(sys.argv[2])\n"
-        "time.sleep(2)\n"
-        "while time.time() < deadline:\n"
-        "    with get_client(sync_client=True) as c:\n"
-        "        state = c.read_flow_run(sys.argv[1]).state\n"
-        "    if state.is_final():\n"
-        "        print(state.type.value)\n"
-        "        sys.exit(0)\n"
-        "    time.sleep(2)\n"
-        "print('TIMEOUT')\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, run_id, str(timeout)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip()
-
-
-def task_runs(env: dict, run_id: str) -> list:
-    """The flow run's task runs, read from the server by a fresh interpreter."""
-    code = (
-        "import json, sys\n"
-        "from prefect import get_client\n"
-        "from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId\n"
-        "with get_client(sync_client=True) as c:\n"
-        "    runs = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId("
-        "any_=[sys.argv[1]])))\n"
-        "print(json.dumps([[r.name, r.state.type.value, r.state.name, r.start_time is not None]"
-        " for r in runs]))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, run_id], env=env, capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout)
+        served.serve("stop")
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +169,15 @@ def test_a_new_run_with_the_same_parameters_computes_nothing_again(failed_then_r
     env = failed_then_retried[1]
     again = prefect(env, "deployment", "run", "r1-pipeline/micro", "--watch")
     assert again.returncode == 0, again.stdout + again.stderr
+    # the report at its end, a line a stage, each whole at 80 columns (not wrapped)
+    lines = again.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.endswith("held-out, after each stage:")]
+    footer = "the table: prefect artifact inspect r1-stage-report"  # whole: not wrapped
+    (end,) = [i for i, line in enumerate(lines) if line.endswith(footer)]
+    report = lines[at + 1 : end]
+    assert len(report) == 16, report  # a whole line each, none wrapped into a second
+    assert all(re.fullmatch(r"\s+[a-z_0-9]+ +\d+s(  \S.*)?", line) for line in report), report
+    assert re.fullmatch(r"\s+bootstrap +\d+s  pass@1 \d\.\d{3} format \d\.\d{3}", report[0])
     runs = task_runs(env, flow_run_id(again.stdout))
     computed = {name for name, _, state_name, _ in runs if state_name != "Cached"}
     # stage 3 ran under the fault's key in the faulted run, so a run without the fault computes it
@@ -347,6 +271,34 @@ def test_the_nightly_evaluation_on_the_wrong_profile_names_the_command_to_run(
     assert tiny.returncode != 0
     fix = "prefect deployment run 'evaluate-model/final-nightly' --param profile=micro"
     assert fix in " ".join(tiny.stdout.split()), tiny.stdout[-3000:]
+    # said once in full before the end (the traceback) and once at the end, cut in between
+    said = "no registered model 'r1-tiny' (registered: r1-micro). Profile 'tiny' evaluates"
+    assert " ".join(tiny.stdout.split()).count(said) == 2, tiny.stdout
+    # a retry would meet the same registry: `r1 watch` does not suggest one
+    watched = r1(env, "watch", flow_run_id(tiny.stdout), timeout=120)
+    assert watched.returncode == 1 and "RegistryError: no registered model" in watched.stdout
+    assert "flow-run retry" not in watched.stdout
+    assert "would fail the same way" in watched.stdout
+
+
+def test_overrides_of_a_cluster_run_add_to_the_deployments_cluster(stack):
+    """`--param overrides=[...]` on `r1-pipeline/cluster`, as docs/cluster.md shows it, keeps
+    the deployment's cluster: Prefect merges parameters key by key, and the address is a key of
+    its own. (No worker serves the pool r1-cluster here: the run waits, and is deleted.)"""
+    _, env = stack
+    overrides = json.dumps(["cluster.workers=8"])
+    started = prefect(
+        env, "deployment", "run", "r1-pipeline/cluster", "--param", f"overrides={overrides}"
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = flow_run_id(started.stdout)
+    parameters = flow_run_json(env, run_id, "run.parameters")
+    prefect(env, "flow-run", "delete", run_id)
+    assert parameters["overrides"] == ["cluster.workers=8"], parameters
+    config = load_profile(
+        parameters["profile"], parameters["overrides"], parameters["cluster_address"]
+    )  # as the flow builds it
+    assert (config.cluster.address, config.cluster.workers) == ("auto", 8)
 
 
 def test_stop_ends_every_process_the_stack_started(stack):
@@ -373,18 +325,3 @@ def test_stop_ends_every_process_the_stack_started(stack):
     assert not left, [p.cmdline() for p in left]
     assert not [p for p in psutil.process_iter() if session_of(p) in sessions.values()]
     assert not (state / "serve.env").exists()
-
-
-def session_of(process: psutil.Process) -> int | None:
-    try:
-        return os.getsid(process.pid)
-    except (ProcessLookupError, PermissionError):
-        return None
-
-
-def flow_run_process(process: psutil.Process, run_id: str) -> bool:
-    """Whether `process` runs the flow run `run_id` (the worker passes its id in the env)."""
-    try:
-        return process.environ().get("PREFECT__FLOW_RUN_ID") == run_id
-    except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-        return False

@@ -10,6 +10,7 @@ from datasets import load_from_disk
 from mlflow import MlflowClient
 
 from configs import load_profile
+from evaluation.report import LINE_WIDTH
 from storage.tracking import ATTEMPTS_TAG, STAGE_KEY_TAG, alias_for
 
 # Heavy: the whole micro pipeline on a Prefect test server.
@@ -242,7 +243,9 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
                 offset=len(logs),
             )
             logs += page
-    assert any("per-stage report" in log.message and "| mixed_sft |" in log.message for log in logs)
+    (report,) = [log.message for log in logs if "held-out, after each stage:" in log.message]
+    assert [line.split()[0] for line in report.splitlines()[1:-1]] == ROW_STAGES  # a line each
+    assert all(len(line) <= LINE_WIDTH for line in report.splitlines()[1:])
     messages = [log.message for log in logs]
     # every task run's line says which stage it is about, and long stages say how far along
     assert "reasoning_rl: Finished in state Completed()" in messages

@@ -25,6 +25,7 @@ import pytest
 
 import sandbox.runner as runner
 from sandbox import Job, Limits, SandboxResult, capabilities, run_jobs, run_python
+from sandbox.host_dirs import site_packages_dirs
 
 REPO = Path(__file__).resolve().parents[2]
 TIGHT = Limits(cpu_seconds=1, wall_seconds=1.5)
@@ -392,7 +393,7 @@ def test_third_party_packages_are_not_importable() -> None:
         pytest.skip(f"no private root here: {CAPS.reason}")
     code = (
         "import sys\n"
-        f"sys.path += {runner._site_packages_dirs()!r}\n"
+        f"sys.path += {site_packages_dirs()!r}\n"
         "for name in ('yaml', 'psutil', 'torch', 'numpy'):\n"
         "    try:\n"
         "        __import__(name)\n"

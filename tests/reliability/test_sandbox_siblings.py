@@ -250,6 +250,40 @@ def test_memory_a_program_leaves_behind_never_reaches_the_next(
 
 
 @needs_cgroup
+def test_memory_left_outside_a_programs_namespaces_never_reaches_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where namespaces are off, what a program leaves in the host's /dev/shm (120 MB in
+    tmpfs files) stays charged to its cgroup after it ends, until the files go. The next
+    program (200 MB of a 256 MB limit) must not get that cgroup: before a cgroup is reused, the
+    memory it holds is checked, not only its processes; without that check the next program is
+    killed by the cgroup's OOM killer. (With namespaces, a program's tmpfs and IPC go with its
+    namespaces, and the test above passes either way.)"""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    monkeypatch.setenv("R1_SANDBOX_NO_NAMESPACES", "1")
+    monkeypatch.setenv("R1_SANDBOX_UNISOLATED", "1")  # without root: one uid, no namespaces
+    monkeypatch.setattr(runner, "_capabilities", None)  # found again, without namespaces
+    tag = secrets.token_hex(4)
+    leaves = (
+        "for i in range(8):\n"
+        f"    with open(f'/dev/shm/r1-left-{tag}-{{i}}', 'wb') as f:\n"
+        "        f.write(b'x' * (15 << 20))\n"
+        "print('left 120 MB')\n"
+    )
+    limits = Limits(cpu_seconds=2, wall_seconds=10, memory_mb=256, file_size_mb=16)
+    try:
+        outcomes = run_jobs([Job(leaves, limits=limits), *[Job(NEEDS_200_MB, limits=limits)] * 3],
+                            workers=1)  # fmt: skip
+    finally:
+        for i in range(8):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/r1-left-{tag}-{i}")
+    assert outcomes[0][0].stdout == "left 120 MB\n", outcomes[0][0]
+    assert [(r.status, r.stdout) for (r,) in outcomes[1:]] == [("ok", "200\n")] * 3
+
+
+@needs_cgroup
 def test_a_cgroup_holding_memory_is_not_empty_without_a_process() -> None:
     """The check before a cgroup is reused covers memory, not only processes: a tmpfs file
     charged to it keeps it from being reused until the file is gone."""

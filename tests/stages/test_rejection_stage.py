@@ -12,7 +12,9 @@ from problems.types import Problem
 from stages import rejection
 from stages.tracker import NullTracker
 from storage import rollout_store
+from tasks.progress import step_text
 from tests.tiny_models import make_tokenizer, tiny_model
+from training import PROGRESS
 
 G = 3
 CONFIG = RejectionConfig(
@@ -136,3 +138,27 @@ def test_rows_are_reused_only_under_the_same_sampling_settings(model, tmp_path):
     keys = {rejection.rollouts_key("digest", CONFIG), rejection.rollouts_key("other", CONFIG)}
     keys.add(rejection.rollouts_key("digest", RejectionConfig(**other)))
     assert len(keys) == 3 and all(k.startswith(("digest:", "other:")) for k in keys)
+
+
+class Recording(NullTracker):
+    def __init__(self):
+        self.points: list[tuple[int | None, dict]] = []
+
+    def log_metrics(self, metrics, step=None):
+        self.points.append((step, metrics))
+
+
+def test_progress_counts_chunks_done_when_they_come_back_out_of_order(model, tmp_path, monkeypatch):
+    """A cluster's actors hand chunks back as they finish: the last chunk first. The progress
+    line reads "step 1 of 3 (33%)", not "step 3 of 9 (33%)"."""
+    sample_chunks = rejection.sample_chunks
+
+    def last_first(sampler, jobs):
+        return reversed(list(sample_chunks(sampler, jobs)))
+
+    monkeypatch.setattr(rejection, "sample_chunks", last_first)
+    tracker = Recording()
+    prompts = rejection.select_prompts(CONFIG, REASONING, GENERAL)  # 12 prompts: 3 chunks
+    rejection.run(CONFIG, model, "m", prompts, DuckDBSink(tmp_path / "r.duckdb", "m"), tracker)
+    lines = [step_text(step, m[PROGRESS]) for step, m in tracker.points if PROGRESS in m]
+    assert lines == ["step 1 of 3 (33%)", "step 2 of 3 (67%)", "step 3 of 3 (100%)"]

@@ -9,6 +9,7 @@ import pytest
 from configs import load_profile
 from tasks.plan import planned_stages
 from tasks.progress import (
+    LONG_WORDS,
     ProgressLines,
     TaskNamedFormatter,
     library_file,
@@ -109,3 +110,51 @@ def test_the_plan_follows_the_settings():
     plan = planned_stages(fewer, "r1_pipeline")
     assert "r1_zero_rl" not in plan and not [s for s in plan if s.startswith("rl_only_")]
     assert planned_stages(tiny, "evaluate_registered") == ()
+
+
+def test_a_failure_logged_three_times_shows_its_traceback_once_and_ends_in_one_line():
+    """The task run's record, the flow run's and the engine's exit, as a failed run logs them:
+    the traceback with the first, then the exception in one line, the last line a person reads.
+    The records themselves keep their exception for the other handlers (the worker's log)."""
+    formatter = TaskNamedFormatter()
+    try:
+        raise_through_a_library()
+    except RuntimeError:
+        info = sys.exc_info()
+    task = record("Task run failed with exception: RuntimeError('bad row')", "reasoning_rl", info)
+    flow = record("Encountered exception during execution: RuntimeError('bad row')", None, info)
+    engine = record("Engine execution exited with unexpected exception", None, info)
+    first, second, last = (formatter.format(r) for r in (task, flow, engine))
+    assert "Traceback (most recent call last" in first and "in bad_row" in first
+    assert second == "Encountered exception during execution: RuntimeError('bad row')"
+    assert last == "Engine execution exited with unexpected exception: RuntimeError: bad row"
+    assert engine.exc_info is info
+    try:
+        raise_through_a_library()
+    except RuntimeError:  # another failure, of the same words: its own traceback
+        again = formatter.format(record("Task run failed", "student_qwen", sys.exc_info()))
+    assert "Traceback (most recent call last" in again
+
+
+def test_long_words_of_a_failure_are_said_in_full_with_its_traceback_and_at_the_end():
+    """The nightly evaluation's missing model: a sentence of 200 characters, in the five records
+    of a failed run. In full in the traceback and in the engine's last record, cut elsewhere."""
+    words = "no registered model 'r1-tiny' (registered: r1-micro)." + " Run this instead." * 8
+    formatter = TaskNamedFormatter()
+    try:
+        raise LookupError(words)
+    except LookupError as error:
+        info = sys.exc_info()
+        said = repr(error)
+    records = [
+        record(f"Task run failed with exception: {said}", "registered-model", info),
+        record(f"Finished in state Failed('Task run encountered an exception {words}')", "r"),
+        record(f"Encountered exception during execution: {said}", None, info),
+        record(f"Finished in state Failed('Flow run encountered an exception: {words}')", None),
+        record("Engine execution exited with unexpected exception", None, info),
+    ]
+    texts = [formatter.format(r) for r in records]
+    assert [words in text for text in texts] == [True, False, False, False, True]
+    assert texts[0].count(words) == 1 and texts[0].endswith(f"LookupError: {words}")  # traceback
+    assert all(f"{words[: LONG_WORDS - 1]}…" in text for text in texts[1:4])
+    assert texts[-1] == f"Engine execution exited with unexpected exception: LookupError: {words}"

@@ -1,0 +1,169 @@
+"""A flow run whose worker or process is gone ends Crashed, is listed by `r1 runs`, ends `r1
+watch`, and a retry resumes it from its checkpoint; against the real stack (`scripts/serve.sh`:
+a Prefect server, the process worker, the MLflow UI) and a real micro pipeline run:
+
+- the stack stopped while stage 3 trains (`serve.sh stop`, then `serve.sh` again): the worker
+  ends its flow run, which reports Crashed before the server stops;
+- the machine gone while stage 3 trains (every process of the stack and the run killed at once
+  with SIGKILL, nothing reported), then the stack started again: the heartbeat automation marks
+  the run Crashed once its heartbeats have stopped for `R1_CRASH_AFTER_SECONDS`;
+- the worker and the run killed, then the run cancelled: it ends Cancelled, not Cancelling for
+  ever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from mlflow import MlflowClient
+
+from tests.operations.stack import (
+    Stack,
+    flow_run_id,
+    flow_run_process,
+    prefect,
+    r1,
+    run_state,
+    session_of,
+    stack_environment,
+    wait_for_end,
+)
+
+# Heavy: a Prefect server and worker (scripts/serve.sh) and deployment runs of the pipeline.
+pytestmark = pytest.mark.heavy
+
+STEPS = 80  # micro's stage 3 checkpoints every step; enough steps to stop it mid-way
+CRASH_AFTER = 60  # seconds without a heartbeat (they come every 30 s)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("stuck-state")
+    served = Stack(state, stack_environment(state, R1_CRASH_AFTER_SECONDS=str(CRASH_AFTER)))
+    started = served.serve("start")
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield served
+    finally:
+        served.serve("stop")
+
+
+def start_training_run(stack: Stack, steps: int) -> str:
+    """A micro pipeline run, returned once its stage 3 has logged three steps (`steps` differs
+    between runs: the same settings would take stage 3 from the cache)."""
+    overrides = json.dumps([f"reasoning_rl.steps={steps}"])
+    started = prefect(
+        stack.env, "deployment", "run", "r1-pipeline/micro", "--param", f"overrides={overrides}"
+    )
+    run_id = flow_run_id(started.stdout)
+    deadline = time.monotonic() + 600
+    while len(stage3_rewards(stack, run_id)) < 3:
+        assert time.monotonic() < deadline, "stage 3 never reached its third step"
+        time.sleep(0.5)
+    return run_id
+
+
+def stage3_runs(stack: Stack, run_id: str) -> list:
+    client = MlflowClient(f"sqlite:///{stack.state}/mlflow.db")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    stage3 = f"tags.`prefect.flow_run_id` = '{run_id}' AND tags.`r1.stage` = 'reasoning_rl'"
+    return client.search_runs(experiments, filter_string=stage3)
+
+
+def stage3_rewards(stack: Stack, run_id: str) -> list:
+    runs = stage3_runs(stack, run_id)
+    if not runs:
+        return []
+    client = MlflowClient(f"sqlite:///{stack.state}/mlflow.db")
+    return client.get_metric_history(runs[0].info.run_id, "reward/mean")
+
+
+def assert_listed_watched_and_resumed(stack: Stack, run_id: str, steps: int, reason: str) -> None:
+    """`r1 runs` lists the run Crashed with `reason`; `r1 watch` ends on it and names the retry;
+    the retry resumes stage 3 from its checkpoint and the run completes."""
+    listed = r1(stack.env, "runs", "--state", "failed", "--state", "crashed")
+    lines = listed.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith(run_id)]
+    assert "Crashed" in lines[at], listed.stdout
+    assert reason in lines[at + 1], listed.stdout
+    watched = r1(stack.env, "watch", run_id, timeout=120)
+    assert watched.returncode == 1, watched.stdout + watched.stderr
+    assert f"flow run {run_id} Crashed: " in watched.stdout, watched.stdout
+    assert f".venv/bin/prefect flow-run retry {run_id}" in watched.stdout
+
+    retry = prefect(stack.env, "flow-run", "retry", run_id)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    assert wait_for_end(stack.env, run_id) == "COMPLETED"
+    (run,) = stage3_runs(stack, run_id)  # one stage run, resumed by the retry
+    assert run.info.status == "FINISHED"
+    client = MlflowClient(f"sqlite:///{stack.state}/mlflow.db")
+    (resumed,) = client.get_metric_history(run.info.run_id, "train/resumed_from_step")
+    assert resumed.value >= 2  # from its checkpoint, not from the start
+    logged = sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/mean"))
+    assert logged == list(range(1, steps + 1))  # one point per step, none missing
+
+
+def test_a_run_stopped_with_the_stack_ends_crashed_and_resumes(stack):
+    run_id = start_training_run(stack, STEPS)
+    stopped = stack.serve("stop")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "serve: stopped the worker (" in stopped.stdout, stopped.stdout
+    assert "killed" not in stopped.stdout
+    assert not [p for p in psutil.process_iter() if flow_run_process(p, run_id)]
+
+    started = stack.serve("start")
+    assert started.returncode == 0, started.stdout + started.stderr
+    kind, message = run_state(stack.env, run_id)
+    assert kind == "CRASHED", message  # reported before the server stopped
+    assert "termination signal" in message
+    assert_listed_watched_and_resumed(stack, run_id, STEPS, "termination signal")
+
+
+def test_a_run_whose_machine_went_down_is_marked_crashed_by_its_heartbeats(stack):
+    run_id = start_training_run(stack, STEPS + 1)
+    sessions = {stack.pid(name) for name in ("server", "worker", "mlflow")}
+    (engine,) = [p for p in psutil.process_iter() if flow_run_process(p, run_id)]
+    sessions.add(os.getsid(engine.pid))
+    for process in psutil.process_iter():  # all at once, nothing said: the machine is gone
+        if session_of(process) in sessions:
+            process.send_signal(signal.SIGKILL)
+    psutil.wait_procs([p for p in psutil.process_iter() if session_of(p) in sessions], timeout=10)
+
+    started = stack.serve("start")  # nobody said anything: the run is Running, for now
+    assert started.returncode == 0, started.stdout + started.stderr
+    # `r1 watch` follows the run until the heartbeat automation ends it (the stack's start may
+    # take longer than the timeout itself on a busy machine: then it has ended already)
+    watched = r1(stack.env, "watch", run_id, timeout=CRASH_AFTER + 120)
+    assert watched.returncode == 1, watched.stdout + watched.stderr
+    assert f"flow run {run_id} Crashed: No heartbeat for {CRASH_AFTER} s" in watched.stdout
+    listed = r1(stack.env, "runs", "--state", "crashed")
+    assert f"{run_id}  Crashed" in listed.stdout and "No heartbeat" in listed.stdout
+    # retried like any crashed run (the resume itself: the test above)
+    retry = prefect(stack.env, "flow-run", "retry", run_id)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    assert wait_for_end(stack.env, run_id) == "COMPLETED"
+
+
+def test_a_run_cancelled_after_its_worker_was_killed_ends_cancelled(stack):
+    """The worker and the run killed outright while the stack stays up, then `prefect flow-run
+    cancel`: nothing is left to stop the run, and Prefect lets a cancelling run go nowhere but
+    Cancelled. It ends Cancelled once it has been unheard for `R1_CRASH_AFTER_SECONDS` (it stayed
+    Cancelling for ever)."""
+    run_id = start_training_run(stack, STEPS + 2)
+    (engine,) = [p for p in psutil.process_iter() if flow_run_process(p, run_id)]
+    sessions = {stack.pid("worker"), os.getsid(engine.pid)}
+    for process in psutil.process_iter():
+        if session_of(process) in sessions:
+            process.send_signal(signal.SIGKILL)
+    cancel = prefect(stack.env, "flow-run", "cancel", run_id)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    watched = r1(stack.env, "watch", run_id, timeout=CRASH_AFTER + 120)
+    assert f"flow run {run_id} Cancelled: " in watched.stdout, watched.stdout
+    assert "its process was already gone" in watched.stdout
+    started = stack.serve("start")  # the worker again, for what follows
+    assert started.returncode == 0, started.stdout + started.stderr
