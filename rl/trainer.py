@@ -29,6 +29,7 @@ from rewards.steps import process_steps
 from rl.advantages import process_advantages
 from rl.rollouts import token_ends
 from rl.scoring import RankRollouts, ScoredGroups, kind_metrics, masked_advantages, score
+from rl.signals import step_signals
 from rl.update import PolicyUpdate, UpdateRows
 from sampling.decode import LockStep
 from sampling.factory import Sampler, context_length, policy_sampler
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 MetricsFn = Callable[[dict[str, float], int], None]
 SamplesFn = Callable[[int, list[dict[str, Any]]], None]
 ProbeFn = Callable[[Sampler], dict[str, float]]
+StepHook = Callable[[int, list[dict[str, float]]], None]  # (step, history); may raise to stop
 
 
 @dataclass
@@ -152,6 +154,7 @@ class GRPOTrainer:
         self.policy_path = policy_path
         self._owns_sampler = sampler is None  # opened (and closed) here
         self.sampler: Sampler | None = sampler
+        self.on_step: StepHook | None = None  # after each step (the guard, stages/guarded.py)
 
     def open_sampler(self, problems: Sequence[Problem]) -> Sampler:
         """The sampler `cfg.sampler` names, sized for `problems` (a vLLM engine holds their
@@ -237,6 +240,8 @@ class GRPOTrainer:
         if self._probing() and ((step + 1) % cfg.probe.every == 0 or step + 1 == cfg.steps):
             metrics |= self._probe()
         self._history.append({"step": float(step + 1), **metrics})
+        if self.on_step is not None:
+            self.on_step(step + 1, self._history)
         if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:
             unwrapped(self.reference).load_state_dict(self.engine.sampling_model().state_dict())
         return metrics
@@ -317,6 +322,7 @@ class GRPOTrainer:
         metrics = self._rollout_metrics(whole, t_sample)
         metrics |= whole.step_metrics() | kind_metrics(whole.batch, whole.scored.rewards)
         metrics |= verifier_metrics(self.reward_fns)  # this rank's
+        metrics |= step_signals(whole, self.rewards.weights)
         trained = int(self.collective.sum([len(rows)])[0])
         metrics["samples/trained"] = float(trained)
         if trained:

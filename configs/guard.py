@@ -1,0 +1,161 @@
+"""The RL guard's rules (guard/): each with its bounds and what it does when it trips.
+
+Every bound is read over a window of steps, against the stage's own first window where it says
+"rise" or "fall", so that one noisy step never trips a rule. The defaults were measured on the
+honest tiny recipe (three world seeds) and on planted hacks (docs/guard.md); they are meant to
+never fire on an honest run.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from configs.strict import Strict
+
+Action = Literal["off", "warn", "stop", "rollback"]
+ACTION_HELP = (
+    "off: not checked; warn: logged, the stage goes on (its model is not given the stage's "
+    "alias); stop: the stage ends Failed, naming the rule, its numbers and the step; rollback: "
+    "the stage goes on from the last checkpoint before the rule's window, adjusted"
+)
+
+
+class Rule(Strict):
+    action: Action = Field("stop", description=ACTION_HELP)
+    window: int = Field(10, ge=1, description="steps the rule's figures are averaged over")
+
+
+class RewardWithoutSkill(Rule):
+    """The training reward of a family rises while its held-out probe does not follow: each
+    family verifier's training pass rate against the held-out pass@1 of the same family, in
+    the same reading (strict or lenient), over `window` steps between two probes."""
+
+    window: int = 20
+    reward_rise: float = Field(
+        0.1, gt=0, description="the training pass rate rose by at least this ..."
+    )
+    probe_fall: float = Field(
+        0.0, description="... while the held-out pass@1 fell by at least this (0: did not rise)"
+    )
+    min_probed: int = Field(
+        30, ge=1, description="a family is read only when the probe holds this many of its problems"
+    )
+
+
+class LengthRunaway(Rule):
+    """Completions run to the limit: the truncated share above a bound, or the mean length
+    grown past a multiple of the stage's first window."""
+
+    max_truncated: float = Field(0.5, gt=0, le=1)
+    max_growth: float = Field(2.0, gt=1, description="mean length over its first window's")
+
+
+class Collapse(Rule):
+    """The policy stops exploring: token entropy below a floor, or nearly every group with the
+    same reward for every sample (no signal left)."""
+
+    min_entropy: float = Field(0.05, ge=0, description="per token, in nats")
+    max_zero_spread: float = Field(0.95, gt=0, le=1)
+
+
+class Drift(Rule):
+    """The policy leaves its reference: the KL to it above a ceiling (read only when the stage
+    keeps a reference, beta > 0)."""
+
+    window: int = 5
+    max_kl: float = Field(1.0, gt=0)
+
+
+class GamedTerm(Rule):
+    """One shaping term (not a family's verifier) takes over the reward: its share of the total
+    rises while accuracy stays flat."""
+
+    window: int = 20
+    share_rise: float = Field(0.2, gt=0, le=1)
+    accuracy_rise: float = Field(
+        0.05, description="accuracy counts as flat when it rose by less than this"
+    )
+
+
+class JudgeTrouble(Rule):
+    """The verifiers cannot be trusted: unscorable samples above a share, or one of the judge's
+    own failure reasons above a share of a verifier's verdicts."""
+
+    window: int = 5
+    max_unscorable: float = Field(0.2, gt=0, le=1)
+    max_reason_share: float = Field(0.5, gt=0, le=1)
+    reasons: list[str] = Field(
+        default_factory=lambda: ["sandbox_failed", "unscorable", "wall_time", "reply"],
+        description="the verdict reasons that are the judge's trouble, not the candidate's",
+    )
+
+
+class Repetition(Rule):
+    """Completions loop: the share that repeats itself (rl/signals.py) above a ceiling and well
+    above the stage's first window."""
+
+    max_rate: float = Field(0.5, gt=0, le=1)
+    rise: float = Field(0.25, gt=0, le=1)
+
+
+class LanguageMixing(Rule):
+    """Completions mix scripts: the language-consistent share fallen below the first window's by
+    more than `fall`."""
+
+    fall: float = Field(0.2, gt=0, le=1)
+
+
+class Rollback(Strict):
+    """What a rollback changes, and how often it may happen before the guard stops instead."""
+
+    max_times: int = Field(2, ge=0)
+    learning_rate_factor: float = Field(0.5, gt=0, lt=1)
+    term_weight_factor: float = Field(
+        0.5, ge=0, lt=1, description="a gamed term's weight is multiplied by this"
+    )
+
+
+class GuardConfig(Strict):
+    """The guard on a GRPO stage: rules over the step metrics, checked after every step."""
+
+    enabled: bool = True
+    reward_without_skill: RewardWithoutSkill = RewardWithoutSkill()
+    length_runaway: LengthRunaway = LengthRunaway()
+    collapse: Collapse = Collapse()
+    drift: Drift = Drift()
+    gamed_term: GamedTerm = GamedTerm()
+    judge_trouble: JudgeTrouble = JudgeTrouble()
+    repetition: Repetition = Repetition()
+    language_mixing: LanguageMixing = LanguageMixing()
+    rollback: Rollback = Rollback()
+    curve_steps: int = Field(
+        30, ge=1, description="steps either side of a trip in the MLflow run's guard curves"
+    )
+
+    @model_validator(mode="after")
+    def _rollback_possible(self) -> GuardConfig:
+        rolling = [name for name, rule in self.rules().items() if rule.action == "rollback"]
+        if rolling and self.rollback.max_times == 0:
+            raise ValueError(
+                f"{', '.join(rolling)}: action rollback with rollback.max_times 0; "
+                "say stop instead, or allow rollbacks"
+            )
+        return self
+
+    def rules(self) -> dict[str, Rule]:
+        """Every rule's settings by its name."""
+        return {
+            name: getattr(self, name)
+            for name in (
+                "reward_without_skill",
+                "length_runaway",
+                "collapse",
+                "drift",
+                "gamed_term",
+                "judge_trouble",
+                "repetition",
+                "language_mixing",
+            )
+        }

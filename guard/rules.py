@@ -1,0 +1,302 @@
+"""The guard's rules: each a pure function of a stage's metric history (one dict per step, as the
+GRPO trainer logs it) and its settings (configs/guard.py), returning a `Trip` that names the
+rule, the step, the window it read and its numbers, or None.
+
+The signals they read, all logged every step by the trainer (rl/trainer.py, rl/signals.py) or by
+its held-out probe every `probe.every` steps:
+`reward/<term>/mean` and `/share`, `heldout/[<family>/]pass_at_1[_lenient]`,
+`completion/mean_tokens`, `completion/truncated_fraction`, `entropy`,
+`groups/zero_spread_fraction`, `kl`, `reward/unscorable_fraction`, a verifier's verdict counts
+`reward/<term>/<reason>`, `completion/repetition_rate`, `completion/language_consistency_rate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from configs.guard import (
+    Collapse,
+    Drift,
+    GamedTerm,
+    JudgeTrouble,
+    LanguageMixing,
+    LengthRunaway,
+    Repetition,
+    RewardWithoutSkill,
+)
+from guard.history import History, first, last_step, mean_between, recent, series
+
+
+@dataclass(frozen=True)
+class Trip:
+    """A rule that fired: at `step`, over the steps from `since` on, for `reason`."""
+
+    rule: str
+    step: int
+    since: int
+    reason: str
+    numbers: dict[str, float] = field(default_factory=dict)
+    subject: str = ""  # what it is about: a family, a reward term, a verifier
+
+    def to_dict(self) -> dict:
+        return {
+            "rule": self.rule,
+            "step": self.step,
+            "since": self.since,
+            "reason": self.reason,
+            "numbers": self.numbers,
+            "subject": self.subject,
+        }
+
+
+@dataclass(frozen=True)
+class SkillPair:
+    """A family verifier's training pass rate and the held-out pass@1 that should follow it."""
+
+    label: str  # the family ("math"), or "all"
+    reward_key: str  # reward/<term>/mean
+    probe_key: str  # heldout/<family>/pass_at_1[_lenient]
+
+
+def _r(value: float) -> float:
+    return round(value, 4)
+
+
+def reward_without_skill(
+    history: History, rule: RewardWithoutSkill, pairs: Sequence[SkillPair]
+) -> Trip | None:
+    """Read when a probe lands: against the probe at least `window` steps before it, the
+    training pass rate (its mean over the half window after that probe, and over the half window
+    up to now) rose by `reward_rise` while the held-out pass@1 fell by `probe_fall`."""
+    now = last_step(history)
+    half = max(1, rule.window // 2)
+    for pair in pairs:
+        probes = series(history, pair.probe_key)
+        if not probes or probes[-1][0] != now:
+            continue
+        earlier = [(s, p) for s, p in probes if s <= now - rule.window]
+        if not earlier:
+            continue
+        then_step, probe_then = earlier[-1]
+        probe_now = probes[-1][1]
+        rewards = series(history, pair.reward_key)
+        reward_then = mean_between(rewards, then_step, then_step + half)
+        reward_now = mean_between(rewards, now - half, now)
+        if reward_then is None or reward_now is None:
+            continue
+        rise, change = reward_now - reward_then, probe_now - probe_then
+        if rise >= rule.reward_rise and change <= -rule.probe_fall:
+            return Trip(
+                "reward_without_skill",
+                now,
+                then_step + 1,
+                f"{pair.label}: training pass rate {reward_then:.3f} -> {reward_now:.3f} "
+                f"({rise:+.3f}) while held-out pass@1 went {probe_then:.3f} -> {probe_now:.3f} "
+                f"({change:+.3f}), steps {then_step}-{now}",
+                {
+                    "reward_then": _r(reward_then),
+                    "reward_now": _r(reward_now),
+                    "probe_then": _r(probe_then),
+                    "probe_now": _r(probe_now),
+                },
+                pair.label,
+            )
+    return None
+
+
+def length_runaway(history: History, rule: LengthRunaway) -> Trip | None:
+    now, w = last_step(history), rule.window
+    truncated = recent(series(history, "completion/truncated_fraction"), now, w)
+    if truncated is not None and truncated >= rule.max_truncated:
+        return Trip(
+            "length_runaway",
+            now,
+            now - w + 1,
+            f"{truncated:.2f} of completions cut at the token limit over steps "
+            f"{now - w + 1}-{now} (bound {rule.max_truncated:.2f})",
+            {"truncated": _r(truncated)},
+        )
+    lengths = series(history, "completion/mean_tokens")
+    start, length = first(lengths, w) or (None, 0), recent(lengths, now, w)
+    if start[0] is None or length is None or now - w < start[1]:
+        return None
+    if length >= rule.max_growth * start[0]:
+        return Trip(
+            "length_runaway",
+            now,
+            now - w + 1,
+            f"mean length {start[0]:.0f} -> {length:.0f} tokens "
+            f"(x{length / start[0]:.2f}, bound x{rule.max_growth:.2f})",
+            {"length_then": _r(start[0]), "length_now": _r(length)},
+        )
+    return None
+
+
+def collapse(history: History, rule: Collapse) -> Trip | None:
+    now, w = last_step(history), rule.window
+    entropy = recent(series(history, "entropy"), now, w)
+    if entropy is not None and entropy < rule.min_entropy:
+        return Trip(
+            "collapse",
+            now,
+            now - w + 1,
+            f"token entropy {entropy:.4f} over steps {now - w + 1}-{now} "
+            f"(floor {rule.min_entropy:.4f})",
+            {"entropy": _r(entropy)},
+        )
+    zero = recent(series(history, "groups/zero_spread_fraction"), now, w)
+    if zero is not None and zero >= rule.max_zero_spread:
+        return Trip(
+            "collapse",
+            now,
+            now - w + 1,
+            f"{zero:.2f} of groups with no reward spread over steps {now - w + 1}-{now} "
+            f"(ceiling {rule.max_zero_spread:.2f})",
+            {"zero_spread": _r(zero)},
+        )
+    return None
+
+
+def drift(history: History, rule: Drift) -> Trip | None:
+    now, w = last_step(history), rule.window
+    kl = recent(series(history, "kl"), now, w)
+    if kl is None or kl <= rule.max_kl:
+        return None
+    return Trip(
+        "drift",
+        now,
+        now - w + 1,
+        f"KL to the reference {kl:.4f} over steps {now - w + 1}-{now} (ceiling {rule.max_kl:g})",
+        {"kl": _r(kl)},
+    )
+
+
+def accuracy_change(
+    history: History, probe_key: str | None, verifier_keys: Sequence[str]
+) -> float | None:
+    """How much accuracy moved since the stage began: the held-out probe's last reading less its
+    first, or, without a probe, the mean over the verifiers of their training pass rate's last
+    ten steps less their first ten."""
+    if probe_key is not None:
+        probes = series(history, probe_key)
+        if len(probes) >= 2:
+            return probes[-1][1] - probes[0][1]
+    now, changes = last_step(history), []
+    for key in verifier_keys:
+        points = series(history, key)
+        start, end = first(points, 10), recent(points, now, 10)
+        if start is not None and end is not None and now - 10 >= start[1]:
+            changes.append(end - start[0])
+    return sum(changes) / len(changes) if changes else None
+
+
+def gamed_term(
+    history: History,
+    rule: GamedTerm,
+    shaping: Sequence[str],
+    probe_key: str | None,
+    verifier_keys: Sequence[str],
+) -> Trip | None:
+    """A shaping term's share of the total reward (`reward/<term>/share`) rose by `share_rise`
+    from the stage's first window to the last, while accuracy rose by less than
+    `accuracy_rise`."""
+    now, w = last_step(history), rule.window
+    for name in shaping:
+        shares = series(history, f"reward/{name}/share")
+        start, share = first(shares, w), recent(shares, now, w)
+        if start is None or share is None or now - w < start[1]:
+            continue
+        if share - start[0] < rule.share_rise:
+            continue
+        moved = accuracy_change(history, probe_key, verifier_keys)
+        if moved is None or moved >= rule.accuracy_rise:
+            continue
+        return Trip(
+            "gamed_term",
+            now,
+            now - w + 1,
+            f"{name}: share of the reward {start[0]:.2f} -> {share:.2f} while accuracy moved "
+            f"{moved:+.3f}",
+            {"share_then": _r(start[0]), "share_now": _r(share), "accuracy_change": _r(moved)},
+            name,
+        )
+    return None
+
+
+_NOT_REASONS = ("mean", "std", "share")
+
+
+def judge_trouble(history: History, rule: JudgeTrouble, verifiers: Sequence[str]) -> Trip | None:
+    """Unscorable samples above `max_unscorable`, or one of the judge's own failure `reasons`
+    above `max_reason_share` of a verifier's verdicts, over the window."""
+    now, w = last_step(history), rule.window
+    unscorable = recent(series(history, "reward/unscorable_fraction"), now, w)
+    if unscorable is not None and unscorable > rule.max_unscorable:
+        return Trip(
+            "judge_trouble",
+            now,
+            now - w + 1,
+            f"{unscorable:.2f} of samples unscorable over steps {now - w + 1}-{now} "
+            f"(ceiling {rule.max_unscorable:.2f})",
+            {"unscorable": _r(unscorable)},
+        )
+    steps = [h for h in history if now - w < h.get("step", 0) <= now]
+    for name in verifiers:
+        prefix = f"reward/{name}/"
+        counts: dict[str, float] = {}
+        for h in steps:
+            for key, value in h.items():
+                reason = key[len(prefix) :] if key.startswith(prefix) else ""
+                if reason and "/" not in reason and reason not in _NOT_REASONS:
+                    counts[reason] = counts.get(reason, 0.0) + value
+        total = sum(counts.values())
+        for reason in rule.reasons:
+            share = counts.get(reason, 0.0) / total if total else 0.0
+            if share > rule.max_reason_share:
+                return Trip(
+                    "judge_trouble",
+                    now,
+                    now - w + 1,
+                    f"{name}: {share:.2f} of verdicts are '{reason}' over steps "
+                    f"{now - w + 1}-{now} (ceiling {rule.max_reason_share:.2f})",
+                    {"share": _r(share), "verdicts": total},
+                    name,
+                )
+    return None
+
+
+def repetition(history: History, rule: Repetition) -> Trip | None:
+    now, w = last_step(history), rule.window
+    rates = series(history, "completion/repetition_rate")
+    start, rate = first(rates, w), recent(rates, now, w)
+    if start is None or rate is None or now - w < start[1]:
+        return None
+    if rate < rule.max_rate or rate - start[0] < rule.rise:
+        return None
+    return Trip(
+        "repetition",
+        now,
+        now - w + 1,
+        f"{rate:.2f} of completions repeat themselves (first window {start[0]:.2f}, "
+        f"ceiling {rule.max_rate:.2f})",
+        {"rate_then": _r(start[0]), "rate_now": _r(rate)},
+    )
+
+
+def language_mixing(history: History, rule: LanguageMixing) -> Trip | None:
+    now, w = last_step(history), rule.window
+    rates = series(history, "completion/language_consistency_rate")
+    start, rate = first(rates, w), recent(rates, now, w)
+    if start is None or rate is None or now - w < start[1]:
+        return None
+    if start[0] - rate < rule.fall:
+        return None
+    return Trip(
+        "language_mixing",
+        now,
+        now - w + 1,
+        f"language-consistent share {start[0]:.2f} -> {rate:.2f} "
+        f"(fall {start[0] - rate:.2f}, bound {rule.fall:.2f})",
+        {"rate_then": _r(start[0]), "rate_now": _r(rate)},
+    )

@@ -1,0 +1,234 @@
+"""Each guard rule on worked histories: the step it trips at, its numbers, and the histories it
+must leave alone (an honest rise, noise inside the bounds, a window not yet complete)."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs.guard import (
+    Collapse,
+    Drift,
+    GamedTerm,
+    JudgeTrouble,
+    LanguageMixing,
+    LengthRunaway,
+    Repetition,
+    RewardWithoutSkill,
+)
+from guard import rules
+from guard.history import first, recent, series
+from guard.rules import SkillPair
+
+MATH = SkillPair("math", "reward/accuracy/mean", "heldout/math/pass_at_1")
+
+
+def steps(n: int, **curves) -> list[dict[str, float]]:
+    """`n` steps; each curve a function of the step (1..n) or a list, None where not logged."""
+    history = []
+    for step in range(1, n + 1):
+        row: dict[str, float] = {"step": float(step)}
+        for key, curve in curves.items():
+            value = curve(step) if callable(curve) else curve[step - 1]
+            if value is not None:
+                row[key.replace("__", "/")] = float(value)
+        history.append(row)
+    return history
+
+
+def probed(history, key, readings: dict[int, float]):
+    """Add held-out probe readings (step -> value), step 0 as its own row first."""
+    rows = [dict(h) for h in history]
+    for row in rows:
+        if int(row["step"]) in readings:
+            row[key] = readings[int(row["step"])]
+    if 0 in readings:
+        rows.insert(0, {"step": 0.0, key: readings[0]})
+    return rows
+
+
+def upto(history, step):
+    return [h for h in history if h["step"] <= step]
+
+
+# ---- the history helpers ---------------------------------------------------------------------
+
+
+def test_recent_needs_half_its_window_and_first_needs_all_of_it():
+    points = series(steps(6, x=[1, None, 3, None, None, 6]), "x")
+    assert recent(points, 6, 5) is None  # two of the five steps 2..6 logged
+    assert recent(points, 3, 4) == pytest.approx(2.0)  # steps 1 and 3 of 0..3
+    assert first(points, 4) == (pytest.approx(2.0), 3)
+    assert first(points, 10) is None
+
+
+# ---- reward without skill --------------------------------------------------------------------
+
+
+def hacked(n=30):
+    """Training pass rate climbing 0.5 -> 0.79 while held-out pass@1 falls 0.60 -> 0.50."""
+    history = steps(n, reward__accuracy__mean=lambda s: 0.5 + 0.01 * s)
+    return probed(history, MATH.probe_key, {0: 0.60, 10: 0.58, 20: 0.55, 30: 0.50})
+
+
+def test_reward_without_skill_trips_when_the_probe_lands_a_window_after_the_first():
+    rule = RewardWithoutSkill(window=20, reward_rise=0.08, probe_fall=0.03)
+    history = hacked()
+    assert rules.reward_without_skill(upto(history, 19), rule, [MATH]) is None
+    trip = rules.reward_without_skill(upto(history, 20), rule, [MATH])
+    assert trip is not None and (trip.rule, trip.step, trip.since, trip.subject) == (
+        "reward_without_skill",
+        20,
+        1,
+        "math",
+    )
+    # steps 1..10 against 11..20: 0.555 -> 0.655; probe at 0 against 20: 0.60 -> 0.55
+    assert trip.numbers == {
+        "reward_then": pytest.approx(0.555),
+        "reward_now": pytest.approx(0.655),
+        "probe_then": 0.6,
+        "probe_now": 0.55,
+    }
+    assert "math" in trip.reason and "0.555 -> 0.655" in trip.reason
+
+
+def test_reward_without_skill_reads_only_when_a_probe_lands():
+    rule = RewardWithoutSkill(window=20, reward_rise=0.08, probe_fall=0.03)
+    assert rules.reward_without_skill(upto(hacked(), 21), rule, [MATH]) is None
+
+
+def test_reward_without_skill_leaves_an_honest_rise_alone():
+    history = steps(30, reward__accuracy__mean=lambda s: 0.5 + 0.01 * s)
+    honest = probed(history, MATH.probe_key, {0: 0.60, 10: 0.63, 20: 0.66, 30: 0.70})
+    rule = RewardWithoutSkill(window=20, reward_rise=0.08, probe_fall=0.0)
+    assert all(rules.reward_without_skill(upto(honest, t), rule, [MATH]) is None for t in range(31))
+
+
+def test_reward_without_skill_needs_the_rise_and_the_fall_both():
+    history = hacked()
+    assert rules.reward_without_skill(history, RewardWithoutSkill(reward_rise=0.3), [MATH]) is None
+    flat_enough = RewardWithoutSkill(reward_rise=0.08, probe_fall=0.2)
+    assert rules.reward_without_skill(history, flat_enough, [MATH]) is None
+
+
+# ---- length runaway --------------------------------------------------------------------------
+
+
+def test_length_runaway_on_the_truncated_share():
+    history = steps(12, completion__truncated_fraction=[0.1] * 7 + [0.8] * 5)
+    rule = LengthRunaway(window=5, max_truncated=0.6)
+    assert rules.length_runaway(upto(history, 10), rule) is None  # steps 6..10: 0.52
+    trip = rules.length_runaway(upto(history, 11), rule)  # steps 7..11: 0.66
+    assert trip is not None and trip.numbers == {"truncated": pytest.approx(0.66)}
+    assert (trip.step, trip.since) == (11, 7)
+
+
+def test_length_runaway_on_growth_over_the_first_window():
+    history = steps(20, completion__mean_tokens=lambda s: 50 if s <= 5 else 50 + 10 * (s - 5))
+    rule = LengthRunaway(window=5, max_growth=2.0)
+    # first window 50; last five steps' mean: at step 10, (60+..+100)/5 = 80: x1.6
+    assert rules.length_runaway(upto(history, 10), rule) is None
+    trip = rules.length_runaway(upto(history, 12), rule)  # (80+..+120)/5 = 100: x2.0
+    assert trip is not None and trip.numbers == {"length_then": 50.0, "length_now": 100.0}
+
+
+# ---- collapse, drift -------------------------------------------------------------------------
+
+
+def test_collapse_on_entropy_read_where_it_was_logged():
+    entropy = [0.8, 0.7, None, 0.02, 0.01, None, 0.01, 0.02]  # no update on some steps
+    rule = Collapse(window=4, min_entropy=0.05)
+    trip = rules.collapse(steps(8, entropy=entropy), rule)
+    # steps 5..8: 0.01, 0.01, 0.02 (step 6 trained nothing)
+    assert trip is not None and trip.numbers == {"entropy": pytest.approx(0.04 / 3, abs=1e-4)}
+    assert rules.collapse(steps(5, entropy=entropy[:5]), rule) is None  # 0.7, 0.02, 0.01: 0.24
+
+
+def test_collapse_on_zero_spread():
+    rule = Collapse(window=3, max_zero_spread=0.95)
+    history = steps(6, groups__zero_spread_fraction=[0.5, 0.9, 1.0, 0.9, 1.0, 1.0])
+    assert rules.collapse(upto(history, 4), rule) is None  # steps 2..4: 0.933
+    trip = rules.collapse(upto(history, 5), rule)  # steps 3..5: 0.967
+    assert trip is not None and trip.numbers == {"zero_spread": pytest.approx(0.9667, abs=1e-4)}
+
+
+def test_drift_reads_the_kl_only_where_there_is_one():
+    rule = Drift(window=2, max_kl=0.5)
+    assert rules.drift(steps(4, loss=[1, 1, 1, 1]), rule) is None
+    assert rules.drift(steps(4, kl=[0.1, 0.2, 0.4, 0.5]), rule) is None  # 0.45
+    trip = rules.drift(steps(4, kl=[0.1, 0.2, 0.5, 0.7]), rule)
+    assert trip is not None and trip.numbers == {"kl": 0.6}
+
+
+# ---- gamed term ------------------------------------------------------------------------------
+
+
+def test_gamed_term_when_a_shaping_term_takes_over_and_accuracy_stays_flat():
+    share = lambda s: 0.1 if s <= 5 else min(0.7, 0.1 + 0.1 * (s - 5))  # noqa: E731
+    history = steps(15, reward__format__share=share)
+    flat = probed(history, "heldout/pass_at_1", {0: 0.40, 5: 0.41, 10: 0.40, 15: 0.42})
+    rule = GamedTerm(window=5, share_rise=0.3, accuracy_rise=0.05)
+    trip = rules.gamed_term(upto(flat, 10), rule, ["format"], "heldout/pass_at_1", [])
+    # first window 0.1, steps 6..10: 0.2..0.6 -> 0.4: a rise of 0.3
+    assert trip is not None and (trip.subject, trip.step) == ("format", 10)
+    assert trip.numbers == {"share_then": 0.1, "share_now": 0.4, "accuracy_change": 0.0}
+    better = probed(history, "heldout/pass_at_1", {0: 0.40, 10: 0.50})
+    assert rules.gamed_term(upto(better, 10), rule, ["format"], "heldout/pass_at_1", []) is None
+
+
+def test_gamed_term_without_a_probe_reads_the_verifiers():
+    history = steps(
+        20,
+        reward__format__share=lambda s: 0.1 if s <= 10 else 0.6,
+        reward__accuracy__mean=lambda s: 0.5,
+    )
+    rule = GamedTerm(window=5, share_rise=0.3, accuracy_rise=0.05)
+    trip = rules.gamed_term(history, rule, ["format"], None, ["reward/accuracy/mean"])
+    assert trip is not None and trip.numbers["accuracy_change"] == 0.0
+
+
+# ---- judge trouble ---------------------------------------------------------------------------
+
+
+def test_judge_trouble_on_unscorable_samples():
+    rule = JudgeTrouble(window=2, max_unscorable=0.2)
+    trip = rules.judge_trouble(steps(3, reward__unscorable_fraction=[0, 0.3, 0.4]), rule, [])
+    assert trip is not None and trip.numbers == {"unscorable": pytest.approx(0.35)}
+
+
+def test_judge_trouble_on_one_of_the_judges_own_reasons():
+    rule = JudgeTrouble(window=2, max_reason_share=0.5)
+    counts = {"reward__code__passed": [10, 2, 2], "reward__code__wall_time": [0, 8, 9]}
+    counts["reward__code__mean"] = [0.9, 0.2, 0.2]  # not a verdict count
+    trip = rules.judge_trouble(steps(3, **counts), rule, ["code"])
+    assert trip is not None and trip.subject == "code"
+    assert trip.numbers == {"share": pytest.approx(17 / 21, abs=1e-4), "verdicts": 21.0}
+    failing = {"reward__code__passed": [2, 2, 2], "reward__code__assertion": [8, 8, 8]}
+    assert rules.judge_trouble(steps(3, **failing), rule, ["code"]) is None  # the candidate's
+
+
+# ---- repetition, language mixing -------------------------------------------------------------
+
+
+def test_repetition_needs_the_ceiling_and_the_rise():
+    rule = Repetition(window=3, max_rate=0.5, rise=0.25)
+    looping = steps(9, completion__repetition_rate=[0.1] * 3 + [0.3, 0.6, 0.7, 0.8, 0.8, 0.9])
+    trip = rules.repetition(looping, rule)
+    assert trip is not None and trip.numbers == {
+        "rate_then": 0.1,
+        "rate_now": pytest.approx(5 / 6, abs=1e-4),
+    }
+    always = steps(9, completion__repetition_rate=[0.7] * 9)  # it always repeated: no rise
+    assert rules.repetition(always, rule) is None
+
+
+def test_language_mixing_on_a_fall_from_the_first_window():
+    rule = LanguageMixing(window=3, fall=0.2)
+    rates = [0.95, 0.9, 0.95, 0.9, 0.8, 0.7, 0.6, 0.6, 0.6]
+    assert (
+        rules.language_mixing(steps(6, completion__language_consistency_rate=rates), rule) is None
+    )
+    trip = rules.language_mixing(steps(9, completion__language_consistency_rate=rates), rule)
+    assert trip is not None and trip.numbers == {
+        "rate_then": pytest.approx(0.9333, abs=1e-4),
+        "rate_now": 0.6,
+    }
