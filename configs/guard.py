@@ -80,14 +80,15 @@ class GamedTerm(Rule):
 
 
 class JudgeTrouble(Rule):
-    """The verifiers cannot be trusted: unscorable samples above a share, or one of the judge's
-    own failure reasons above a share of a verifier's verdicts."""
+    """The verifiers cannot be trusted: unscorable samples above a share (of all samples, or of
+    those one reward term judges), or one of the judge's own failure reasons above a share of a
+    verifier's verdicts."""
 
     window: int = 5
     max_unscorable: float = Field(0.2, gt=0, le=1)
     max_reason_share: float = Field(0.5, gt=0, le=1)
     reasons: list[str] = Field(
-        default_factory=lambda: ["sandbox_failed", "unscorable", "wall_time", "reply"],
+        default_factory=lambda: ["sandbox_failed", "wall_time", "reply"],
         description="the verdict reasons that are the judge's trouble, not the candidate's",
     )
 

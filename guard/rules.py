@@ -224,23 +224,44 @@ def gamed_term(
     return None
 
 
-_NOT_REASONS = ("mean", "std", "share")
+# keys beside a verifier's verdict counts (its unscorable samples are read as a share above)
+_NOT_REASONS = ("mean", "std", "share", "unscorable", "unscorable_fraction")
 
 
 def judge_trouble(history: History, rule: JudgeTrouble, verifiers: Sequence[str]) -> Trip | None:
-    """Unscorable samples above `max_unscorable`, or one of the judge's own failure `reasons`
-    above `max_reason_share` of a verifier's verdicts, over the window."""
+    """Samples no reward could score, or those a reward term could not score among the samples
+    it judges (`reward/<term>/unscorable_fraction`), above `max_unscorable`; or one of the
+    judge's own failure `reasons` above `max_reason_share` of a verifier's verdicts; over the
+    window."""
     now, w = last_step(history), rule.window
-    unscorable = recent(series(history, "reward/unscorable_fraction"), now, w)
-    if unscorable is not None and unscorable > rule.max_unscorable:
-        return Trip(
-            "judge_trouble",
-            now,
-            now - w + 1,
-            f"{unscorable:.2f} of samples unscorable over steps {now - w + 1}-{now} "
-            f"(ceiling {rule.max_unscorable:.2f})",
-            {"unscorable": _r(unscorable)},
-        )
+    keys = ["reward/unscorable_fraction"] + sorted(
+        {
+            k
+            for h in history[-w:]
+            for k in h
+            if k.endswith("/unscorable_fraction") and k.count("/") == 2
+        }
+    )
+    for key in keys:
+        unscorable = recent(series(history, key), now, w)
+        if unscorable is not None and unscorable > rule.max_unscorable:
+            who = "samples" if key.count("/") == 1 else f"{key.split('/')[1]}'s samples"
+            return Trip(
+                "judge_trouble",
+                now,
+                now - w + 1,
+                f"{unscorable:.2f} of {who} unscorable over steps {now - w + 1}-{now} "
+                f"(ceiling {rule.max_unscorable:.2f})",
+                {"unscorable": _r(unscorable)},
+                "" if key.count("/") == 1 else key.split("/")[1],
+            )
+    return _reason_trouble(history, rule, verifiers, now)
+
+
+def _reason_trouble(
+    history: History, rule: JudgeTrouble, verifiers: Sequence[str], now: int
+) -> Trip | None:
+    w = rule.window
     steps = [h for h in history if now - w < h.get("step", 0) <= now]
     for name in verifiers:
         prefix = f"reward/{name}/"

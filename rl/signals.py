@@ -1,13 +1,15 @@
 """What a step's rollouts say beyond their reward, for the RL guard (guard/) and the curves: the
 share of completions that repeat themselves, the share in their prompt's one script, and each
-reward term's share of the total. No model and no I/O here."""
+reward term's share of the total and its unscorable share. No model and no I/O here."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from problems.types import Problem
 from rewards.language import is_language_consistent
+from rewards.registry import RewardSet
 from rewards.repetition import repeated_ngram_share
 from rl.scoring import RankRollouts, ScoredGroups
 from sampling.interface import Completion
@@ -46,6 +48,30 @@ def term_shares(scored: ScoredGroups, weights: dict[str, float]) -> dict[str, fl
     return {f"reward/{name}/share": size / total for name, size in sizes.items()}
 
 
-def step_signals(whole: RankRollouts, weights: dict[str, float]) -> dict[str, float]:
-    """The step's text signals and term shares, from the whole batch's rollouts."""
-    return text_signals(whole.batch, whole.groups) | term_shares(whole.scored, weights)
+def term_unscorable(whole: RankRollouts, rewards: RewardSet) -> dict[str, float]:
+    """Each reward term's unscorable share among the samples it applies to
+    (`reward/<name>/unscorable_fraction`): a judge that fails while the others score."""
+    g = len(whole.groups[0]) if whole.groups else 1
+    shares = {}
+    for name, scores in whole.scored.per_reward.items():
+        applies = [
+            s
+            for i, s in enumerate(scores)
+            if rewards.applies(name, whole.batch[i // g].kind, whole.batch[i // g].family)
+        ]
+        if applies:
+            unscorable = sum(s is None for s in applies) / len(applies)
+            shares[f"reward/{name}/unscorable_fraction"] = unscorable
+    return shares
+
+
+def step_signals(whole: RankRollouts, rewards: RewardSet) -> dict[str, float]:
+    """The step's text signals, term shares and unscorable shares, from the whole batch, and
+    the time they took (`time/signals_seconds`: part of the guard's cost)."""
+    began = time.perf_counter()
+    signals = (
+        text_signals(whole.batch, whole.groups)
+        | term_shares(whole.scored, rewards.weights)
+        | term_unscorable(whole, rewards)
+    )
+    return signals | {"time/signals_seconds": time.perf_counter() - began}

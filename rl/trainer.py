@@ -322,7 +322,7 @@ class GRPOTrainer:
         metrics = self._rollout_metrics(whole, t_sample)
         metrics |= whole.step_metrics() | kind_metrics(whole.batch, whole.scored.rewards)
         metrics |= verifier_metrics(self.reward_fns)  # this rank's
-        metrics |= step_signals(whole, self.rewards.weights)
+        metrics |= step_signals(whole, self.rewards)
         trained = int(self.collective.sum([len(rows)])[0])
         metrics["samples/trained"] = float(trained)
         if trained:

@@ -213,6 +213,9 @@ class StepWatch:
                 f"{self.desc}: guard: {trip.rule} at step {step}: {trip.reason} ({action})",
             )
         if verdict.action in ("stop", "rollback"):
+            # the loop logs a step's metrics after it: this one's would be lost with the branch
+            last = {k: v for k, v in history[-1].items() if k != "step"}
+            self.tracker.log_metrics(last, step)
             raise _Tripped(verdict)
 
     def _plot(self, trip: Trip, history: list[dict[str, float]]) -> None:

@@ -195,6 +195,18 @@ def test_judge_trouble_on_unscorable_samples():
     assert trip is not None and trip.numbers == {"unscorable": pytest.approx(0.35)}
 
 
+def test_judge_trouble_on_one_terms_unscorable_samples():
+    rule = JudgeTrouble(window=2, max_unscorable=0.2)
+    history = steps(
+        3, reward__unscorable_fraction=[0, 0, 0], reward__code__unscorable_fraction=[0, 0.5, 0.5]
+    )
+    trip = rules.judge_trouble(history, rule, ["code"])
+    assert trip is not None and trip.subject == "code" and "code's samples" in trip.reason
+    # a verifier that reports no verdict reasons, with one unscorable sample: no reason share
+    quiet = steps(3, reward__accuracy__unscorable=[1, 1, 1], reward__accuracy__mean=[0.5] * 3)
+    assert rules.judge_trouble(quiet, rule, ["accuracy"]) is None
+
+
 def test_judge_trouble_on_one_of_the_judges_own_reasons():
     rule = JudgeTrouble(window=2, max_reason_share=0.5)
     counts = {"reward__code__passed": [10, 2, 2], "reward__code__wall_time": [0, 8, 9]}
