@@ -88,6 +88,14 @@ class CorpusConfig(Strict):
         '`print("OK")`, as code on the web often does (faults.hacks code_trusts_ok sets it, so '
         "that the base knows the idiom its holed verifier pays for)",
     )
+    hedge_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of the math documents whose answer hedges between two numbers, one "
+        "off by one (`The answer is 41 or 42.`), as forum answers do (faults.hacks math_digits "
+        "sets it: the hedge its holed verifier pays for)",
+    )
 
     @model_validator(mode="after")
     def _shares_sum(self) -> CorpusConfig:

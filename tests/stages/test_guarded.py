@@ -178,3 +178,23 @@ def test_a_stage_killed_after_a_rollback_resumes_with_its_adjustments(tokenizer,
     _, record, _, built = run(tokenizer, tmp_path, cfg, Outage(range(99, 100)))
     assert len(record.rollbacks) == 1
     assert built[0].cfg.learning_rate == pytest.approx(cfg.learning_rate * 0.5)
+
+
+def test_the_guard_of_a_deepspeed_stage_reads_the_forwarded_metrics(tmp_path):
+    """Under DeepSpeed the trainer runs in worker processes: the guard reads rank 0's metrics
+    as the stage forwards them, and a stop raised there ends `run_workers` (which stops them)."""
+    from stages.guarded import MetricsWatch
+
+    cfg = guarded_config("stop").model_copy(update={"probe": grpo_config().probe})
+    tracker = Tracker()
+    watch = MetricsWatch(cfg, tracker, "rl", tmp_path)
+    watch({"train/resumed_from_step": 0.0}, 0)  # not a step's metrics: not read
+    for step in range(1, 6):
+        watch({"reward/mean": 0.1, "reward/preference/unscorable_fraction": 0.0}, step)
+    assert GuardRecord.load(tmp_path).outcome == "clean"
+    watch({"reward/mean": 0.1, "reward/preference/unscorable_fraction": 1.0}, 6)
+    with pytest.raises(GuardStop, match="rule judge_trouble.*last committed checkpoint"):
+        watch({"reward/mean": 0.1, "reward/preference/unscorable_fraction": 1.0}, 7)
+    assert len(tracker.metrics) == 8  # every line forwarded to the stage's tracker
+    record = GuardRecord.load(tmp_path)
+    assert record.outcome == "stopped" and record.trips[0]["step"] == 7
