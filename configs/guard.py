@@ -45,19 +45,26 @@ class RewardWithoutSkill(Rule):
 
 
 class LengthRunaway(Rule):
-    """Completions run to the limit: the truncated share above a bound, or the mean length
-    grown past a multiple of the stage's first window."""
+    """Completions run to the limit: the truncated share above a bound (and well above the
+    stage's first window's), or the mean length grown past a multiple of the first window's."""
 
     max_truncated: float = Field(0.5, gt=0, le=1)
+    truncated_rise: float = Field(0.2, gt=0, le=1)
     max_growth: float = Field(2.0, gt=1, description="mean length over its first window's")
 
 
 class Collapse(Rule):
-    """The policy stops exploring: token entropy below a floor, or nearly every group with the
-    same reward for every sample (no signal left)."""
+    """The policy stops exploring: token entropy fallen below a fraction of the stage's first
+    window's, or nearly every group left with one reward for all its samples (no signal), where
+    it was not so at the start."""
 
-    min_entropy: float = Field(0.05, ge=0, description="per token, in nats")
+    min_entropy_ratio: float = Field(
+        0.25, gt=0, lt=1, description="entropy per token over its first window's"
+    )
     max_zero_spread: float = Field(0.95, gt=0, le=1)
+    zero_spread_rise: float = Field(
+        0.2, gt=0, le=1, description="... and at least this much above the first window's"
+    )
 
 
 class Drift(Rule):
@@ -69,11 +76,13 @@ class Drift(Rule):
 
 
 class GamedTerm(Rule):
-    """One shaping term (not a family's verifier) takes over the reward: its share of the total
-    rises while accuracy stays flat."""
+    """One shaping term (format, tags, language, length, repetition: not what accuracy is) takes
+    over the reward: what it adds to the mean reward (weight x its mean) rises, or its share of
+    the total does, while accuracy stays flat."""
 
-    window: int = 20
-    share_rise: float = Field(0.2, gt=0, le=1)
+    window: int = 10
+    rise: float = Field(0.1, gt=0, description="of weight x the term's mean, first window to last")
+    share_rise: float = Field(0.2, gt=0, le=1, description="of its share of the total reward")
     accuracy_rise: float = Field(
         0.05, description="accuracy counts as flat when it rose by less than this"
     )

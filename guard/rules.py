@@ -105,57 +105,68 @@ def reward_without_skill(
     return None
 
 
-def length_runaway(history: History, rule: LengthRunaway) -> Trip | None:
-    now, w = last_step(history), rule.window
-    truncated = recent(series(history, "completion/truncated_fraction"), now, w)
-    if truncated is not None and truncated >= rule.max_truncated:
-        return Trip(
-            "length_runaway",
-            now,
-            now - w + 1,
-            f"{truncated:.2f} of completions cut at the token limit over steps "
-            f"{now - w + 1}-{now} (bound {rule.max_truncated:.2f})",
-            {"truncated": _r(truncated)},
-        )
-    lengths = series(history, "completion/mean_tokens")
-    start, length = first(lengths, w) or (None, 0), recent(lengths, now, w)
-    if start[0] is None or length is None or now - w < start[1]:
+def baseline(history: History, key: str, window: int) -> tuple[float, float] | None:
+    """(the mean over the stage's first `window` steps, the mean over the last `window`) of
+    `key`, once the two windows no longer overlap; else None."""
+    points, now = series(history, key), last_step(history)
+    start, level = first(points, window), recent(points, now, window)
+    if start is None or level is None or now - window < start[1]:
         return None
-    if length >= rule.max_growth * start[0]:
+    return start[0], level
+
+
+def length_runaway(history: History, rule: LengthRunaway) -> Trip | None:
+    """The truncated share over the window past `max_truncated` and `truncated_rise` above the
+    first window's, or the mean length past `max_growth` times the first window's."""
+    now, w = last_step(history), rule.window
+    cut = baseline(history, "completion/truncated_fraction", w)
+    if cut is not None and cut[1] >= rule.max_truncated and cut[1] - cut[0] >= rule.truncated_rise:
         return Trip(
             "length_runaway",
             now,
             now - w + 1,
-            f"mean length {start[0]:.0f} -> {length:.0f} tokens "
-            f"(x{length / start[0]:.2f}, bound x{rule.max_growth:.2f})",
-            {"length_then": _r(start[0]), "length_now": _r(length)},
+            f"{cut[1]:.2f} of completions cut at the token limit over steps {now - w + 1}-{now} "
+            f"(first window {cut[0]:.2f}, bound {rule.max_truncated:.2f})",
+            {"truncated_then": _r(cut[0]), "truncated_now": _r(cut[1])},
         )
-    return None
+    length = baseline(history, "completion/mean_tokens", w)
+    if length is None or length[1] < rule.max_growth * length[0]:
+        return None
+    return Trip(
+        "length_runaway",
+        now,
+        now - w + 1,
+        f"mean length {length[0]:.0f} -> {length[1]:.0f} tokens "
+        f"(x{length[1] / length[0]:.2f}, bound x{rule.max_growth:.2f})",
+        {"length_then": _r(length[0]), "length_now": _r(length[1])},
+    )
 
 
 def collapse(history: History, rule: Collapse) -> Trip | None:
+    """Token entropy below `min_entropy_ratio` of the first window's, or nearly every group
+    without reward spread where the first window was not."""
     now, w = last_step(history), rule.window
-    entropy = recent(series(history, "entropy"), now, w)
-    if entropy is not None and entropy < rule.min_entropy:
+    entropy = baseline(history, "entropy", w)
+    if entropy is not None and entropy[1] < rule.min_entropy_ratio * entropy[0]:
         return Trip(
             "collapse",
             now,
             now - w + 1,
-            f"token entropy {entropy:.4f} over steps {now - w + 1}-{now} "
-            f"(floor {rule.min_entropy:.4f})",
-            {"entropy": _r(entropy)},
+            f"token entropy {entropy[0]:.4f} -> {entropy[1]:.4f} over steps {now - w + 1}-{now} "
+            f"(below x{rule.min_entropy_ratio:g} of its first window)",
+            {"entropy_then": _r(entropy[0]), "entropy_now": _r(entropy[1])},
         )
-    zero = recent(series(history, "groups/zero_spread_fraction"), now, w)
-    if zero is not None and zero >= rule.max_zero_spread:
-        return Trip(
-            "collapse",
-            now,
-            now - w + 1,
-            f"{zero:.2f} of groups with no reward spread over steps {now - w + 1}-{now} "
-            f"(ceiling {rule.max_zero_spread:.2f})",
-            {"zero_spread": _r(zero)},
-        )
-    return None
+    zero = baseline(history, "groups/zero_spread_fraction", w)
+    if zero is None or zero[1] < rule.max_zero_spread or zero[1] - zero[0] < rule.zero_spread_rise:
+        return None
+    return Trip(
+        "collapse",
+        now,
+        now - w + 1,
+        f"{zero[1]:.2f} of groups with no reward spread over steps {now - w + 1}-{now} "
+        f"(first window {zero[0]:.2f}, ceiling {rule.max_zero_spread:.2f})",
+        {"zero_spread_then": _r(zero[0]), "zero_spread_now": _r(zero[1])},
+    )
 
 
 def drift(history: History, rule: Drift) -> Trip | None:
@@ -194,20 +205,22 @@ def accuracy_change(
 def gamed_term(
     history: History,
     rule: GamedTerm,
-    shaping: Sequence[str],
+    shaping: dict[str, float],
     probe_key: str | None,
     verifier_keys: Sequence[str],
 ) -> Trip | None:
-    """A shaping term's share of the total reward (`reward/<term>/share`) rose by `share_rise`
-    from the stage's first window to the last, while accuracy rose by less than
+    """A shaping term (`shaping`: name -> weight) adds `rise` more to the mean reward (weight x
+    `reward/<term>/mean`) over the last window than over the stage's first, or its share of the
+    total (`reward/<term>/share`) rose by `share_rise`, while accuracy rose by less than
     `accuracy_rise`."""
     now, w = last_step(history), rule.window
-    for name in shaping:
-        shares = series(history, f"reward/{name}/share")
-        start, share = first(shares, w), recent(shares, now, w)
-        if start is None or share is None or now - w < start[1]:
+    for name, weight in shaping.items():
+        mean = baseline(history, f"reward/{name}/mean", w)
+        share = baseline(history, f"reward/{name}/share", w) or (0.0, 0.0)
+        if mean is None:
             continue
-        if share - start[0] < rule.share_rise:
+        added, share_rise = weight * (mean[1] - mean[0]), share[1] - share[0]
+        if added < rule.rise and share_rise < rule.share_rise:
             continue
         moved = accuracy_change(history, probe_key, verifier_keys)
         if moved is None or moved >= rule.accuracy_rise:
@@ -216,9 +229,15 @@ def gamed_term(
             "gamed_term",
             now,
             now - w + 1,
-            f"{name}: share of the reward {start[0]:.2f} -> {share:.2f} while accuracy moved "
-            f"{moved:+.3f}",
-            {"share_then": _r(start[0]), "share_now": _r(share), "accuracy_change": _r(moved)},
+            f"{name} adds {weight * mean[0]:.3f} -> {weight * mean[1]:.3f} to the mean reward "
+            f"(share {share[0]:.2f} -> {share[1]:.2f}) while accuracy moved {moved:+.3f}",
+            {
+                "added_then": _r(weight * mean[0]),
+                "added_now": _r(weight * mean[1]),
+                "share_then": _r(share[0]),
+                "share_now": _r(share[1]),
+                "accuracy_change": _r(moved),
+            },
             name,
         )
     return None
@@ -289,35 +308,29 @@ def _reason_trouble(
 
 def repetition(history: History, rule: Repetition) -> Trip | None:
     now, w = last_step(history), rule.window
-    rates = series(history, "completion/repetition_rate")
-    start, rate = first(rates, w), recent(rates, now, w)
-    if start is None or rate is None or now - w < start[1]:
-        return None
-    if rate < rule.max_rate or rate - start[0] < rule.rise:
+    rate = baseline(history, "completion/repetition_rate", w)
+    if rate is None or rate[1] < rule.max_rate or rate[1] - rate[0] < rule.rise:
         return None
     return Trip(
         "repetition",
         now,
         now - w + 1,
-        f"{rate:.2f} of completions repeat themselves (first window {start[0]:.2f}, "
+        f"{rate[1]:.2f} of completions repeat themselves (first window {rate[0]:.2f}, "
         f"ceiling {rule.max_rate:.2f})",
-        {"rate_then": _r(start[0]), "rate_now": _r(rate)},
+        {"rate_then": _r(rate[0]), "rate_now": _r(rate[1])},
     )
 
 
 def language_mixing(history: History, rule: LanguageMixing) -> Trip | None:
     now, w = last_step(history), rule.window
-    rates = series(history, "completion/language_consistency_rate")
-    start, rate = first(rates, w), recent(rates, now, w)
-    if start is None or rate is None or now - w < start[1]:
-        return None
-    if start[0] - rate < rule.fall:
+    rate = baseline(history, "completion/language_consistency_rate", w)
+    if rate is None or rate[0] - rate[1] < rule.fall:
         return None
     return Trip(
         "language_mixing",
         now,
         now - w + 1,
-        f"language-consistent share {start[0]:.2f} -> {rate:.2f} "
-        f"(fall {start[0] - rate:.2f}, bound {rule.fall:.2f})",
-        {"rate_then": _r(start[0]), "rate_now": _r(rate)},
+        f"language-consistent share {rate[0]:.2f} -> {rate[1]:.2f} "
+        f"(fall {rate[0] - rate[1]:.2f}, bound {rule.fall:.2f})",
+        {"rate_then": _r(rate[0]), "rate_now": _r(rate[1])},
     )

@@ -17,6 +17,9 @@ from problems.types import FAMILY_REWARDS
 
 SEVERITY = {"warn": 1, "rollback": 2, "stop": 3}
 VERIFIERS = frozenset(FAMILY_REWARDS.values()) | frozenset(HOLED_REWARDS)
+# Terms that shape how a completion looks rather than say whether it is right: the ones a policy
+# can farm. Verifiers, graders and the reward model's score are what accuracy is.
+SHAPING = frozenset(("format", "tag_count", "language", "overlong", "repetition"))
 
 
 def is_verifier(name: str) -> bool:
@@ -61,7 +64,7 @@ class Guard:
     ) -> None:
         self.config = config
         self.pairs = skill_pairs(terms) if probed else []
-        self.shaping = [t.name for t in terms if not is_verifier(t.name)]
+        self.shaping = {t.name: t.weight for t in terms if t.name in SHAPING}
         self.verifiers = [t.name for t in terms if is_verifier(t.name)]
         strict = all(t.params.get("strict", True) for t in terms if is_verifier(t.name))
         self.probe_key = (
@@ -78,7 +81,7 @@ class Guard:
         if not self.kl:
             why["drift"] = "no reference model (beta 0): no KL is measured"
         if not self.shaping:
-            why["gamed_term"] = "no shaping term: every term is a verifier"
+            why["gamed_term"] = "no shaping term (format, tags, language, length, repetition)"
         return {name: text for name, text in why.items() if self.active(name)}
 
     def active(self, name: str) -> bool:

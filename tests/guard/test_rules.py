@@ -115,11 +115,16 @@ def test_reward_without_skill_needs_the_rise_and_the_fall_both():
 
 def test_length_runaway_on_the_truncated_share():
     history = steps(12, completion__truncated_fraction=[0.1] * 7 + [0.8] * 5)
-    rule = LengthRunaway(window=5, max_truncated=0.6)
+    rule = LengthRunaway(window=5, max_truncated=0.6, truncated_rise=0.3)
     assert rules.length_runaway(upto(history, 10), rule) is None  # steps 6..10: 0.52
-    trip = rules.length_runaway(upto(history, 11), rule)  # steps 7..11: 0.66
-    assert trip is not None and trip.numbers == {"truncated": pytest.approx(0.66)}
+    trip = rules.length_runaway(upto(history, 11), rule)  # steps 7..11: 0.66, first five 0.1
+    assert trip is not None and trip.numbers == {
+        "truncated_then": 0.1,
+        "truncated_now": pytest.approx(0.66),
+    }
     assert (trip.step, trip.since) == (11, 7)
+    always = steps(12, completion__truncated_fraction=[0.7] * 12)  # long from the start
+    assert rules.length_runaway(always, rule) is None
 
 
 def test_length_runaway_on_growth_over_the_first_window():
@@ -134,21 +139,30 @@ def test_length_runaway_on_growth_over_the_first_window():
 # ---- collapse, drift -------------------------------------------------------------------------
 
 
-def test_collapse_on_entropy_read_where_it_was_logged():
-    entropy = [0.8, 0.7, None, 0.02, 0.01, None, 0.01, 0.02]  # no update on some steps
-    rule = Collapse(window=4, min_entropy=0.05)
-    trip = rules.collapse(steps(8, entropy=entropy), rule)
-    # steps 5..8: 0.01, 0.01, 0.02 (step 6 trained nothing)
-    assert trip is not None and trip.numbers == {"entropy": pytest.approx(0.04 / 3, abs=1e-4)}
-    assert rules.collapse(steps(5, entropy=entropy[:5]), rule) is None  # 0.7, 0.02, 0.01: 0.24
+def test_collapse_on_entropy_against_its_first_window_read_where_it_was_logged():
+    # no update (no entropy) on some steps; first four steps 0.08 on average
+    entropy = [0.08, 0.07, None, 0.09, 0.06, None, 0.01, 0.02, None, 0.01, 0.02]
+    rule = Collapse(window=4, min_entropy_ratio=0.25)
+    assert rules.collapse(steps(8, entropy=entropy), rule) is None  # 0.06, 0.01, 0.02: 0.03
+    trip = rules.collapse(steps(11, entropy=entropy), rule)  # steps 8..11: 0.02, 0.01, 0.02
+    assert trip is not None and trip.numbers == {
+        "entropy_then": 0.08,
+        "entropy_now": pytest.approx(0.05 / 3, abs=1e-4),
+    }
+    assert rules.collapse(steps(11, entropy=[0.01] * 11), rule) is None  # low from the start
 
 
-def test_collapse_on_zero_spread():
-    rule = Collapse(window=3, max_zero_spread=0.95)
-    history = steps(6, groups__zero_spread_fraction=[0.5, 0.9, 1.0, 0.9, 1.0, 1.0])
-    assert rules.collapse(upto(history, 4), rule) is None  # steps 2..4: 0.933
-    trip = rules.collapse(upto(history, 5), rule)  # steps 3..5: 0.967
-    assert trip is not None and trip.numbers == {"zero_spread": pytest.approx(0.9667, abs=1e-4)}
+def test_collapse_on_zero_spread_where_the_start_had_spread():
+    rule = Collapse(window=3, max_zero_spread=0.95, zero_spread_rise=0.2)
+    history = steps(7, groups__zero_spread_fraction=[0.5, 0.6, 0.4, 0.9, 1.0, 0.9, 1.0])
+    assert rules.collapse(upto(history, 6), rule) is None  # steps 4..6: 0.933
+    trip = rules.collapse(history, rule)  # steps 5..7: 0.967 against 0.5
+    assert trip is not None and trip.numbers == {
+        "zero_spread_then": 0.5,
+        "zero_spread_now": pytest.approx(0.9667, abs=1e-4),
+    }
+    flat = steps(7, groups__zero_spread_fraction=[0.97] * 7)  # a student that never had spread
+    assert rules.collapse(flat, rule) is None
 
 
 def test_drift_reads_the_kl_only_where_there_is_one():
@@ -162,27 +176,40 @@ def test_drift_reads_the_kl_only_where_there_is_one():
 # ---- gamed term ------------------------------------------------------------------------------
 
 
-def test_gamed_term_when_a_shaping_term_takes_over_and_accuracy_stays_flat():
-    share = lambda s: 0.1 if s <= 5 else min(0.7, 0.1 + 0.1 * (s - 5))  # noqa: E731
-    history = steps(15, reward__format__share=share)
-    flat = probed(history, "heldout/pass_at_1", {0: 0.40, 5: 0.41, 10: 0.40, 15: 0.42})
-    rule = GamedTerm(window=5, share_rise=0.3, accuracy_rise=0.05)
-    trip = rules.gamed_term(upto(flat, 10), rule, ["format"], "heldout/pass_at_1", [])
-    # first window 0.1, steps 6..10: 0.2..0.6 -> 0.4: a rise of 0.3
-    assert trip is not None and (trip.subject, trip.step) == ("format", 10)
-    assert trip.numbers == {"share_then": 0.1, "share_now": 0.4, "accuracy_change": 0.0}
-    better = probed(history, "heldout/pass_at_1", {0: 0.40, 10: 0.50})
-    assert rules.gamed_term(upto(better, 10), rule, ["format"], "heldout/pass_at_1", []) is None
-
-
-def test_gamed_term_without_a_probe_reads_the_verifiers():
+def test_gamed_term_when_a_shaping_term_adds_to_the_reward_and_accuracy_stays_flat():
+    # format (weight 2) from 0.90 to 0.99 of completions: 1.80 -> 1.98 added to the mean reward
     history = steps(
         20,
-        reward__format__share=lambda s: 0.1 if s <= 10 else 0.6,
+        reward__format__mean=lambda s: 0.9 if s <= 10 else 0.99,
+        reward__format__share=lambda s: 0.70 if s <= 10 else 0.72,
+    )
+    flat = probed(history, "heldout/pass_at_1", {0: 0.40, 10: 0.41, 20: 0.40})
+    rule = GamedTerm(window=10, rise=0.1, share_rise=0.2, accuracy_rise=0.05)
+    shaping = {"format": 2.0}
+    trip = rules.gamed_term(flat, rule, shaping, "heldout/pass_at_1", [])
+    assert trip is not None and (trip.subject, trip.step, trip.since) == ("format", 20, 11)
+    assert trip.numbers == {
+        "added_then": 1.8,
+        "added_now": 1.98,
+        "share_then": 0.7,
+        "share_now": 0.72,
+        "accuracy_change": 0.0,
+    }
+    better = probed(history, "heldout/pass_at_1", {0: 0.40, 20: 0.50})
+    assert rules.gamed_term(better, rule, shaping, "heldout/pass_at_1", []) is None
+    # the same rise at the honest recipe's weight, 0.2, adds 0.018: not gamed
+    assert rules.gamed_term(flat, rule, {"format": 0.2}, "heldout/pass_at_1", []) is None
+
+
+def test_gamed_term_on_a_share_that_takes_over_read_against_the_verifiers_without_a_probe():
+    history = steps(
+        20,
+        reward__language__mean=[0.5] * 20,
+        reward__language__share=lambda s: 0.1 if s <= 10 else 0.6,
         reward__accuracy__mean=lambda s: 0.5,
     )
-    rule = GamedTerm(window=5, share_rise=0.3, accuracy_rise=0.05)
-    trip = rules.gamed_term(history, rule, ["format"], None, ["reward/accuracy/mean"])
+    rule = GamedTerm(window=5, rise=0.1, share_rise=0.3, accuracy_rise=0.05)
+    trip = rules.gamed_term(history, rule, {"language": 0.2}, None, ["reward/accuracy/mean"])
     assert trip is not None and trip.numbers["accuracy_change"] == 0.0
 
 

@@ -63,7 +63,10 @@ def test_a_rule_warns_once_per_branch():
 
 
 def test_a_disabled_guard_or_an_off_rule_checks_nothing():
-    history = [{"step": float(s), "groups/zero_spread_fraction": 1.0} for s in range(1, 21)]
+    history = [
+        {"step": float(s), "groups/zero_spread_fraction": 0.3 if s <= 10 else 1.0}
+        for s in range(1, 21)
+    ]
     assert Guard(GuardConfig(enabled=False), TERMS, True, True).check(history) == []
     assert Guard(config(collapse="off"), TERMS, True, True).check(history) == []
     assert [t.rule for t in Guard(GuardConfig(), TERMS, True, True).check(history)] == ["collapse"]
