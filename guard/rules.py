@@ -59,6 +59,11 @@ class SkillPair:
     probe_key: str  # heldout/<family>/pass_at_1[_lenient]
 
 
+def start_of(now: int, window: int) -> int:
+    """The first step of the window of `window` steps that ends at `now` (step 1 at the least)."""
+    return max(1, now - window + 1)
+
+
 def _r(value: float) -> float:
     return round(value, 4)
 
@@ -124,9 +129,9 @@ def length_runaway(history: History, rule: LengthRunaway) -> Trip | None:
         return Trip(
             "length_runaway",
             now,
-            now - w + 1,
-            f"{cut[1]:.2f} of completions cut at the token limit over steps {now - w + 1}-{now} "
-            f"(first window {cut[0]:.2f}, bound {rule.max_truncated:.2f})",
+            start_of(now, w),
+            f"{cut[1]:.2f} of completions cut at the token limit over steps "
+            f"{start_of(now, w)}-{now} (first window {cut[0]:.2f}, bound {rule.max_truncated:.2f})",
             {"truncated_then": _r(cut[0]), "truncated_now": _r(cut[1])},
         )
     length = baseline(history, "completion/mean_tokens", w)
@@ -135,7 +140,7 @@ def length_runaway(history: History, rule: LengthRunaway) -> Trip | None:
     return Trip(
         "length_runaway",
         now,
-        now - w + 1,
+        start_of(now, w),
         f"mean length {length[0]:.0f} -> {length[1]:.0f} tokens "
         f"(x{length[1] / length[0]:.2f}, bound x{rule.max_growth:.2f})",
         {"length_then": _r(length[0]), "length_now": _r(length[1])},
@@ -151,9 +156,9 @@ def collapse(history: History, rule: Collapse) -> Trip | None:
         return Trip(
             "collapse",
             now,
-            now - w + 1,
-            f"token entropy {entropy[0]:.4f} -> {entropy[1]:.4f} over steps {now - w + 1}-{now} "
-            f"(below x{rule.min_entropy_ratio:g} of its first window)",
+            start_of(now, w),
+            f"token entropy {entropy[0]:.4f} -> {entropy[1]:.4f} over steps "
+            f"{start_of(now, w)}-{now} (below x{rule.min_entropy_ratio:g} of its first window)",
             {"entropy_then": _r(entropy[0]), "entropy_now": _r(entropy[1])},
         )
     zero = baseline(history, "groups/zero_spread_fraction", w)
@@ -162,8 +167,8 @@ def collapse(history: History, rule: Collapse) -> Trip | None:
     return Trip(
         "collapse",
         now,
-        now - w + 1,
-        f"{zero[1]:.2f} of groups with no reward spread over steps {now - w + 1}-{now} "
+        start_of(now, w),
+        f"{zero[1]:.2f} of groups with no reward spread over steps {start_of(now, w)}-{now} "
         f"(first window {zero[0]:.2f}, ceiling {rule.max_zero_spread:.2f})",
         {"zero_spread_then": _r(zero[0]), "zero_spread_now": _r(zero[1])},
     )
@@ -177,8 +182,9 @@ def drift(history: History, rule: Drift) -> Trip | None:
     return Trip(
         "drift",
         now,
-        now - w + 1,
-        f"KL to the reference {kl:.4f} over steps {now - w + 1}-{now} (ceiling {rule.max_kl:g})",
+        start_of(now, w),
+        f"KL to the reference {kl:.4f} over steps {start_of(now, w)}-{now} "
+        f"(ceiling {rule.max_kl:g})",
         {"kl": _r(kl)},
     )
 
@@ -228,7 +234,7 @@ def gamed_term(
         return Trip(
             "gamed_term",
             now,
-            now - w + 1,
+            start_of(now, w),
             f"{name} adds {weight * mean[0]:.3f} -> {weight * mean[1]:.3f} to the mean reward "
             f"(share {share[0]:.2f} -> {share[1]:.2f}) while accuracy moved {moved:+.3f}",
             {
@@ -268,8 +274,8 @@ def judge_trouble(history: History, rule: JudgeTrouble, verifiers: Sequence[str]
             return Trip(
                 "judge_trouble",
                 now,
-                now - w + 1,
-                f"{unscorable:.2f} of {who} unscorable over steps {now - w + 1}-{now} "
+                start_of(now, w),
+                f"{unscorable:.2f} of {who} unscorable over steps {start_of(now, w)}-{now} "
                 f"(ceiling {rule.max_unscorable:.2f})",
                 {"unscorable": _r(unscorable)},
                 "" if key.count("/") == 1 else key.split("/")[1],
@@ -297,9 +303,9 @@ def _reason_trouble(
                 return Trip(
                     "judge_trouble",
                     now,
-                    now - w + 1,
+                    start_of(now, w),
                     f"{name}: {share:.2f} of verdicts are '{reason}' over steps "
-                    f"{now - w + 1}-{now} (ceiling {rule.max_reason_share:.2f})",
+                    f"{start_of(now, w)}-{now} (ceiling {rule.max_reason_share:.2f})",
                     {"share": _r(share), "verdicts": total},
                     name,
                 )
@@ -314,7 +320,7 @@ def repetition(history: History, rule: Repetition) -> Trip | None:
     return Trip(
         "repetition",
         now,
-        now - w + 1,
+        start_of(now, w),
         f"{rate[1]:.2f} of completions repeat themselves (first window {rate[0]:.2f}, "
         f"ceiling {rule.max_rate:.2f})",
         {"rate_then": _r(rate[0]), "rate_now": _r(rate[1])},
@@ -329,7 +335,7 @@ def language_mixing(history: History, rule: LanguageMixing) -> Trip | None:
     return Trip(
         "language_mixing",
         now,
-        now - w + 1,
+        start_of(now, w),
         f"language-consistent share {rate[0]:.2f} -> {rate[1]:.2f} "
         f"(fall {rate[0] - rate[1]:.2f}, bound {rule.fall:.2f})",
         {"rate_then": _r(rate[0]), "rate_now": _r(rate[1])},

@@ -128,6 +128,9 @@ class Guard:
         if trip.rule == "reward_without_skill":
             pair = next((p for p in self.pairs if p.label == trip.subject), None)
             return [pair.reward_key, pair.probe_key] if pair else []
+        if trip.rule == "judge_trouble" and trip.subject:
+            own = f"reward/{trip.subject}/unscorable_fraction"
+            return [own, "reward/unscorable_fraction"]
         if trip.rule == "gamed_term":
             accuracy = [self.probe_key] if self.probe_key else self.verifier_keys
             return [f"reward/{trip.subject}/share", f"reward/{trip.subject}/mean", *accuracy]

@@ -212,6 +212,7 @@ class StepWatch:
                 self.tracker,
                 f"{self.desc}: guard: {trip.rule} at step {step}: {trip.reason} ({action})",
             )
+            self._plot(trip, history)
         if verdict.action in ("stop", "rollback"):
             # the loop logs a step's metrics after it: this one's would be lost with the branch
             last = {k: v for k, v in history[-1].items() if k != "step"}

@@ -99,6 +99,7 @@ def test_a_warning_lets_the_stage_finish_and_marks_its_model(tokenizer, tmp_path
     assert any("guard: judge_trouble at step 7" in n for n in tracker.notes)
     assert (7, {"guard/judge_trouble": 1.0}) in tracker.metrics
     assert json.loads((tmp_path / "checkpoints" / "guard.json").read_text())["outcome"] == "warned"
+    assert (tmp_path / "guard" / "judge_trouble_step00007.png").stat().st_size > 0
 
 
 def test_a_stop_names_the_rule_and_keeps_the_checkpoint_before_its_window(tokenizer, tmp_path):
