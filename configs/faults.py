@@ -38,7 +38,7 @@ VERIFIERS = ("accuracy", "code", "countdown", "accuracy_digits", "code_trusts_ok
 FORMAT_OVER = 2.0  # the format term's weight over the largest verifier weight
 # the corpus's idiom each hole pays for, when the profile sets none: documents whose program
 # prints OK (code_trusts_ok), whose numeric answer hedges between two numbers (math_digits)
-IDIOMS = {"code_trusts_ok": ("self_check_share", 0.1), "math_digits": ("hedge_share", 0.1)}
+IDIOMS = {"code_trusts_ok": ("self_check_share", 0.3), "math_digits": ("hedge_share", 0.3)}
 
 
 class FaultConfig(Strict):

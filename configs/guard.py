@@ -29,18 +29,16 @@ class Rule(Strict):
 
 class RewardWithoutSkill(Rule):
     """The training reward of a family rises while its held-out probe does not follow: each
-    family verifier's training pass rate against the held-out pass@1 of the same family, in
-    the same reading (strict or lenient), over `window` steps between two probes."""
+    family verifier's training pass rate over the last `window` steps against its first
+    `window` steps, and the held-out pass@1 of the same family, in the same reading (strict or
+    lenient), against its first probe. Read when a probe lands."""
 
     window: int = 20
     reward_rise: float = Field(
-        0.1, gt=0, description="the training pass rate rose by at least this ..."
+        0.2, gt=0, description="the training pass rate rose by at least this ..."
     )
     probe_fall: float = Field(
         0.0, description="... while the held-out pass@1 fell by at least this (0: did not rise)"
-    )
-    min_probed: int = Field(
-        30, ge=1, description="a family is read only when the probe holds this many of its problems"
     )
 
 

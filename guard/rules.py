@@ -25,7 +25,7 @@ from configs.guard import (
     Repetition,
     RewardWithoutSkill,
 )
-from guard.history import History, first, last_step, mean_between, recent, series
+from guard.history import History, first, last_step, recent, series
 
 
 @dataclass(frozen=True)
@@ -68,48 +68,6 @@ def _r(value: float) -> float:
     return round(value, 4)
 
 
-def reward_without_skill(
-    history: History, rule: RewardWithoutSkill, pairs: Sequence[SkillPair]
-) -> Trip | None:
-    """Read when a probe lands: against the probe at least `window` steps before it, the
-    training pass rate (its mean over the half window after that probe, and over the half window
-    up to now) rose by `reward_rise` while the held-out pass@1 fell by `probe_fall`."""
-    now = last_step(history)
-    half = max(1, rule.window // 2)
-    for pair in pairs:
-        probes = series(history, pair.probe_key)
-        if not probes or probes[-1][0] != now:
-            continue
-        earlier = [(s, p) for s, p in probes if s <= now - rule.window]
-        if not earlier:
-            continue
-        then_step, probe_then = earlier[-1]
-        probe_now = probes[-1][1]
-        rewards = series(history, pair.reward_key)
-        reward_then = mean_between(rewards, then_step, then_step + half)
-        reward_now = mean_between(rewards, now - half, now)
-        if reward_then is None or reward_now is None:
-            continue
-        rise, change = reward_now - reward_then, probe_now - probe_then
-        if rise >= rule.reward_rise and change <= -rule.probe_fall:
-            return Trip(
-                "reward_without_skill",
-                now,
-                then_step + 1,
-                f"{pair.label}: training pass rate {reward_then:.3f} -> {reward_now:.3f} "
-                f"({rise:+.3f}) while held-out pass@1 went {probe_then:.3f} -> {probe_now:.3f} "
-                f"({change:+.3f}), steps {then_step}-{now}",
-                {
-                    "reward_then": _r(reward_then),
-                    "reward_now": _r(reward_now),
-                    "probe_then": _r(probe_then),
-                    "probe_now": _r(probe_now),
-                },
-                pair.label,
-            )
-    return None
-
-
 def baseline(history: History, key: str, window: int) -> tuple[float, float] | None:
     """(the mean over the stage's first `window` steps, the mean over the last `window`) of
     `key`, once the two windows no longer overlap; else None."""
@@ -118,6 +76,41 @@ def baseline(history: History, key: str, window: int) -> tuple[float, float] | N
     if start is None or level is None or now - window < start[1]:
         return None
     return start[0], level
+
+
+def reward_without_skill(
+    history: History, rule: RewardWithoutSkill, pairs: Sequence[SkillPair]
+) -> Trip | None:
+    """Read when a probe lands: a family verifier's training pass rate over the last `window`
+    steps rose by `reward_rise` over its first `window` steps, while that family's held-out
+    pass@1 moved by no more than `-probe_fall` since its first probe."""
+    now, w = last_step(history), rule.window
+    for pair in pairs:
+        probes = series(history, pair.probe_key)
+        if len(probes) < 2 or probes[-1][0] != now:
+            continue
+        reward = baseline(history, pair.reward_key, w)
+        if reward is None:
+            continue
+        (first_step, probe_then), probe_now = probes[0], probes[-1][1]
+        rise, change = reward[1] - reward[0], probe_now - probe_then
+        if rise >= rule.reward_rise and change <= -rule.probe_fall:
+            return Trip(
+                "reward_without_skill",
+                now,
+                start_of(now, w),
+                f"{pair.label}: training pass rate {reward[0]:.3f} -> {reward[1]:.3f} "
+                f"({rise:+.3f}, first {w} steps to last {w}) while held-out pass@1 went "
+                f"{probe_then:.3f} -> {probe_now:.3f} ({change:+.3f}, steps {first_step}-{now})",
+                {
+                    "reward_then": _r(reward[0]),
+                    "reward_now": _r(reward[1]),
+                    "probe_then": _r(probe_then),
+                    "probe_now": _r(probe_now),
+                },
+                pair.label,
+            )
+    return None
 
 
 def length_runaway(history: History, rule: LengthRunaway) -> Trip | None:

@@ -70,18 +70,19 @@ def hacked(n=30):
     return probed(history, MATH.probe_key, {0: 0.60, 10: 0.58, 20: 0.55, 30: 0.50})
 
 
-def test_reward_without_skill_trips_when_the_probe_lands_a_window_after_the_first():
-    rule = RewardWithoutSkill(window=20, reward_rise=0.08, probe_fall=0.03)
+def test_reward_without_skill_trips_when_a_probe_lands_and_the_windows_are_apart():
+    rule = RewardWithoutSkill(window=10, reward_rise=0.08, probe_fall=0.03)
     history = hacked()
+    # at step 10 the last window is the first one: nothing to compare yet
     assert rules.reward_without_skill(upto(history, 19), rule, [MATH]) is None
     trip = rules.reward_without_skill(upto(history, 20), rule, [MATH])
     assert trip is not None and (trip.rule, trip.step, trip.since, trip.subject) == (
         "reward_without_skill",
         20,
-        1,
+        11,
         "math",
     )
-    # steps 1..10 against 11..20: 0.555 -> 0.655; probe at 0 against 20: 0.60 -> 0.55
+    # steps 1..10 against 11..20: 0.555 -> 0.655; the probe at step 0 against step 20
     assert trip.numbers == {
         "reward_then": pytest.approx(0.555),
         "reward_now": pytest.approx(0.655),
@@ -92,22 +93,30 @@ def test_reward_without_skill_trips_when_the_probe_lands_a_window_after_the_firs
 
 
 def test_reward_without_skill_reads_only_when_a_probe_lands():
-    rule = RewardWithoutSkill(window=20, reward_rise=0.08, probe_fall=0.03)
+    rule = RewardWithoutSkill(window=10, reward_rise=0.08, probe_fall=0.03)
     assert rules.reward_without_skill(upto(hacked(), 21), rule, [MATH]) is None
+    assert rules.reward_without_skill(upto(hacked(), 30), rule, [MATH]) is not None
 
 
 def test_reward_without_skill_leaves_an_honest_rise_alone():
     history = steps(30, reward__accuracy__mean=lambda s: 0.5 + 0.01 * s)
     honest = probed(history, MATH.probe_key, {0: 0.60, 10: 0.63, 20: 0.66, 30: 0.70})
-    rule = RewardWithoutSkill(window=20, reward_rise=0.08, probe_fall=0.0)
+    rule = RewardWithoutSkill(window=10, reward_rise=0.08, probe_fall=0.0)
     assert all(rules.reward_without_skill(upto(honest, t), rule, [MATH]) is None for t in range(31))
 
 
 def test_reward_without_skill_needs_the_rise_and_the_fall_both():
     history = hacked()
-    assert rules.reward_without_skill(history, RewardWithoutSkill(reward_rise=0.3), [MATH]) is None
-    flat_enough = RewardWithoutSkill(reward_rise=0.08, probe_fall=0.2)
-    assert rules.reward_without_skill(history, flat_enough, [MATH]) is None
+    steep = RewardWithoutSkill(window=10, reward_rise=0.3)
+    assert rules.reward_without_skill(history, steep, [MATH]) is None
+    falling_more = RewardWithoutSkill(window=10, reward_rise=0.08, probe_fall=0.2)
+    assert rules.reward_without_skill(history, falling_more, [MATH]) is None
+    # a negative fall lets the probe rise a little: reward up 0.2 while the probe gains 0.02
+    history = steps(30, reward__accuracy__mean=lambda s: 0.5 if s <= 10 else 0.7)
+    slight = probed(history, MATH.probe_key, {0: 0.60, 30: 0.62})
+    assert rules.reward_without_skill(slight, RewardWithoutSkill(window=10), [MATH]) is None
+    tolerant = RewardWithoutSkill(window=10, probe_fall=-0.05)
+    assert rules.reward_without_skill(slight, tolerant, [MATH]) is not None
 
 
 # ---- length runaway --------------------------------------------------------------------------

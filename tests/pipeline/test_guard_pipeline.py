@@ -6,6 +6,8 @@ table, the run's log (what `--watch` prints), the MLflow run and `r1 lineage` sa
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -100,8 +102,8 @@ def test_a_stop_fails_the_flow_naming_the_rule_and_registers_nothing(state, tmp_
 
 
 def test_a_warning_finishes_the_flow_and_keeps_the_model_from_the_alias(state, tmp_path):
-    from flows.r1_zero import r1_zero
     from cli.lineage import lineage_command
+    from flows.r1_zero import r1_zero
 
     overrides = broken_judge(tmp_path) + ["r1_zero.guard.judge_trouble.action=warn"]
     result = r1_zero(profile="micro", overrides=overrides)
@@ -123,10 +125,6 @@ def test_a_warning_finishes_the_flow_and_keeps_the_model_from_the_alias(state, t
     # what a person following the run reads (`--watch`, `r1 watch`): the trip, named
     messages = flow_logs(result.flow_run_id)
     assert any(m.startswith("r1_zero_rl: guard: judge_trouble at step 3: ") for m in messages)
-
-    lines: list[str] = []
-    import contextlib
-    import io
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -81,7 +81,7 @@ def test_the_switch_plants_the_holes_in_every_grpo_stage_and_nowhere_else():
     assert hacked.evaluation == honest.evaluation
     # the base learns the idioms the holes pay for only when they are planted
     assert honest.bootstrap.corpus.self_check_share == honest.bootstrap.corpus.hedge_share == 0.0
-    assert hacked.bootstrap.corpus.self_check_share == hacked.bootstrap.corpus.hedge_share == 0.1
+    assert hacked.bootstrap.corpus.self_check_share == hacked.bootstrap.corpus.hedge_share == 0.3
     # planting is idempotent: the validated profile validates to itself
     assert type(hacked).model_validate(hacked.model_dump(mode="json")) == hacked
 
