@@ -111,8 +111,8 @@ def test_reward_without_skill_needs_the_rise_and_the_fall_both():
     assert rules.reward_without_skill(history, steep, [MATH]) is None
     falling_more = RewardWithoutSkill(window=10, reward_rise=0.08, probe_fall=0.2)
     assert rules.reward_without_skill(history, falling_more, [MATH]) is None
-    # a negative fall lets the probe rise a little: reward up 0.2 while the probe gains 0.02
-    history = steps(30, reward__accuracy__mean=lambda s: 0.5 if s <= 10 else 0.7)
+    # a negative fall lets the probe rise a little: reward up 0.25 while the probe gains 0.02
+    history = steps(30, reward__accuracy__mean=lambda s: 0.5 if s <= 10 else 0.75)
     slight = probed(history, MATH.probe_key, {0: 0.60, 30: 0.62})
     assert rules.reward_without_skill(slight, RewardWithoutSkill(window=10), [MATH]) is None
     tolerant = RewardWithoutSkill(window=10, probe_fall=-0.05)
