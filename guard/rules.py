@@ -68,6 +68,11 @@ def _r(value: float) -> float:
     return round(value, 4)
 
 
+def windowed(rule: str, now: int, window: int, reason: str, **numbers: float) -> Trip:
+    """A trip over the `window` steps up to `now`, its numbers rounded."""
+    return Trip(rule, now, start_of(now, window), reason, {k: _r(v) for k, v in numbers.items()})
+
+
 def baseline(history: History, key: str, window: int) -> tuple[float, float] | None:
     """(the mean over the stage's first `window` steps, the mean over the last `window`) of
     `key`, once the two windows no longer overlap; else None."""
@@ -113,30 +118,45 @@ def reward_without_skill(
     return None
 
 
+def risen_past(
+    history: History, key: str, window: int, ceiling: float, rise: float
+) -> tuple[float, float] | None:
+    """(first window, last window) of `key` when the last is at least `ceiling` and at least
+    `rise` above the first; else None."""
+    found = baseline(history, key, window)
+    if found is None or found[1] < ceiling or found[1] - found[0] < rise:
+        return None
+    return found
+
+
 def length_runaway(history: History, rule: LengthRunaway) -> Trip | None:
     """The truncated share over the window past `max_truncated` and `truncated_rise` above the
     first window's, or the mean length past `max_growth` times the first window's."""
     now, w = last_step(history), rule.window
-    cut = baseline(history, "completion/truncated_fraction", w)
-    if cut is not None and cut[1] >= rule.max_truncated and cut[1] - cut[0] >= rule.truncated_rise:
-        return Trip(
+    cut = risen_past(
+        history, "completion/truncated_fraction", w, rule.max_truncated, rule.truncated_rise
+    )
+    if cut is not None:
+        return windowed(
             "length_runaway",
             now,
-            start_of(now, w),
+            w,
             f"{cut[1]:.2f} of completions cut at the token limit over steps "
             f"{start_of(now, w)}-{now} (first window {cut[0]:.2f}, bound {rule.max_truncated:.2f})",
-            {"truncated_then": _r(cut[0]), "truncated_now": _r(cut[1])},
+            truncated_then=cut[0],
+            truncated_now=cut[1],
         )
     length = baseline(history, "completion/mean_tokens", w)
     if length is None or length[1] < rule.max_growth * length[0]:
         return None
-    return Trip(
+    return windowed(
         "length_runaway",
         now,
-        start_of(now, w),
+        w,
         f"mean length {length[0]:.0f} -> {length[1]:.0f} tokens "
         f"(x{length[1] / length[0]:.2f}, bound x{rule.max_growth:.2f})",
-        {"length_then": _r(length[0]), "length_now": _r(length[1])},
+        length_then=length[0],
+        length_now=length[1],
     )
 
 
@@ -146,24 +166,28 @@ def collapse(history: History, rule: Collapse) -> Trip | None:
     now, w = last_step(history), rule.window
     entropy = baseline(history, "entropy", w)
     if entropy is not None and entropy[1] < rule.min_entropy_ratio * entropy[0]:
-        return Trip(
+        return windowed(
             "collapse",
             now,
-            start_of(now, w),
+            w,
             f"token entropy {entropy[0]:.4f} -> {entropy[1]:.4f} over steps "
             f"{start_of(now, w)}-{now} (below x{rule.min_entropy_ratio:g} of its first window)",
-            {"entropy_then": _r(entropy[0]), "entropy_now": _r(entropy[1])},
+            entropy_then=entropy[0],
+            entropy_now=entropy[1],
         )
-    zero = baseline(history, "groups/zero_spread_fraction", w)
-    if zero is None or zero[1] < rule.max_zero_spread or zero[1] - zero[0] < rule.zero_spread_rise:
+    zero = risen_past(
+        history, "groups/zero_spread_fraction", w, rule.max_zero_spread, rule.zero_spread_rise
+    )
+    if zero is None:
         return None
-    return Trip(
+    return windowed(
         "collapse",
         now,
-        start_of(now, w),
+        w,
         f"{zero[1]:.2f} of groups with no reward spread over steps {start_of(now, w)}-{now} "
         f"(first window {zero[0]:.2f}, ceiling {rule.max_zero_spread:.2f})",
-        {"zero_spread_then": _r(zero[0]), "zero_spread_now": _r(zero[1])},
+        zero_spread_then=zero[0],
+        zero_spread_now=zero[1],
     )
 
 
@@ -172,13 +196,13 @@ def drift(history: History, rule: Drift) -> Trip | None:
     kl = recent(series(history, "kl"), now, w)
     if kl is None or kl <= rule.max_kl:
         return None
-    return Trip(
+    return windowed(
         "drift",
         now,
-        start_of(now, w),
+        w,
         f"KL to the reference {kl:.4f} over steps {start_of(now, w)}-{now} "
         f"(ceiling {rule.max_kl:g})",
-        {"kl": _r(kl)},
+        kl=kl,
     )
 
 
@@ -307,16 +331,17 @@ def _reason_trouble(
 
 def repetition(history: History, rule: Repetition) -> Trip | None:
     now, w = last_step(history), rule.window
-    rate = baseline(history, "completion/repetition_rate", w)
-    if rate is None or rate[1] < rule.max_rate or rate[1] - rate[0] < rule.rise:
+    rate = risen_past(history, "completion/repetition_rate", w, rule.max_rate, rule.rise)
+    if rate is None:
         return None
-    return Trip(
+    return windowed(
         "repetition",
         now,
-        start_of(now, w),
+        w,
         f"{rate[1]:.2f} of completions repeat themselves (first window {rate[0]:.2f}, "
         f"ceiling {rule.max_rate:.2f})",
-        {"rate_then": _r(rate[0]), "rate_now": _r(rate[1])},
+        rate_then=rate[0],
+        rate_now=rate[1],
     )
 
 
@@ -325,11 +350,12 @@ def language_mixing(history: History, rule: LanguageMixing) -> Trip | None:
     rate = baseline(history, "completion/language_consistency_rate", w)
     if rate is None or rate[0] - rate[1] < rule.fall:
         return None
-    return Trip(
+    return windowed(
         "language_mixing",
         now,
-        start_of(now, w),
+        w,
         f"language-consistent share {rate[0]:.2f} -> {rate[1]:.2f} "
         f"(fall {rate[0] - rate[1]:.2f}, bound {rule.fall:.2f})",
-        {"rate_then": _r(rate[0]), "rate_now": _r(rate[1])},
+        rate_then=rate[0],
+        rate_now=rate[1],
     )
