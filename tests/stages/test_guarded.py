@@ -199,3 +199,42 @@ def test_the_guard_of_a_deepspeed_stage_reads_the_forwarded_metrics(tmp_path):
     assert len(tracker.metrics) == 8  # every line forwarded to the stage's tracker
     record = GuardRecord.load(tmp_path)
     assert record.outcome == "stopped" and record.trips[0]["step"] == 7
+
+
+def test_a_gamed_term_is_rolled_back_by_lowering_its_weight(tmp_path):
+    """The rollback of a gamed term halves that term's weight (again at each rollback), back to
+    the newest kept checkpoint before the window, and drops the abandoned branch's."""
+    from guard.rules import Trip
+    from stages.guarded import CheckpointKeeper, _roll_back
+    from training.checkpoints import save_checkpoint
+
+    cfg = grpo_config(
+        rewards=[RewardTerm(name="accuracy"), RewardTerm(name="format", weight=2.0)],
+        guard={"gamed_term": {"action": "rollback"}},
+    )
+    ckpt = tmp_path / "checkpoints"
+    keeper = CheckpointKeeper(ckpt, reach=100)
+    for step in (10, 20, 30):
+        save_checkpoint(
+            ckpt, {"step": step, "fingerprint": "fp", "optimizer": {"param_groups": [{"lr": 1e-2}]}}
+        )
+        keeper.keep(step, step + 1)
+    record = GuardRecord()
+    trip = Trip("gamed_term", 37, 28, "format adds more", {}, "format")
+    _roll_back(trip, record, cfg, keeper, "fp")
+    assert record.rollbacks[0] == {
+        "at": 37,
+        "rule": "gamed_term",
+        "to": 20,
+        "trips_before": 0,
+        "weight": 1.0,
+        "term": "format",
+    }
+    assert keeper.steps() == [10, 20]  # step 30's was on the branch given up
+    state = torch.load(ckpt / "last" / "state.pt", weights_only=False)
+    assert state["step"] == 20 and state["optimizer"]["param_groups"][0]["lr"] == 1e-2
+    adjusted = record.adjusted(cfg)
+    assert [(t.name, t.weight) for t in adjusted.rewards] == [("accuracy", 1.0), ("format", 1.0)]
+    assert adjusted.learning_rate == cfg.learning_rate  # the rate is left alone
+    _roll_back(Trip("gamed_term", 25, 15, "again", {}, "format"), record, cfg, keeper, "fp")
+    assert record.weights == {"format": 0.5} and record.rollbacks[1]["to"] == 10
