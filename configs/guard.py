@@ -28,17 +28,20 @@ class Rule(Strict):
 
 
 class RewardWithoutSkill(Rule):
-    """The training reward of a family rises while its held-out probe does not follow: each
-    family verifier's training pass rate over the last `window` steps against its first
-    `window` steps, and the held-out pass@1 of the same family, in the same reading (strict or
-    lenient), against its first probe. Read when a probe lands."""
+    """The training reward of a family outgrows its held-out probe: each family verifier's
+    training pass rate over the last `window` steps against its first `window` steps, and the
+    held-out pass@1 of the same family, in the same reading (strict or lenient), against its
+    first probe. Read when a probe lands."""
 
     window: int = 20
-    reward_rise: float = Field(
-        0.2, gt=0, description="the training pass rate rose by at least this ..."
+    gap: float = Field(
+        0.2,
+        gt=0,
+        description="the training pass rate gained at least this on the held-out pass@1 (a "
+        "rise of the one, a fall of the other, or both) ...",
     )
     probe_fall: float = Field(
-        0.0, description="... while the held-out pass@1 fell by at least this (0: did not rise)"
+        0.0, description="... and the held-out pass@1 fell by at least this (0: did not rise)"
     )
 
 

@@ -86,9 +86,10 @@ def baseline(history: History, key: str, window: int) -> tuple[float, float] | N
 def reward_without_skill(
     history: History, rule: RewardWithoutSkill, pairs: Sequence[SkillPair]
 ) -> Trip | None:
-    """Read when a probe lands: a family verifier's training pass rate over the last `window`
-    steps rose by `reward_rise` over its first `window` steps, while that family's held-out
-    pass@1 moved by no more than `-probe_fall` since its first probe."""
+    """Read when a probe lands: a family verifier's training pass rate (its last `window`
+    steps against its first) gained at least `gap` on that family's held-out pass@1 (its latest
+    reading against its first: a rise of the one, a fall of the other, or both), and the
+    held-out pass@1 did not rise by more than `-probe_fall`."""
     now, w = last_step(history), rule.window
     for pair in pairs:
         probes = series(history, pair.probe_key)
@@ -99,7 +100,7 @@ def reward_without_skill(
             continue
         (first_step, probe_then), probe_now = probes[0], probes[-1][1]
         rise, change = reward[1] - reward[0], probe_now - probe_then
-        if rise >= rule.reward_rise and change <= -rule.probe_fall:
+        if rise - change >= rule.gap and change <= -rule.probe_fall:
             return Trip(
                 "reward_without_skill",
                 now,

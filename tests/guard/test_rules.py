@@ -71,7 +71,7 @@ def hacked(n=30):
 
 
 def test_reward_without_skill_trips_when_a_probe_lands_and_the_windows_are_apart():
-    rule = RewardWithoutSkill(window=10, reward_rise=0.08, probe_fall=0.03)
+    rule = RewardWithoutSkill(window=10, gap=0.15, probe_fall=0.03)
     history = hacked()
     # at step 10 the last window is the first one: nothing to compare yet
     assert rules.reward_without_skill(upto(history, 19), rule, [MATH]) is None
@@ -93,7 +93,7 @@ def test_reward_without_skill_trips_when_a_probe_lands_and_the_windows_are_apart
 
 
 def test_reward_without_skill_reads_only_when_a_probe_lands():
-    rule = RewardWithoutSkill(window=10, reward_rise=0.08, probe_fall=0.03)
+    rule = RewardWithoutSkill(window=10, gap=0.15, probe_fall=0.03)
     assert rules.reward_without_skill(upto(hacked(), 21), rule, [MATH]) is None
     assert rules.reward_without_skill(upto(hacked(), 30), rule, [MATH]) is not None
 
@@ -101,19 +101,26 @@ def test_reward_without_skill_reads_only_when_a_probe_lands():
 def test_reward_without_skill_leaves_an_honest_rise_alone():
     history = steps(30, reward__accuracy__mean=lambda s: 0.5 + 0.01 * s)
     honest = probed(history, MATH.probe_key, {0: 0.60, 10: 0.63, 20: 0.66, 30: 0.70})
-    rule = RewardWithoutSkill(window=10, reward_rise=0.08, probe_fall=0.0)
+    rule = RewardWithoutSkill(window=10, gap=0.08, probe_fall=0.0)
     assert all(rules.reward_without_skill(upto(honest, t), rule, [MATH]) is None for t in range(31))
 
 
-def test_reward_without_skill_needs_the_rise_and_the_fall_both():
-    history = hacked()
-    steep = RewardWithoutSkill(window=10, reward_rise=0.3)
-    assert rules.reward_without_skill(history, steep, [MATH]) is None
-    falling_more = RewardWithoutSkill(window=10, reward_rise=0.08, probe_fall=0.2)
+def test_reward_without_skill_reads_the_gap_the_training_rate_gains_on_the_probe():
+    history = hacked()  # at step 20: +0.10 against -0.05, a gap of 0.15
+    assert (
+        rules.reward_without_skill(history[:21], RewardWithoutSkill(window=10, gap=0.2), [MATH])
+        is None
+    )
+    falling_more = RewardWithoutSkill(window=10, gap=0.15, probe_fall=0.2)
     assert rules.reward_without_skill(history, falling_more, [MATH]) is None
-    # a negative fall lets the probe rise a little: reward up 0.25 while the probe gains 0.02
-    history = steps(30, reward__accuracy__mean=lambda s: 0.5 if s <= 10 else 0.75)
-    slight = probed(history, MATH.probe_key, {0: 0.60, 30: 0.62})
+    # a reward that stays where it was while held-out pass@1 collapses: a gap all the same
+    flat = steps(30, reward__accuracy__mean=[0.9] * 30)
+    collapsed = probed(flat, MATH.probe_key, {0: 0.60, 10: 0.40, 20: 0.10})
+    trip = rules.reward_without_skill(upto(collapsed, 20), RewardWithoutSkill(window=10), [MATH])
+    assert trip is not None and trip.numbers["probe_now"] == 0.1
+    # a negative fall lets the probe rise a little: the reward up 0.25, the probe up 0.02
+    rising = steps(30, reward__accuracy__mean=lambda s: 0.5 if s <= 10 else 0.75)
+    slight = probed(rising, MATH.probe_key, {0: 0.60, 30: 0.62})
     assert rules.reward_without_skill(slight, RewardWithoutSkill(window=10), [MATH]) is None
     tolerant = RewardWithoutSkill(window=10, probe_fall=-0.05)
     assert rules.reward_without_skill(slight, tolerant, [MATH]) is not None
