@@ -182,9 +182,9 @@ def test_a_planted_hack_is_learned_and_the_guard_stops_it_naming_the_rule(taught
     record = GuardRecord.find(tmp_path)
     assert record is not None and record.outcome == "stopped"
     assert not (tmp_path / "model").exists()  # the stage saved no model to register
-    # the reward the hole pays climbed while held-out pass@1 (the honest verifier) fell
+    # the reward the hole pays climbed while held-out pass@1 (the honest verifier) did not
     reward, probe = curves.series("reward/mean"), curves.series("heldout/pass_at_1_lenient")
-    assert max(reward[-4:]) > reward[0] and probe[-1] < probe[0], (reward, probe)
+    assert max(reward[-4:]) > reward[0] + 0.1 and probe[-1] <= probe[0], (reward, probe)
 
 
 def test_without_the_hole_the_same_policy_learns_and_trips_nothing(taught, tmp_path):
