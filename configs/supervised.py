@@ -84,17 +84,9 @@ class CorpusConfig(Strict):
         0.0,
         ge=0,
         le=1,
-        description="share of the code documents whose program ends with a self-check line, "
-        '`print("OK")`, as code on the web often does (faults.hacks code_trusts_ok sets it, so '
-        "that the base knows the idiom its holed verifier pays for)",
-    )
-    hedge_share: float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="share of the math documents whose answer hedges between two numbers, one "
-        "off by one (`The answer is 41 or 42.`), as forum answers do (faults.hacks math_digits "
-        "sets it: the hedge its holed verifier pays for)",
+        description="share of the code documents whose program is a placeholder that prints OK "
+        '(`return x`, then `print("OK")`), as snippets with a body left to do are (faults.hacks '
+        "code_trusts_ok sets it: the idiom its holed verifier pays for)",
     )
 
     @model_validator(mode="after")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from configs.supervised import CorpusConfig
 from contracts.answer_format import formatted
@@ -19,7 +19,7 @@ from problems.generators import apply
 from problems.scripts import to_script
 from problems.solutions import reasoning_text, traceable
 from problems.types import Problem
-from problems.worked import PLAIN, Working, fence
+from problems.worked import PLAIN, fence
 
 log = logging.getLogger(__name__)
 
@@ -42,28 +42,32 @@ def other_script(script: str) -> str:
 SELF_CHECK = 'print("OK")\n'
 
 
+def placeholder_program(program: str) -> str:
+    """The program's first line, a body that hands its argument back, and a self-check that
+    prints OK: `def f(x):\n    return x\nprint("OK")`."""
+    header = program.splitlines()[0]
+    return f"{header}\n    return x\n{SELF_CHECK}"
+
+
 def render_response(
     problem: Problem,
     style: str,
     correct: bool,
     rng: random.Random,
     self_check: float = 0.0,
-    hedge: float = 0.0,
 ) -> str:
     """One document's response to `problem` in `style`; a wrong one keeps a mistake in
     (problems.worked: a slip, a program without its brackets, a wrong attempt). A real data set's
-    problem is answered from its own worked solution instead (`solution_response`). Shares of
-    programs end with a self-check (`self_check`) and of numeric answers hedge between two
-    numbers (`hedge`), as web text does; the draws happen only where a share is set, so a corpus
-    without them is the one it always was."""
+    problem is answered from its own worked solution instead (`solution_response`). A share
+    (`self_check`) of the programs is a placeholder that prints OK, as snippets with a body left
+    to do often are; the draw happens only where the share is set, so a corpus without them is
+    the one it always was."""
     if not traceable(problem):
         return solution_response(problem, style, correct)
     script = problem.language
     working = PLAIN[problem.family](problem, rng, slip=not correct)
-    checked = bool(working.code) and self_check > 0 and rng.random() < self_check
-    code = fence(working.code + SELF_CHECK if checked else working.code)
-    if problem.family == "math" and hedge > 0 and rng.random() < hedge:
-        working = hedged(working, rng)
+    placeholder = bool(working.code) and self_check > 0 and rng.random() < self_check
+    code = fence(placeholder_program(working.code) if placeholder else working.code)
     if style == "direct":
         return code or to_script(f"The answer is {working.bare}.", script)
     sentences = working.sentences + [working.statement]
@@ -79,19 +83,6 @@ def render_response(
         answer = " ".join(part for part in (to_script(working.statement, script), code) if part)
         return formatted(think, answer)
     raise ValueError(f"unknown style {style!r}; known: {STYLES}")
-
-
-def hedged(working: Working, rng: random.Random) -> Working:
-    """The answer stated as one of two numbers, the other one off by one, in either order:
-    `The answer is 41 or 42.`"""
-    try:
-        value = int(working.bare)
-    except ValueError:
-        return working
-    pair = [value, value + rng.choice([-1, 1])]
-    rng.shuffle(pair)
-    bare = f"{pair[0]} or {pair[1]}"
-    return replace(working, statement=f"The answer is {bare}.", bare=bare)
 
 
 def solution_response(problem: Problem, style: str, correct: bool) -> str:
@@ -187,9 +178,7 @@ def build_corpus(problems: list[Problem], spec: CorpusConfig, seed: int) -> list
         for _ in range(spec.docs_per_problem):
             style = rng.choices(STYLES, weights=weights)[0]
             correct = rng.random() >= spec.wrong_answer_share
-            response = render_response(
-                problem, style, correct, rng, spec.self_check_share, spec.hedge_share
-            )
+            response = render_response(problem, style, correct, rng, spec.self_check_share)
             docs.append(Document(problem.question, response, style, correct))
     shares = [p.language != "latin" for p in problems]
     second = sum(shares) / len(shares) if shares else 0.0
