@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from configs.strict import Strict
 
@@ -25,6 +25,12 @@ ACTION_HELP = (
 class Rule(Strict):
     action: Action = Field("stop", description=ACTION_HELP)
     window: int = Field(10, ge=1, description="steps the rule's figures are averaged over")
+
+    @field_validator("action", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        """YAML reads a bare `off` as false: it means off here."""
+        return "off" if value is False else value
 
 
 class RewardWithoutSkill(Rule):

@@ -70,3 +70,11 @@ def test_a_disabled_guard_or_an_off_rule_checks_nothing():
     assert Guard(GuardConfig(enabled=False), TERMS, True, True).check(history) == []
     assert Guard(config(collapse="off"), TERMS, True, True).check(history) == []
     assert [t.rule for t in Guard(GuardConfig(), TERMS, True, True).check(history)] == ["collapse"]
+
+
+def test_a_bare_yaml_off_turns_a_rule_off():
+    """YAML 1.1 reads `action: off` as false: the profile means the rule is off."""
+    from configs.profiles import load_profile
+
+    config = load_profile("micro", ["reasoning_rl.guard.collapse.action=off"])
+    assert config.reasoning_rl.guard.collapse.action == "off"
