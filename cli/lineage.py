@@ -81,8 +81,26 @@ def run_names(client: Any, run_ids: set[str]) -> dict[str, str]:
     return names
 
 
-def node_label(node: LineageNode, names: dict[str, str]) -> Text:
-    """One line: stage, kind, short digest, run id and name, artifact path."""
+GUARD_TAG = "r1.guard"  # a GRPO stage run's guard outcome (tasks/guard_report.py)
+
+
+def run_guards(client: Any, run_ids: set[str]) -> dict[str, str]:
+    """The RL guard's outcome of each stage run that has one (`clean`, `warned`, `stopped`,
+    `rolled back 1x, clean`), with what tripped when anything did."""
+    guards = {}
+    for run_id in sorted(run_ids):
+        tags = run_tags(client, run_id)
+        if GUARD_TAG in tags:
+            trips = tags.get(f"{GUARD_TAG}.trips")
+            guards[run_id] = tags[GUARD_TAG] + (f" ({trips})" if trips else "")
+    return guards
+
+
+def node_label(
+    node: LineageNode, names: dict[str, str], guards: dict[str, str] | None = None
+) -> Text:
+    """One line: stage, kind, short digest, run id and name, artifact path, and the RL guard's
+    outcome of a GRPO stage."""
     short = node.digest[:12]
     if not node.known:
         return Text.assemble(("unknown ", "bold red"), (short, "cyan"), " (no lineage row)")
@@ -96,13 +114,22 @@ def node_label(node: LineageNode, names: dict[str, str]) -> Text:
     ]
     if node.cycle:
         parts.insert(0, ("cycle back to ", "bold yellow"))
+    guard = (guards or {}).get(node.produced_by)
+    if guard is not None:
+        parts.append((f"  guard: {guard}", "green" if guard == "clean" else "bold red"))
     return Text.assemble(*parts)
 
 
-def add_branch(tree: Tree, node: LineageNode, names: dict[str, str], shown: set[str]) -> None:
+def add_branch(
+    tree: Tree,
+    node: LineageNode,
+    names: dict[str, str],
+    shown: set[str],
+    guards: dict[str, str] | None = None,
+) -> None:
     """Add `node` under `tree`; a shared input's inputs (the same artifact of the same run) are
     drawn once, where it first appears."""
-    label = node_label(node, names)
+    label = node_label(node, names, guards)
     key = f"{node.digest}@{node.produced_by}"
     if node.children and key in shown:
         tree.add(label.append(" (inputs shown above)", "dim"))
@@ -110,15 +137,20 @@ def add_branch(tree: Tree, node: LineageNode, names: dict[str, str], shown: set[
     shown.add(key)
     branch = tree.add(label)
     for child in node.children:
-        add_branch(branch, child, names, shown)
+        add_branch(branch, child, names, shown, guards)
 
 
-def render(model: ResolvedModel, root: LineageNode, names: dict[str, str]) -> Tree:
+def render(
+    model: ResolvedModel,
+    root: LineageNode,
+    names: dict[str, str],
+    guards: dict[str, str] | None = None,
+) -> Tree:
     title = Text.assemble(
         (model.spec.uri, "bold"), f"  version {model.version}  run {model.run_id}"
     )
     tree = Tree(title)
-    add_branch(tree, root, names, set())
+    add_branch(tree, root, names, set(), guards)
     return tree
 
 
@@ -131,7 +163,12 @@ def summary(root: LineageNode) -> dict[str, list[str]]:
     }
 
 
-def as_json(model: ResolvedModel, root: LineageNode, names: dict[str, str]) -> str:
+def as_json(
+    model: ResolvedModel,
+    root: LineageNode,
+    names: dict[str, str],
+    guards: dict[str, str] | None = None,
+) -> str:
     body = {
         "model": {
             "uri": model.spec.uri,
@@ -140,6 +177,7 @@ def as_json(model: ResolvedModel, root: LineageNode, names: dict[str, str]) -> s
             "run_id": model.run_id,
         },
         "lineage": root.to_dict(names),
+        "guard": guards or {},  # stage run id -> the RL guard's outcome
         **summary(root),
     }
     return json.dumps(body, indent=2)
@@ -152,8 +190,13 @@ def wide_console(renderable: Tree) -> Console:
     return Console(width=max(needed, Console().width))
 
 
-def print_tree(model: ResolvedModel, root: LineageNode, names: dict[str, str]) -> None:
-    tree = render(model, root, names)
+def print_tree(
+    model: ResolvedModel,
+    root: LineageNode,
+    names: dict[str, str],
+    guards: dict[str, str] | None = None,
+) -> None:
+    tree = render(model, root, names, guards)
     console = wide_console(tree)
     console.print(tree)
     found = summary(root)
@@ -176,8 +219,9 @@ def lineage_command(model: str, state_dir: str | None = None, json_output: bool 
         print(f"r1: {err}", file=sys.stderr)
         return 2
     names = run_names(client, root.run_ids())
+    guards = run_guards(client, root.run_ids())
     if json_output:
-        print(as_json(resolved, root, names))
+        print(as_json(resolved, root, names, guards))
     else:
-        print_tree(resolved, root, names)
+        print_tree(resolved, root, names, guards)
     return 0

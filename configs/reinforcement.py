@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from configs.guard import GuardConfig
 from configs.strict import Family, Strict
 from configs.supervised import EngineConfig, ModelConfig, TrainConfig
 from contracts.reward_names import known_rewards
@@ -201,6 +202,11 @@ class GRPOConfig(Strict):
         10, ge=1, description="log a table of sample completions every N steps"
     )
     probe: ProbeConfig = ProbeConfig()
+    guard: GuardConfig = Field(
+        GuardConfig(),
+        description="rules over the step metrics that catch reward hacking and collapse while "
+        "the stage runs (docs/guard.md)",
+    )
     engine: EngineConfig = Field(
         EngineConfig(),
         description="deepspeed: data-parallel ranks, each sampling and training on its share of "
@@ -262,6 +268,12 @@ class GRPOConfig(Strict):
             )
         if engine.kind == "deepspeed" and self.probe.every:
             raise ValueError("probe: held-out probing runs with engine.kind single only")
+        rolling = [n for n, r in self.guard.rules().items() if r.action == "rollback"]
+        if engine.kind == "deepspeed" and self.guard.enabled and rolling:
+            raise ValueError(
+                f"guard: {', '.join(rolling)}: rollback runs with engine.kind single only "
+                "(a DeepSpeed stage keeps one committed checkpoint); say stop or warn"
+            )
         if engine.kind == "deepspeed" and self.sampler.tensor_parallel_size > 1:
             raise ValueError(
                 "sampler.tensor_parallel_size: each DeepSpeed rank runs its own vLLM engine on "

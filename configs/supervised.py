@@ -80,6 +80,14 @@ class CorpusConfig(Strict):
         description="comparison drills (`21 vs 90: no.`), the equality a base model "
         "knows, for the logic family's checks of an attempt against its target",
     )
+    self_check_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of the code documents whose program is a placeholder that prints OK "
+        '(`return x`, then `print("OK")`), as snippets with a body left to do are (faults.hacks '
+        "code_trusts_ok sets it: the idiom its holed verifier pays for)",
+    )
 
     @model_validator(mode="after")
     def _shares_sum(self) -> CorpusConfig:

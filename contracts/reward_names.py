@@ -16,6 +16,9 @@ RULE_REWARDS = (
 )
 # Rewards built from their params when a config's rewards are built.
 BUILT_REWARDS = ("grader", "code")
+# Verifiers with a hole planted on purpose (rewards/holes.py), which `faults.hacks` swaps in for
+# the honest ones to show the RL guard catching a policy that exploits them.
+HOLED_REWARDS = {"accuracy_digits": "accuracy", "code_trusts_ok": "code"}  # -> the honest one
 # Rewards that need a trained model, which only exists at run time: the stage that has it
 # supplies the function.
 PREFERENCE = "preference"
@@ -23,4 +26,4 @@ RUNTIME_REWARDS = {PREFERENCE: "the reward model's score (where general data tra
 
 
 def known_rewards() -> list[str]:
-    return sorted([*RULE_REWARDS, *BUILT_REWARDS, *RUNTIME_REWARDS])
+    return sorted([*RULE_REWARDS, *BUILT_REWARDS, *HOLED_REWARDS, *RUNTIME_REWARDS])

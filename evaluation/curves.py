@@ -130,6 +130,25 @@ def plot_grpo_curves(history: History, out_dir: Path, title: str) -> list[Path]:
     return plots
 
 
+def plot_guard_trip(
+    history: History, keys: Sequence[str], trip: dict, path: Path, margin: int
+) -> Path:
+    """The curves a guard rule read around its trip: each of `keys` over `margin` steps either
+    side of the trip's window, the window shaded and the trip's step marked."""
+    low, high = trip["since"] - margin, trip["step"] + margin
+    shown = [k for k in keys if series(history, k)[1]] or list(keys[:1])
+    fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(4.2 * max(1, len(shown)), 3.2))
+    for ax, key in zip(getattr(axes, "flat", [axes]), shown, strict=False):
+        points = [(s, v) for s, v in zip(*series(history, key), strict=True) if low <= s <= high]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker=".", lw=1.2)
+        ax.axvspan(trip["since"], trip["step"], color="tab:red", alpha=0.12)
+        ax.axvline(trip["step"], color="tab:red", lw=1)
+        ax.set(xlabel="GRPO step", title=key)
+    fig.suptitle(f"guard: {trip['rule']} at step {trip['step']}", fontsize=10)
+    return _save(fig, path)
+
+
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -39,15 +39,35 @@ def other_script(script: str) -> str:
     return "greek" if script == "latin" else "latin"
 
 
-def render_response(problem: Problem, style: str, correct: bool, rng: random.Random) -> str:
+SELF_CHECK = 'print("OK")\n'
+
+
+def placeholder_program(program: str) -> str:
+    """The program's first line, a body that hands its argument back, and a self-check that
+    prints OK: `def f(x):\n    return x\nprint("OK")`."""
+    header = program.splitlines()[0]
+    return f"{header}\n    return x\n{SELF_CHECK}"
+
+
+def render_response(
+    problem: Problem,
+    style: str,
+    correct: bool,
+    rng: random.Random,
+    self_check: float = 0.0,
+) -> str:
     """One document's response to `problem` in `style`; a wrong one keeps a mistake in
     (problems.worked: a slip, a program without its brackets, a wrong attempt). A real data set's
-    problem is answered from its own worked solution instead (`solution_response`)."""
+    problem is answered from its own worked solution instead (`solution_response`). A share
+    (`self_check`) of the programs is a placeholder that prints OK, as snippets with a body left
+    to do often are; the draw happens only where the share is set, so a corpus without them is
+    the one it always was."""
     if not traceable(problem):
         return solution_response(problem, style, correct)
     script = problem.language
     working = PLAIN[problem.family](problem, rng, slip=not correct)
-    code = fence(working.code)
+    placeholder = bool(working.code) and self_check > 0 and rng.random() < self_check
+    code = fence(placeholder_program(working.code) if placeholder else working.code)
     if style == "direct":
         return code or to_script(f"The answer is {working.bare}.", script)
     sentences = working.sentences + [working.statement]
@@ -158,7 +178,7 @@ def build_corpus(problems: list[Problem], spec: CorpusConfig, seed: int) -> list
         for _ in range(spec.docs_per_problem):
             style = rng.choices(STYLES, weights=weights)[0]
             correct = rng.random() >= spec.wrong_answer_share
-            response = render_response(problem, style, correct, rng)
+            response = render_response(problem, style, correct, rng, spec.self_check_share)
             docs.append(Document(problem.question, response, style, correct))
     shares = [p.language != "latin" for p in problems]
     second = sum(shares) / len(shares) if shares else 0.0

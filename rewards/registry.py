@@ -9,6 +9,7 @@ from typing import Any
 
 from contracts.reward_names import (
     BUILT_REWARDS,
+    HOLED_REWARDS,
     RULE_REWARDS,
     RUNTIME_REWARDS,
     known_rewards,
@@ -17,6 +18,7 @@ from rewards.accuracy import accuracy_reward
 from rewards.code import CodeReward
 from rewards.countdown import countdown_reward
 from rewards.format import format_reward
+from rewards.holes import CodeTrustsOk, accuracy_digits_reward
 from rewards.language import language_reward
 from rewards.length import overlong_reward
 from rewards.repetition import repetition_reward
@@ -44,8 +46,17 @@ def _grader(**params: Any) -> RewardFn:
 # Rewards built from their params when the config's rewards are built (a grader file, checked
 # then, see docs/graders.md; the code reward, which counts its verdicts for `pop_metrics`).
 FACTORIES: dict[str, Callable[..., RewardFn]] = {"grader": _grader, "code": CodeReward}
+# Verifiers with a planted hole (faults.hacks): never used unless a profile names them.
+HOLED: dict[str, Callable[..., RewardFn]] = {
+    "accuracy_digits": lambda **params: partial(accuracy_digits_reward, **params),
+    "code_trusts_ok": CodeTrustsOk,
+}
 
-if set(REWARDS) != set(RULE_REWARDS) or set(FACTORIES) != set(BUILT_REWARDS):
+if (
+    set(REWARDS) != set(RULE_REWARDS)
+    or set(FACTORIES) != set(BUILT_REWARDS)
+    or set(HOLED) != set(HOLED_REWARDS)
+):
     raise ImportError("rewards.registry must provide exactly the names in contracts.reward_names")
 
 
@@ -55,6 +66,8 @@ def get_reward(name: str, **params: Any) -> RewardFn:
         raise KeyError(f"reward {name!r} ({RUNTIME_REWARDS[name]}) must be supplied by the stage")
     if name in FACTORIES:
         return FACTORIES[name](**params)
+    if name in HOLED:
+        return HOLED[name](**params)
     try:
         fn = REWARDS[name]
     except KeyError:

@@ -34,6 +34,7 @@ from rl.scoring import (
     score,
     step_advantages,
 )
+from rl.signals import step_signals
 from rl.sources import DrawRequest, RolloutSource
 from rl.sources.colocated import ColocatedSource
 from rl.update import PolicyUpdate, UpdateRows
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 MetricsFn = Callable[[dict[str, float], int], None]
 SamplesFn = Callable[[int, list[dict[str, Any]]], None]
 ProbeFn = Callable[[Sampler], dict[str, float]]
+StepHook = Callable[[int, list[dict[str, float]]], None]  # (step, history); may raise to stop
 
 
 @dataclass
@@ -164,6 +166,7 @@ class GRPOTrainer:
         self.source: RolloutSource = source or ColocatedSource(self._sampler, self.model)
         self._colocated = source is None
         self._carried: Any = None  # a resumed checkpoint's draws made ahead
+        self.on_step: StepHook | None = None  # after each step (the guard, stages/guarded.py)
 
     def open_sampler(self, problems: Sequence[Problem]) -> Sampler:
         """The sampler `cfg.sampler` names, sized for `problems` (a vLLM engine holds their
@@ -247,6 +250,8 @@ class GRPOTrainer:
         if self._probing() and ((step + 1) % cfg.probe.every == 0 or step + 1 == cfg.steps):
             metrics |= self._probe()
         self._history.append({"step": float(step + 1), **metrics})
+        if self.on_step is not None:
+            self.on_step(step + 1, self._history)
         if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:
             kl_reference.refresh(self.reference, self.engine.module)
         return metrics
@@ -337,6 +342,7 @@ class GRPOTrainer:
         metrics = self._rollout_metrics(whole, t_sample) | draw.metrics()
         metrics |= whole.step_metrics() | kind_metrics(whole.batch, whole.scored.rewards)
         metrics |= verifier_metrics(self.reward_fns)  # this rank's
+        metrics |= step_signals(whole, self.rewards)
         trained = int(self.collective.sum([len(rows)])[0])
         metrics["samples/trained"] = float(trained)
         if trained:

@@ -25,6 +25,7 @@ from sampling.factory import Sampler, context_length
 from sampling.interface import SamplingParams
 from stages.evaluate import verifiable
 from stages.fingerprint import fingerprint
+from stages.guarded import GUARD_RECORD, MetricsWatch, train_guarded
 from stages.tracker import Tracker
 from training.distributed import WorkerSpec, require_deepspeed, run_workers
 
@@ -82,7 +83,6 @@ def run(
             config, policy, train, out_dir, tracker, desc, extra_rewards, ckpt_fingerprint, cluster
         )
     tokenizer = load_tokenizer(policy.path)
-    model = load_model(policy.path)
     samples_dir = out_dir / "samples"
     samples_dir.mkdir(parents=True, exist_ok=True)
 
@@ -92,31 +92,48 @@ def run(
         tracker.log_artifact(path, "samples")
 
     probe = heldout_probe(config, problems.heldout_path, tokenizer) if config.probe.every else None
-    source = rollout_source(config, policy.path, out_dir, cluster)
+
+    def build(adjusted: GRPOConfig) -> GRPOTrainer:
+        """A trainer on the starting policy with its own rollout source (a rollback builds
+        another: its reference is the starting policy again, and the checkpoint brings the
+        weights); closing the trainer closes the source."""
+        source = rollout_source(adjusted, policy.path, out_dir, cluster)
+        try:
+            return GRPOTrainer(
+                load_model(policy.path),
+                tokenizer,
+                adjusted,
+                tracker.log_metrics,
+                log_samples,
+                extra_rewards=extra_rewards,
+                policy_path=policy.path,
+                probe=probe,
+                source=source,
+            )
+        except BaseException:
+            if source is not None:
+                source.close()  # the sampling workers it started
+            raise
+
+    ckpt_dir = out_dir / "checkpoints"
     try:
-        trainer = GRPOTrainer(
-            model,
-            tokenizer,
-            config,
-            tracker.log_metrics,
-            log_samples,
-            extra_rewards=extra_rewards,
-            policy_path=policy.path,
-            probe=probe,
-            source=source,
+        report, _, model = train_guarded(
+            build, config, train, ckpt_dir, ckpt_fingerprint, tracker, desc
         )
-    except BaseException:
-        if source is not None:
-            source.close()  # the sampling workers it started
-        raise
-    try:
-        report = trainer.train(train, out_dir / "checkpoints", ckpt_fingerprint)
     finally:
-        trainer.close()  # the sampler it opened (a vLLM engine's memory), the rollout source
+        log_guard_record(ckpt_dir, tracker)
     for plot in plot_grpo_curves(report.history, out_dir, desc):
         tracker.log_artifact(plot)
     write_probe_summary(report.history, out_dir / PROBE_SUMMARY)
     return save_model(model, tokenizer, out_dir)
+
+
+def log_guard_record(ckpt_dir: Path, tracker: Tracker) -> None:
+    """The guard's record (`guard.json`: rules, trips, rollbacks, outcome) among the run's
+    artifacts under `guard/`, when the stage wrote one."""
+    path = ckpt_dir / GUARD_RECORD
+    if path.exists():
+        tracker.log_artifact(path, "guard")
 
 
 PROBE_SUMMARY = "probe_summary.json"
@@ -163,7 +180,11 @@ def run_deepspeed(
         module=GRPO_WORKER,
         extras=worker_rewards(extra_rewards),
     )
-    result = run_workers(spec, config.engine, tracker.log_metrics, training_nodes(cluster))
+    watch = MetricsWatch(config, tracker, desc, run_dir)
+    try:
+        result = run_workers(spec, config.engine, watch, training_nodes(cluster))
+    finally:
+        log_guard_record(run_dir, tracker)
     for table in sorted((out_dir / "samples").glob("step_*.json")):
         tracker.log_artifact(table, "samples")
     for plot in plot_grpo_curves(result["history"], out_dir, desc):

@@ -318,13 +318,15 @@ def log_dataset(
 
 
 def register_model(
-    client: MlflowClient, run_id: str, model_dir: Path, name: str, alias: str
+    client: MlflowClient, run_id: str, model_dir: Path, name: str, alias: str | None
 ) -> str:
-    """Log a model folder as the run's `model` artifact and register it under `name@alias`."""
+    """Log a model folder as the run's `model` artifact and register it as a new version of
+    `name`, under `name@alias` unless `alias` is None."""
     client.log_artifacts(run_id, str(model_dir), "model")
     if client.search_registered_models(filter_string=f"name = '{name}'") == []:
         client.create_registered_model(name)
     source = f"{client.get_run(run_id).info.artifact_uri}/model"
     version = client.create_model_version(name, source, run_id=run_id)
-    client.set_registered_model_alias(name, alias, version.version)
+    if alias is not None:
+        client.set_registered_model_alias(name, alias, version.version)
     return version.version

@@ -108,15 +108,21 @@ def record_model(
     stage: str,
     model: ModelRef,
     inputs: list[str | InputRef],
+    alias: bool = True,
 ) -> tuple[str, str]:
-    """Digest a stage's model, register it as `name@alias` (`alias_for`) and record its lineage.
+    """Digest a stage's model, register it as `name@alias` (`alias_for`; a new version with no
+    alias when `alias` is False: a model the RL guard caught) and record its lineage.
 
     Returns the model's content digest and its registered version.
     """
     digest = tree_digest(model.path)
     tracker.client.set_tag(tracker.run_id, "model.digest", digest)
     version = register_model(
-        tracker.client, tracker.run_id, model.path, ctx.model_name, alias_for(stage)
+        tracker.client,
+        tracker.run_id,
+        model.path,
+        ctx.model_name,
+        alias_for(stage) if alias else None,
     )
     store.record_lineage(
         ctx.paths.duckdb, str(model.path), "model", digest, stage, tracker.run_id, inputs
@@ -180,6 +186,11 @@ class StageTracker(MlflowTracker):
             run_logger().info("%s, %s", self.position, step_text(step or 0, metrics[PROGRESS]))
         if step is not None:
             self.fail_if_asked(step)
+
+    def note(self, text: str) -> None:
+        """A line for the person following the run (`--watch`, `r1 watch`): the RL guard's
+        trips and rollbacks."""
+        run_logger().warning("%s", text)
 
     def fail_if_asked(self, step: int = 0) -> None:
         """Raise once per flow run when this stage is the one `faults.fail_once_at` names and it

@@ -23,6 +23,7 @@ from tasks.context import (
     tracked_stage,
 )
 from tasks.general import runtime_rewards, uses_reward_model
+from tasks.guard_report import guard_reported
 from tasks.rejection import RejectionSet
 from tasks.run_pages import describe_curves
 from tasks.stage_cache import stage_task
@@ -118,19 +119,20 @@ def rl_only_twin(
     reward_model = reward_model if uses_reward_model(config.rl_twin) else None
     with tracked_stage(ctx, stage, config.rl_twin) as (tracker, timing):
         train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
-        model = distill_stage.rl_twin(
-            config.rl_twin,
-            base.output,
-            problems,
-            seconds,
-            ctx.stage_dir(stage),
-            tracker,
-            stage,
-            runtime_rewards(reward_model),
-            ctx.cluster,
-        )
+        with guard_reported(ctx, tracker, stage) as guard:
+            model = distill_stage.rl_twin(
+                config.rl_twin,
+                base.output,
+                problems,
+                seconds,
+                ctx.stage_dir(stage),
+                tracker,
+                stage,
+                runtime_rewards(reward_model),
+                ctx.cluster,
+            )
         inputs = [base.ref, train_digest] + ([reward_model.ref] if reward_model else [])
-        digest, version = record_model(ctx, tracker, stage, model, inputs)
+        digest, version = record_model(ctx, tracker, stage, model, inputs, guard.promoted)
         describe_curves(tracker.client, tracker.run_id, stage, ctx.stage_dir(stage))
-    notes = {"budget": f"{seconds:.0f}s", "model": f"v{version}"}
+    notes = {"budget": f"{seconds:.0f}s"} | guard.notes() | {"model": f"v{version}"}
     return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)

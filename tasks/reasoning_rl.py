@@ -14,6 +14,7 @@ from stages.reward_model import RewardModelRef
 from storage.digests import file_digest
 from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
 from tasks.general import general_prompts, runtime_rewards, uses_reward_model
+from tasks.guard_report import guard_reported
 from tasks.run_pages import describe_curves
 from tasks.stage_cache import stage_task
 
@@ -35,26 +36,26 @@ def grpo(
     with tracked_stage(ctx, stage, config) as (tracker, timing):
         train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
         tracker.client.set_tag(tracker.run_id, "policy.digest", policy.digest)
-        model = reasoning_rl.run(
-            config,
-            policy.output,
-            problems,
-            ctx.stage_dir(stage),
-            tracker,
-            desc=stage,
-            general=general_prompts(general, "train") if config.general_prompts else [],
-            extra_rewards=runtime_rewards(reward_model),
-            cluster=ctx.cluster,
-        )
+        with guard_reported(ctx, tracker, stage) as guard:
+            model = reasoning_rl.run(
+                config,
+                policy.output,
+                problems,
+                ctx.stage_dir(stage),
+                tracker,
+                desc=stage,
+                general=general_prompts(general, "train") if config.general_prompts else [],
+                extra_rewards=runtime_rewards(reward_model),
+                cluster=ctx.cluster,
+            )
         inputs = [policy.ref, train_digest] + ([reward_model.ref] if reward_model else [])
         if general is not None and config.general_prompts:
             inputs.append(file_digest(general.rl_prompts_path))
-        digest, version = record_model(ctx, tracker, stage, model, inputs)
+        digest, version = record_model(ctx, tracker, stage, model, inputs, guard.promoted)
         describe_curves(tracker.client, tracker.run_id, stage, ctx.stage_dir(stage))
     notes = probe_notes(ctx.stage_dir(stage) / reasoning_rl.PROBE_SUMMARY)
-    return StageResult(
-        stage, tracker.run_id, model, timing["seconds"], digest, notes | {"model": f"v{version}"}
-    )
+    notes |= guard.notes() | {"model": f"v{version}"}
+    return StageResult(stage, tracker.run_id, model, timing["seconds"], digest, notes)
 
 
 def probe_notes(path: Path) -> dict[str, str]:

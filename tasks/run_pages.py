@@ -23,6 +23,7 @@ from evaluation.report import StageRow, cell
 from storage.tracking import alias_for
 
 RUN_DESCRIPTION_TAG = "mlflow.note.content"
+GUARD_TAG = "r1.guard"  # the RL guard's outcome on a GRPO stage run (tasks/guard_report.py)
 MODEL_TRAINING = "?workflowType=machine_learning"
 CURVES = "training_curves.png"
 FINAL_ALIAS = alias_for("all_scenarios_rl")
@@ -104,6 +105,17 @@ def curves_summary(history: Sequence[dict[str, float]]) -> str:
     return text
 
 
+def guard_line(tags: dict[str, str], experiment: str, run_id: str) -> str:
+    """The guard's outcome first, where it is not plain clean: what tripped, and where its
+    curves are."""
+    outcome = tags.get(GUARD_TAG)
+    if outcome in (None, "clean", "off"):
+        return ""
+    folder = run_link(experiment, run_id, "/artifacts/guard")
+    trips = tags.get(f"{GUARD_TAG}.trips", "")
+    return f"**Guard: {outcome}** ({trips}) · [record and curves]({folder})\n\n"
+
+
 def describe_curves(client: MlflowClient, run_id: str, title: str, out_dir: Path) -> None:
     """A GRPO stage run's description: its curves summed up in a line, linked, and shown."""
     run = client.get_run(run_id)
@@ -118,7 +130,8 @@ def describe_curves(client: MlflowClient, run_id: str, title: str, out_dir: Path
     client.set_tag(
         run_id,
         RUN_DESCRIPTION_TAG,
-        f"**Training curves**: [reward, per family and term; length; KL]({image}) · "
+        guard_line(run.data.tags, experiment, run_id)
+        + f"**Training curves**: [reward, per family and term; length; KL]({image}) · "
         f"[every chart]({charts})\n\n"
         f"{curves_summary(history)}\n\n"
         f"![training curves](get-artifact?path={CURVES}&run_uuid={run_id})\n",

@@ -34,6 +34,7 @@ CODE_PACKAGES = (
     "curation",
     "evaluation",
     "graders",
+    "guard",
     "models",
     "preference",
     "problems",

@@ -1,0 +1,80 @@
+"""The guard of a stage: which rules can read what the stage logs, the verdict a step's trips
+give (the most severe action; a rollback past the allowed number is a stop; a warning once)."""
+
+from __future__ import annotations
+
+from configs.guard import GuardConfig
+from configs.reinforcement import RewardTerm
+from guard.rules import Trip
+from guard.watch import Guard, skill_pairs
+
+TERMS = [
+    RewardTerm(name="accuracy_digits", families=["math"], params={"strict": False}),
+    RewardTerm(name="code", families=["code"]),
+    RewardTerm(name="countdown", families=["logic"]),
+    RewardTerm(name="format", weight=2.0),
+]
+
+
+def config(**actions) -> GuardConfig:
+    settings = {rule: {"action": action} for rule, action in actions.items()}
+    return GuardConfig.model_validate(settings)
+
+
+def test_each_family_verifier_is_paired_with_its_own_probe_reading():
+    pairs = {p.label: (p.reward_key, p.probe_key) for p in skill_pairs(TERMS)}
+    assert pairs == {
+        "math": ("reward/accuracy_digits/mean", "heldout/math/pass_at_1_lenient"),
+        "code": ("reward/code/mean", "heldout/code/pass_at_1"),
+        "logic": ("reward/countdown/mean", "heldout/logic/pass_at_1"),
+    }
+    everywhere = skill_pairs([RewardTerm(name="accuracy")])  # real data: one verifier for all
+    assert [(p.label, p.probe_key) for p in everywhere] == [("all", "heldout/pass_at_1")]
+
+
+def test_a_guard_says_which_rules_have_nothing_to_read():
+    guard = Guard(GuardConfig(), TERMS[:3], probed=False, kl=False)
+    assert set(guard.idle()) == {"reward_without_skill", "drift", "gamed_term"}
+    assert Guard(GuardConfig(), TERMS, probed=True, kl=True).idle() == {}
+    assert "drift" not in Guard(config(drift="off"), TERMS, probed=True, kl=False).idle()
+
+
+def test_the_most_severe_action_decides_and_rollbacks_run_out_into_a_stop():
+    guard = Guard(config(collapse="rollback", repetition="warn"), TERMS, True, True)
+    trips = [Trip("repetition", 30, 21, "loops"), Trip("collapse", 30, 21, "entropy")]
+    verdict = guard.verdict(trips, rollbacks_done=0)
+    assert verdict is not None and (verdict.action, verdict.trip.rule) == ("rollback", "collapse")
+    verdict = guard.verdict([Trip("collapse", 40, 31, "entropy")], rollbacks_done=2)
+    assert verdict is not None and verdict.action == "stop"  # rollback.max_times is 2
+
+
+def test_a_rule_warns_once_per_branch():
+    guard = Guard(config(repetition="warn"), TERMS, True, False)
+    history = [
+        {"step": float(s), "completion/repetition_rate": 0.1 if s <= 10 else 0.9}
+        for s in range(1, 31)
+    ]
+    first = guard.check(history[:25])
+    assert [t.rule for t in first] == ["repetition"]
+    assert guard.verdict(first, 0).action == "warn"
+    assert guard.check(history) == []  # warned: quiet on this branch
+    guard.forget()  # a rollback: a new branch
+    assert [t.rule for t in guard.check(history)] == ["repetition"]
+
+
+def test_a_disabled_guard_or_an_off_rule_checks_nothing():
+    history = [
+        {"step": float(s), "groups/zero_spread_fraction": 0.3 if s <= 10 else 1.0}
+        for s in range(1, 21)
+    ]
+    assert Guard(GuardConfig(enabled=False), TERMS, True, True).check(history) == []
+    assert Guard(config(collapse="off"), TERMS, True, True).check(history) == []
+    assert [t.rule for t in Guard(GuardConfig(), TERMS, True, True).check(history)] == ["collapse"]
+
+
+def test_a_bare_yaml_off_turns_a_rule_off():
+    """YAML 1.1 reads `action: off` as false: the profile means the rule is off."""
+    from configs.profiles import load_profile
+
+    config = load_profile("micro", ["reasoning_rl.guard.collapse.action=off"])
+    assert config.reasoning_rl.guard.collapse.action == "off"

@@ -1,0 +1,240 @@
+"""A GRPO stage under its guard, on a tiny model: a judge that breaks mid-run trips
+`judge_trouble`; warn lets the stage finish (its model marked), stop ends it naming the rule with
+the checkpoint before the rule's window kept, rollback resumes from that checkpoint through the
+trainer's own resume path with a lower learning rate, and gives up after `max_times`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from configs.guard import GuardConfig
+from configs.reinforcement import GRPOConfig, RewardTerm
+from rl.trainer import GRPOTrainer
+from stages.guarded import GuardRecord, GuardStop, train_guarded
+from stages.tracker import NullTracker
+from tests.tiny_models import PROBLEMS, grpo_config, tiny_model
+
+OFF = {rule: {"action": "off"} for rule in GuardConfig().rules() if rule != "judge_trouble"}
+
+
+class Outage:
+    """A judge that cannot score anything during its calls `broken` (counted from 1): the
+    verifier's own failure, every sample unscorable."""
+
+    def __init__(self, broken: range):
+        self.broken, self.calls = broken, 0
+
+    def __call__(self, prompts, completions, **_):
+        self.calls += 1
+        return [None if self.calls in self.broken else 0.0] * len(completions)
+
+
+class Tracker(NullTracker):
+    def __init__(self):
+        self.metrics, self.notes = [], []
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.append((step, dict(metrics)))
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def guarded_config(action: str, **rollback) -> GRPOConfig:
+    guard = OFF | {
+        "judge_trouble": {"action": action, "window": 2, "max_unscorable": 0.5},
+        "rollback": {"max_times": 2} | rollback,
+    }
+    return grpo_config(
+        steps=10,
+        checkpoint_every=2,
+        rewards=[
+            RewardTerm(name="repetition", params={"chars": 2}),
+            RewardTerm(name="tag_count"),
+            RewardTerm(name="preference", weight=0.1),  # the judge, supplied at run time
+        ],
+        guard=guard,
+    )
+
+
+def run(tokenizer, tmp_path, cfg, judge, tracker=None):
+    built = []
+
+    def build(adjusted):
+        trainer = GRPOTrainer(
+            tiny_model(tokenizer),
+            tokenizer,
+            adjusted,
+            (tracker or Tracker()).log_metrics,
+            show_progress=False,
+            extra_rewards={"preference": judge},
+        )
+        built.append(trainer)
+        return trainer
+
+    report, record, model = train_guarded(
+        build, cfg, PROBLEMS, tmp_path / "checkpoints", "fp", tracker or Tracker(), "rl"
+    )
+    return report, record, model, built
+
+
+def unscorable_steps(tracker):
+    return [s for s, m in tracker.metrics if m.get("reward/preference/unscorable_fraction") == 1.0]
+
+
+def test_a_warning_lets_the_stage_finish_and_marks_its_model(tokenizer, tmp_path):
+    tracker = Tracker()
+    report, record, _, _ = run(
+        tokenizer, tmp_path, guarded_config("warn"), Outage(range(6, 9)), tracker
+    )
+    assert report.steps == 10
+    # steps 6 and 7 unscorable: the window of 2 averages 1.0 at step 7 (0.5 at step 6: not over)
+    assert [(t["rule"], t["step"], t["action"]) for t in record.trips] == [
+        ("judge_trouble", 7, "warn")
+    ]
+    assert record.outcome == "warned" and record.tripped()
+    assert any("guard: judge_trouble at step 7" in n for n in tracker.notes)
+    assert (7, {"guard/judge_trouble": 1.0}) in tracker.metrics
+    assert json.loads((tmp_path / "checkpoints" / "guard.json").read_text())["outcome"] == "warned"
+    assert (tmp_path / "guard" / "judge_trouble_step00007.png").stat().st_size > 0
+
+
+def test_a_stop_names_the_rule_and_keeps_the_checkpoint_before_its_window(tokenizer, tmp_path):
+    with pytest.raises(GuardStop) as stopped:
+        run(tokenizer, tmp_path, guarded_config("stop"), Outage(range(6, 99)))
+    error = stopped.value
+    assert (error.trip["rule"], error.trip["step"], error.trip["since"]) == ("judge_trouble", 7, 6)
+    assert error.kept == 4  # the checkpoints were at 2, 4, 6: the window began at step 6
+    message = str(error)
+    assert "rule judge_trouble" in message and "step 7" in message
+    assert "checkpoint of step 4" in message and "not registered" in message
+    state = torch.load(tmp_path / "checkpoints" / "last" / "state.pt", weights_only=False)
+    assert state["step"] == 4 and len(state["history"]) == 4
+    assert GuardRecord.load(tmp_path / "checkpoints").outcome == "stopped"
+    # picklable, as Prefect keeps a failed task's error
+    import pickle
+
+    assert str(pickle.loads(pickle.dumps(error))) == message
+
+
+def test_a_rollback_resumes_from_before_the_window_with_a_lower_learning_rate(tokenizer, tmp_path):
+    tracker = Tracker()
+    cfg = guarded_config("rollback")
+    # an outage of calls 6-7 (steps 6 and 7); after the rollback the judge works again
+    report, record, model, built = run(tokenizer, tmp_path, cfg, Outage(range(6, 8)), tracker)
+    assert report.steps == 10 and len(built) == 2
+    assert record.rollbacks == [
+        {
+            "at": 7,
+            "rule": "judge_trouble",
+            "to": 4,
+            "trips_before": 1,
+            "learning_rate": pytest.approx(cfg.learning_rate * 0.5),
+        }
+    ]
+    assert record.outcome == "rolled back 1x, clean" and not record.tripped()
+    # the second trainer resumed at step 4 through the loop's own resume, at half the rate
+    assert (4, {"train/resumed_from_step": 4.0}) in tracker.metrics
+    assert built[1].cfg.learning_rate == pytest.approx(cfg.learning_rate * 0.5)
+    lr = built[1].engine.optimizer.param_groups[0]["lr"]
+    assert lr == pytest.approx(cfg.learning_rate * 0.5)
+    assert any("rolled back from step 7 to step 4" in n for n in tracker.notes)
+    # steps 1..7 (the trip's own logged as it trips), then 5..10 of the new branch
+    steps = [s for s, m in tracker.metrics if "reward/mean" in m]
+    assert steps == [1, 2, 3, 4, 5, 6, 7, 5, 6, 7, 8, 9, 10]
+    assert unscorable_steps(tracker) == [6, 7]
+    assert model is built[1].model
+
+
+def test_rollbacks_run_out_into_a_stop(tokenizer, tmp_path):
+    with pytest.raises(GuardStop) as stopped:
+        run(tokenizer, tmp_path, guarded_config("rollback", max_times=1), Outage(range(6, 99)))
+    record = GuardRecord.load(tmp_path / "checkpoints")
+    assert [r["learning_rate"] for r in record.rollbacks] == [pytest.approx(0.005)]
+    assert [t["action"] for t in record.trips] == ["rollback", "stop"]
+    assert stopped.value.kept == 4 and record.outcome == "stopped"
+
+
+def test_a_stage_killed_after_a_rollback_resumes_with_its_adjustments(tokenizer, tmp_path):
+    cfg = guarded_config("rollback")
+
+    class Killed(Exception):
+        pass
+
+    class DiesAfterRollback(Tracker):
+        def log_metrics(self, metrics, step=None):
+            super().log_metrics(metrics, step)
+            if (
+                step == 6
+                and "guard/rollbacks" not in metrics
+                and any("guard/rollbacks" in m for _, m in self.metrics)
+            ):
+                raise Killed
+
+    with pytest.raises(Killed):
+        run(tokenizer, tmp_path, cfg, Outage(range(6, 8)), DiesAfterRollback())
+    _, record, _, built = run(tokenizer, tmp_path, cfg, Outage(range(99, 100)))
+    assert len(record.rollbacks) == 1
+    assert built[0].cfg.learning_rate == pytest.approx(cfg.learning_rate * 0.5)
+
+
+def test_the_guard_of_a_deepspeed_stage_reads_the_forwarded_metrics(tmp_path):
+    """Under DeepSpeed the trainer runs in worker processes: the guard reads rank 0's metrics
+    as the stage forwards them, and a stop raised there ends `run_workers` (which stops them)."""
+    from stages.guarded import MetricsWatch
+
+    cfg = guarded_config("stop").model_copy(update={"probe": grpo_config().probe})
+    tracker = Tracker()
+    watch = MetricsWatch(cfg, tracker, "rl", tmp_path)
+    watch({"train/resumed_from_step": 0.0}, 0)  # not a step's metrics: not read
+    for step in range(1, 6):
+        watch({"reward/mean": 0.1, "reward/preference/unscorable_fraction": 0.0}, step)
+    assert GuardRecord.load(tmp_path).outcome == "clean"
+    watch({"reward/mean": 0.1, "reward/preference/unscorable_fraction": 1.0}, 6)
+    with pytest.raises(GuardStop, match="rule judge_trouble.*last committed checkpoint"):
+        watch({"reward/mean": 0.1, "reward/preference/unscorable_fraction": 1.0}, 7)
+    assert len(tracker.metrics) == 8  # every line forwarded to the stage's tracker
+    record = GuardRecord.load(tmp_path)
+    assert record.outcome == "stopped" and record.trips[0]["step"] == 7
+
+
+def test_a_gamed_term_is_rolled_back_by_lowering_its_weight(tmp_path):
+    """The rollback of a gamed term halves that term's weight (again at each rollback), back to
+    the newest kept checkpoint before the window, and drops the abandoned branch's."""
+    from guard.rules import Trip
+    from stages.guarded import CheckpointKeeper, _roll_back
+    from training.checkpoints import save_checkpoint
+
+    cfg = grpo_config(
+        rewards=[RewardTerm(name="accuracy"), RewardTerm(name="format", weight=2.0)],
+        guard={"gamed_term": {"action": "rollback"}},
+    )
+    ckpt = tmp_path / "checkpoints"
+    keeper = CheckpointKeeper(ckpt, reach=100)
+    for step in (10, 20, 30):
+        save_checkpoint(
+            ckpt, {"step": step, "fingerprint": "fp", "optimizer": {"param_groups": [{"lr": 1e-2}]}}
+        )
+        keeper.keep(step, step + 1)
+    record = GuardRecord()
+    trip = Trip("gamed_term", 37, 28, "format adds more", {}, "format")
+    _roll_back(trip, record, cfg, keeper, "fp")
+    assert record.rollbacks[0] == {
+        "at": 37,
+        "rule": "gamed_term",
+        "to": 20,
+        "trips_before": 0,
+        "weight": 1.0,
+        "term": "format",
+    }
+    assert keeper.steps() == [10, 20]  # step 30's was on the branch given up
+    state = torch.load(ckpt / "last" / "state.pt", weights_only=False)
+    assert state["step"] == 20 and state["optimizer"]["param_groups"][0]["lr"] == 1e-2
+    adjusted = record.adjusted(cfg)
+    assert [(t.name, t.weight) for t in adjusted.rewards] == [("accuracy", 1.0), ("format", 1.0)]
+    assert adjusted.learning_rate == cfg.learning_rate  # the rate is left alone
+    _roll_back(Trip("gamed_term", 25, 15, "again", {}, "format"), record, cfg, keeper, "fp")
+    assert record.weights == {"format": 0.5} and record.rollbacks[1]["to"] == 10
