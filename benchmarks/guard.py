@@ -3,6 +3,12 @@
 against the stage's own step time.
 
     python -m benchmarks.guard STAGE_DIR --profile tiny --section reasoning_rl [--set KEY=VALUE]
+    python -m benchmarks.guard --state STATE_DIR --profile tiny [--set KEY=VALUE]
+
+The second form goes over every GRPO stage of a finished run's state folder (R1-Zero, stages 3
+and 6, the RL-only twins), with the settings the run was given (`--set`, as to `r1 run`): each
+stage's trips replayed, and the guard's whole cost (its checks, as the stage recorded them in
+`guard.json`, and the step signals) against the stage's recorded seconds.
 
 STAGE_DIR is a GRPO stage's folder (`runs/<stage>/<key>/` in the state folder): its last
 checkpoint holds the history the trainer kept, each step's metrics as the guard read them. The
@@ -66,13 +72,72 @@ def replay(config: GRPOConfig, history: list[dict[str, float]]) -> tuple[list[di
     return trips, fmean(seconds) if seconds else 0.0
 
 
+# each GRPO stage's folder under the state folder's runs/ and its config key in the profile
+STAGES = {
+    "r1_zero_rl": "r1_zero",
+    "reasoning_rl": "reasoning_rl",
+    "all_scenarios_rl": "all_scenarios_rl",
+    "rl_only_qwen": "distillation.rl_twin",
+    "rl_only_llama": "distillation.rl_twin",
+}
+
+
+def state_report(state: Path, profile: str, overrides: list[str]) -> None:
+    """Every GRPO stage of a finished run under `state`: its trips replayed with the settings
+    the run had, the outcome the stage recorded, and what the guard cost it."""
+    from stages.guarded import GUARD_RECORD
+
+    print(
+        "| stage | steps | trips replayed | outcome recorded | guard s | signals s | stage s "
+        "| cost | probe s |"
+    )
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|")
+    for stage, key in STAGES.items():
+        for stage_dir in sorted((state / "runs" / stage).glob("*/checkpoints")):
+            config = section(profile, overrides, key)
+            history = stage_history(stage_dir.parent)
+            trips, _ = replay(config, history)
+            record_path = stage_dir / GUARD_RECORD
+            record = json.loads(record_path.read_text()) if record_path.exists() else {}
+            guard = float(record.get("seconds", 0.0))
+            signals = sum(h.get("time/signals_seconds", 0.0) for h in history)
+            probe = sum(h.get("time/probe_seconds", 0.0) for h in history)
+            seconds = stage_seconds(state, stage, stage_dir.parent.name)
+            said = "; ".join(f"{t['rule']}@{t['step']} ({t['action']})" for t in trips) or "none"
+            cost = f"{(guard + signals) / seconds:.2%}" if seconds else "-"
+            steps = sum("reward/mean" in h for h in history)
+            print(
+                f"| {stage} | {steps} | {said} | {record.get('outcome', '-')} | {guard:.2f} "
+                f"| {signals:.2f} | {seconds or float('nan'):.0f} | {cost} | {probe:.0f} |"
+            )
+
+
+def stage_seconds(state: Path, stage: str, key: str) -> float | None:
+    """The seconds the stage's MLflow run recorded (`stage/seconds`), found by its key."""
+    from mlflow import MlflowClient
+
+    from storage.tracking import STAGE_KEY_TAG, STAGE_TAG
+
+    client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, filter_string=f"tags.`{STAGE_TAG}` = '{stage}'")
+    for run in runs:
+        if run.data.tags.get(STAGE_KEY_TAG, "").startswith(key):
+            return run.data.metrics.get("stage/seconds")
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stages", nargs="+", type=Path)
+    parser.add_argument("stages", nargs="*", type=Path)
+    parser.add_argument("--state", type=Path, help="a finished run's state folder: every stage")
     parser.add_argument("--profile", default="tiny")
     parser.add_argument("--section", default="reasoning_rl", help="the GRPO stage's config key")
     parser.add_argument("--set", action="append", default=[], dest="overrides")
     args = parser.parse_args()
+    if args.state is not None:
+        state_report(args.state, args.profile, args.overrides)
+        return
     config = section(args.profile, args.overrides, args.section)
     for stage_dir in args.stages:
         history = stage_history(stage_dir)

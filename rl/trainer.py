@@ -289,10 +289,12 @@ class GRPOTrainer:
     def _probe(self) -> dict[str, float]:
         """The probe's figures for the current policy, as `heldout/<name>`."""
         assert self.probe is not None
+        began = time.perf_counter()
         self.model.eval()
         with torch.no_grad():
             figures = self.probe(self._sampler())
-        return {f"heldout/{name}": value for name, value in figures.items()}
+        seconds = {"time/probe_seconds": time.perf_counter() - began}
+        return {f"heldout/{name}": value for name, value in figures.items()} | seconds
 
     def _out_of_time(self, seconds: float) -> bool:
         """Whether the time budget is spent after `seconds`; the ranks stop together, when any
