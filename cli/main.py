@@ -175,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
 def show_logs() -> None:
     """Log lines on stderr with their time and logger; a failure's traceback once (the task run,
     its flow run and Prefect's engine each log it), its project frames only."""
+    logging.basicConfig(level=logging.INFO)  # before importing Prefect, which adds its handler
     from tasks.progress import TaskNamedFormatter
 
-    logging.basicConfig(level=logging.INFO)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(TaskNamedFormatter("%(asctime)s %(name)s %(message)s"))
     for noisy in ("httpx", "alembic", "mlflow.store"):

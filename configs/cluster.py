@@ -113,8 +113,12 @@ class ClusterConfig(Strict):
 
     @model_validator(mode="after")
     def _ray_settings_need_ray(self) -> ClusterConfig:
-        """A setting that only a Ray cluster reads, given without `address`, would do nothing."""
-        unused = sorted(RAY_ONLY & self.model_fields_set) if self.address is None else []
+        """A setting that only a Ray cluster reads, given without `address` and away from its
+        default, would do nothing (a whole config written out by `r1 config` names every setting
+        at its default: that one loads)."""
+        fields = type(self).model_fields
+        changed = {n for n in self.model_fields_set if getattr(self, n) != fields[n].default}
+        unused = sorted(RAY_ONLY & changed) if self.address is None else []
         if unused:
             names = ", ".join(f"cluster.{name}" for name in unused)
             raise ValueError(

@@ -15,6 +15,7 @@ from cluster import connect
 from cluster.placement import stage_sampler, training_nodes
 from configs import ConfigError, load_profile
 from configs.cluster import ClusterConfig
+from configs.profiles import validate
 from configs.reinforcement import EvalConfig
 from configs.supervised import EngineConfig
 from tasks.context import RunContext
@@ -62,6 +63,8 @@ def test_a_ray_setting_without_an_address_is_refused_naming_it():
         load_profile("micro", ["cluster.workers=8", "cluster.cpus_per_worker=2"])
     assert load_profile("micro", ["cluster.workers=8", "cluster.address=auto"]).cluster.workers == 8
     assert load_profile("micro").cluster.active() is None  # the defaults alone: no cluster
+    written = load_profile("micro").model_dump(mode="json")  # every setting named, at its default
+    assert validate(written, source="written").cluster == load_profile("micro").cluster
 
 
 def test_without_a_cluster_the_stage_keys_and_samplers_are_one_machines(tmp_path):
@@ -85,6 +88,7 @@ import sys
 import flows.r1_pipeline, flows.distill, flows.evaluate_registered, flows.r1_zero
 from cluster.placement import stage_sampler, training_nodes
 from configs import ConfigError, load_profile
+from configs.profiles import validate
 from configs.reinforcement import SamplerConfig
 from models.saved import save_model
 from tests.tiny_models import make_tokenizer, tiny_model
