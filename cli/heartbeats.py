@@ -25,12 +25,15 @@ NAME = "r1: crash flow runs whose heartbeats stop"
 CANCEL_NAME = "r1: end the cancellation of flow runs whose heartbeats stop"
 HEARTBEAT_SECONDS = 30  # prefect.yaml's PREFECT_FLOWS_HEARTBEAT_FREQUENCY; Prefect's least
 TIMEOUT_SECONDS = 90  # three heartbeats missed
-# After a heartbeat, a move to one of these states answers as well as the next heartbeat: the
-# run ended, waits on purpose, or starts another attempt (a retry, whose heartbeats follow).
-# Cancelling is not one of them: a run whose process is gone never gets past it by itself.
+# After a heartbeat (or the move to Running), a move to one of these states answers as well as
+# the next heartbeat: the run ended, waits on purpose, or starts another attempt (a retry, whose
+# heartbeats follow). Cancelling is not one of them: a run whose process is gone never gets past
+# it by itself. Nor is Running: the server may read a run's Running after its first heartbeat
+# (the two travel apart), and a Running read as the answer would leave a run that dies before its
+# second heartbeat watched by nothing, Running for ever.
 ANSWERS = (
     "Completed", "Failed", "Cancelled", "Crashed", "Paused", "Suspended",
-    "Scheduled", "AwaitingRetry", "Pending", "Running", "Retrying",
+    "Scheduled", "AwaitingRetry", "Pending", "Retrying",
 )  # fmt: skip
 ENDED = ("Completed", "Failed", "Cancelled", "Crashed")
 
@@ -51,8 +54,8 @@ def cancel_message(within: float) -> str:
 
 def automations(within: float = TIMEOUT_SECONDS) -> list[Any]:
     """The two automations, each proactive, per flow run:
-    - after a heartbeat, expect another one, or a move to another state, within `within`
-      seconds; otherwise set the run Crashed;
+    - after a heartbeat or the move to Running, expect a heartbeat, or a move to a state that
+      ends or parks the run, within `within` seconds; otherwise set the run Crashed;
     - after a move to Cancelling, expect a heartbeat (its process is alive: its worker stops
       it) or its end, within `within` seconds; otherwise set it Cancelled, which is what was
       asked (Prefect lets a cancelling run go nowhere else, so the first cannot end it).
@@ -70,9 +73,9 @@ def automations(within: float = TIMEOUT_SECONDS) -> list[Any]:
             f"every {HEARTBEAT_SECONDS} s; give more than that (default {TIMEOUT_SECONDS})"
         )
 
-    def unheard(after: str, answers: tuple[str, ...]) -> EventTrigger:
+    def unheard(after: tuple[str, ...], answers: tuple[str, ...]) -> EventTrigger:
         return EventTrigger(
-            after={f"prefect.flow-run.{after}"},
+            after={f"prefect.flow-run.{event}" for event in after},
             expect={"prefect.flow-run.heartbeat"} | {f"prefect.flow-run.{s}" for s in answers},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
             for_each={"prefect.resource.id"},
@@ -86,13 +89,13 @@ def automations(within: float = TIMEOUT_SECONDS) -> list[Any]:
         AutomationCore(
             name=NAME,
             description=f"Marks a flow run Crashed when its heartbeats stop; {sent}.",
-            trigger=unheard("heartbeat", ANSWERS),
+            trigger=unheard(("heartbeat", "Running"), ANSWERS),
             actions=[ChangeFlowRunState(state=StateType.CRASHED, message=crash_message(within))],
         ),
         AutomationCore(
             name=CANCEL_NAME,
             description=f"Marks a cancelling flow run Cancelled when it is unheard; {sent}.",
-            trigger=unheard("Cancelling", ENDED),
+            trigger=unheard(("Cancelling",), ENDED),
             actions=[ChangeFlowRunState(state=StateType.CANCELLED, message=cancel_message(within))],
         ),
     ]

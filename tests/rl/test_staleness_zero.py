@@ -22,6 +22,21 @@ pytestmark = pytest.mark.heavy  # two fresh interpreters, two short GRPO stages 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = "1e78e81"  # main before asynchronous rollouts
 ADDED_METRICS = {"rollout/policy_version", "rollout/staleness", "time/sampler_seconds"}
+# the RL guard's step signals (rl/signals.py) and the probe's time: new curves, nothing changed
+GUARD_METRICS = {
+    "completion/repetition_rate",
+    "completion/language_consistency_rate",
+    "time/signals_seconds",
+    "time/probe_seconds",
+}
+GUARD_SUFFIXES = ("/share", "/unscorable_fraction")
+
+
+def new_curve(key: str) -> bool:
+    """Whether `key` is a metric added since 1e78e81 (asynchronous rollouts, the guard)."""
+    guarded = key.startswith("reward/") and key.endswith(GUARD_SUFFIXES)
+    return key in ADDED_METRICS or key in GUARD_METRICS or guarded
+
 
 DRIVER = r"""
 import json, sys
@@ -120,14 +135,16 @@ def test_staleness_zero_gives_the_same_curves_rows_figures_and_weights(runs, sta
     assert [s for s, _ in now["metrics"]] == [s for s, _ in before["metrics"]]
     for (step, was), (_, metrics) in zip(before["metrics"], now["metrics"], strict=True):
         added = metrics.keys() - was.keys()
-        assert added <= ADDED_METRICS and was.keys() <= metrics.keys(), step
+        assert all(new_curve(key) for key in added) and was.keys() <= metrics.keys(), step
         if "rollout/staleness" in metrics:
             assert metrics["rollout/staleness"] == 0.0
             assert metrics["rollout/policy_version"] == step - 1  # step s is logged as s + 1
         for key, value in was.items():
             if not key.startswith("time/"):
                 assert metrics[key] == value, (step, key)  # exactly, not approximately
-    assert now["artifacts"] == before["artifacts"]
+    guard_record = [path for path, folder in now["artifacts"] if folder == "guard"]
+    assert [a for a in now["artifacts"] if a[1] != "guard"] == before["artifacts"]
+    assert [Path(path).name for path in guard_record] == ["guard.json"]  # the guard's, added
     tables = sorted((old / "samples").glob("step_*.json"))
     assert tables
     for table in tables:
