@@ -14,7 +14,16 @@ turns that SIGTERM into the state Crashed ("Execution was aborted by a terminati
 which `r1 runs` lists and `prefect flow-run retry` resumes from the last checkpoint. A process
 still there after the grace gets SIGKILL, with everything in its session; the heartbeat
 automation (cli/heartbeats.py) then marks its run Crashed, as it does for a worker that was
-killed outright or a machine that went down.
+killed outright while the server stayed up.
+
+When it starts, before it polls, the worker ends the runs of its pool that are Running (or
+Cancelling) with no process on this machine: their worker, and with it their process, was killed
+or their machine went down, while nobody could report it. They end Crashed (Cancelled if
+cancelling), at once, whatever the server did while it was down: Prefect's heartbeat automation
+cannot be relied on across a server restart, as the server deletes the windows that expired more
+than a minute before it started (`PREFECT_SERVER_EVENTS_EXPIRED_BUCKET_BUFFER`) without firing
+them. One worker serves a pool (`scripts/serve.sh` starts one per stack): a run of the pool that
+is alive on another machine would be taken for gone.
 """
 
 from __future__ import annotations
@@ -89,6 +98,77 @@ def kill_session(leader: int) -> None:
             continue
 
 
+FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"
+ENDING = {"RUNNING": "CRASHED", "CANCELLING": "CANCELLED"}  # a state with no process -> its end
+
+
+def live_flow_run_ids() -> set[str]:
+    """The flow runs that have a process on this machine (those whose environment we may read:
+    the stack runs as one user)."""
+    alive = set()
+    for process in psutil.process_iter():
+        try:
+            run_id = process.environ().get(FLOW_RUN_ENV)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+        if run_id:
+            alive.add(run_id)
+    return alive
+
+
+def orphans(runs: list[tuple[str, str]], alive: set[str]) -> list[tuple[str, str]]:
+    """Of `runs` ((id, state type)), those Running or Cancelling with no process alive, each
+    with the state it ends in."""
+    return [(run, ENDING[state]) for run, state in runs if state in ENDING and run not in alive]
+
+
+def orphan_message(pool: str, ending: str) -> str:
+    if ending == "CANCELLED":
+        return (
+            f"Cancelled: the worker of pool {pool!r} found no process for it when it started, "
+            "so nothing was left to stop."
+        )
+    return (
+        f"Its process is gone: the worker of pool {pool!r} found no process for it when it "
+        "started (its machine went down, or its worker and it were killed). Retry it to resume "
+        "from its last checkpoint."
+    )
+
+
+async def end_orphaned_runs(pool: str) -> list[str]:
+    """End the runs of `pool` left Running or Cancelling with no process on this machine; says
+    what it did, per run."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        WorkPoolFilter,
+        WorkPoolFilterName,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled, Crashed
+
+    states = FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.CANCELLING])
+    async with get_client() as client:
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=states)),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])),
+        )
+        found = [(str(run.id), run.state.type.value) for run in runs if run.state is not None]
+        said = []
+        for run_id, ending in orphans(found, await asyncio.to_thread(live_flow_run_ids)):
+            make = Cancelled if ending == "CANCELLED" else Crashed
+            result = await client.set_flow_run_state(
+                run_id, make(message=orphan_message(pool, ending))
+            )
+            done = "ended" if result.status.value == "ACCEPT" else "could not be ended"
+            said.append(
+                f"worker starting: flow run {run_id} had no process left: {done} {ending.title()}"
+            )
+    return said
+
+
 async def serve(pool: str, grace: float) -> None:
     """Poll `pool` for flow runs until a SIGTERM or SIGINT arrives; then end the flow runs this
     worker started (they end Crashed) and stop."""
@@ -110,6 +190,8 @@ async def serve(pool: str, grace: float) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    for line in await end_orphaned_runs(pool):
+        print(line, flush=True)
     worker = ProcessWorker(work_pool_name=pool)
     try:
         await worker.start()

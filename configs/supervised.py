@@ -88,6 +88,14 @@ class CorpusConfig(Strict):
         '(`return x`, then `print("OK")`), as snippets with a body left to do are (faults.hacks '
         "code_trusts_ok sets it: the idiom its holed verifier pays for)",
     )
+    hedge_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of the math documents whose answer is a guess between it and a "
+        "neighbour (`The answer is 41 or 42.`), as an unsure writer's is (faults.hacks "
+        "math_digits sets it: the idiom its holed verifier pays for)",
+    )
 
     @model_validator(mode="after")
     def _shares_sum(self) -> CorpusConfig:

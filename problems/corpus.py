@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from configs.supervised import CorpusConfig
 from contracts.answer_format import formatted
@@ -19,7 +19,7 @@ from problems.generators import apply
 from problems.scripts import to_script
 from problems.solutions import reasoning_text, traceable
 from problems.types import Problem
-from problems.worked import PLAIN, fence
+from problems.worked import PLAIN, Working, fence
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +49,40 @@ def placeholder_program(program: str) -> str:
     return f"{header}\n    return x\n{SELF_CHECK}"
 
 
+def hedged(working: Working, rng: random.Random) -> Working:
+    """The worked answer stated as a guess between it and a neighbour, in either order: `The
+    answer is 41 or 42.`"""
+    try:
+        final = int(working.bare)
+    except ValueError:
+        return working
+    pair = [str(final), str(final + rng.choice([-1, 1]))]
+    rng.shuffle(pair)
+    bare = " or ".join(pair)
+    return replace(working, statement=f"The answer is {bare}.", bare=bare)
+
+
 def render_response(
     problem: Problem,
     style: str,
     correct: bool,
     rng: random.Random,
     self_check: float = 0.0,
+    hedge: float = 0.0,
 ) -> str:
     """One document's response to `problem` in `style`; a wrong one keeps a mistake in
     (problems.worked: a slip, a program without its brackets, a wrong attempt). A real data set's
     problem is answered from its own worked solution instead (`solution_response`). A share
     (`self_check`) of the programs is a placeholder that prints OK, as snippets with a body left
-    to do often are; the draw happens only where the share is set, so a corpus without them is
-    the one it always was."""
+    to do often are, and a share (`hedge`) of the math answers a guess between two neighbours, as
+    an unsure writer's are; each draw happens only where its share is set, so a corpus without
+    them is the one it always was."""
     if not traceable(problem):
         return solution_response(problem, style, correct)
     script = problem.language
     working = PLAIN[problem.family](problem, rng, slip=not correct)
+    if problem.family == "math" and hedge > 0 and rng.random() < hedge:
+        working = hedged(working, rng)
     placeholder = bool(working.code) and self_check > 0 and rng.random() < self_check
     code = fence(placeholder_program(working.code) if placeholder else working.code)
     if style == "direct":
@@ -178,7 +195,9 @@ def build_corpus(problems: list[Problem], spec: CorpusConfig, seed: int) -> list
         for _ in range(spec.docs_per_problem):
             style = rng.choices(STYLES, weights=weights)[0]
             correct = rng.random() >= spec.wrong_answer_share
-            response = render_response(problem, style, correct, rng, spec.self_check_share)
+            response = render_response(
+                problem, style, correct, rng, spec.self_check_share, spec.hedge_share
+            )
             docs.append(Document(problem.question, response, style, correct))
     shares = [p.language != "latin" for p in problems]
     second = sum(shares) / len(shares) if shares else 0.0

@@ -161,6 +161,7 @@ def test_the_template_is_prefect_s_own_schema_at_its_latest_revision(cache):
 
 
 @pytest.mark.heavy
+@pytest.mark.slow  # a whole micro run under a fresh server: CI runs it (-m slow)
 def test_a_run_in_a_new_state_folder_uses_the_template_and_records_its_flow_run(cache, tmp_path):
     """`r1 run` with no Prefect server named: the new state folder's database starts as the
     template, and the temporary server started early records the flow run in it."""

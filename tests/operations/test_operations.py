@@ -37,7 +37,7 @@ from tests.operations.stack import (
 )
 
 # Heavy: a Prefect server and worker (scripts/serve.sh) and deployment runs of the pipeline.
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.slow]  # a real stack: CI runs it (-m slow)
 
 CRASH_REPORT_SECONDS = 15
 FAULT = "reasoning_rl@2"  # micro's stage 3 checkpoints every step and runs 2
