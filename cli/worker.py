@@ -37,6 +37,7 @@ import time
 
 import psutil
 
+FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"  # what Prefect puts in a flow-run process's environment
 GRACE_SECONDS = 20.0  # under scripts/serve.sh's R1_STOP_SECONDS (30), after which it kills
 
 
@@ -45,7 +46,7 @@ def flow_run_processes() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children():
         try:
-            if "PREFECT__FLOW_RUN_ID" in child.environ():
+            if FLOW_RUN_ENV in child.environ():
                 found.append(child)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -59,7 +60,7 @@ def end_flow_runs(grace: float) -> list[str]:
     said = []
     for process in processes:
         try:
-            run_id = process.environ().get("PREFECT__FLOW_RUN_ID", "?")
+            run_id = process.environ().get(FLOW_RUN_ENV, "?")
             process.terminate()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -98,7 +99,6 @@ def kill_session(leader: int) -> None:
             continue
 
 
-FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"
 ENDING = {"RUNNING": "CRASHED", "CANCELLING": "CANCELLED"}  # a state with no process -> its end
 
 
