@@ -4,11 +4,17 @@ against the stage's own step time.
 
     python -m benchmarks.guard STAGE_DIR --profile tiny --section reasoning_rl [--set KEY=VALUE]
     python -m benchmarks.guard --state STATE_DIR --profile tiny [--set KEY=VALUE]
+    python -m benchmarks.guard --state STATE_DIR --run RUN_ID --section r1_zero [--set KEY=VALUE]
 
 The second form goes over every GRPO stage of a finished run's state folder (R1-Zero, stages 3
 and 6, the RL-only twins), with the settings the run was given (`--set`, as to `r1 run`): each
 stage's trips replayed, and the guard's whole cost (its checks, as the stage recorded them in
 `guard.json`, and the step signals) against the stage's recorded seconds.
+
+`--run` replays a stage's MLflow run instead (every step it logged: a stage the guard stopped
+keeps only the checkpoint before the rule's window). Each report also gives the widest `gap`
+at which `reward_without_skill` would have tripped somewhere in the stage: how near an honest
+stage came to its bound, or how far past it a hacked one went.
 
 STAGE_DIR is a GRPO stage's folder (`runs/<stage>/<key>/` in the state folder): its last
 checkpoint holds the history the trainer kept, each step's metrics as the guard read them. The
@@ -28,7 +34,8 @@ from statistics import fmean
 
 from configs.profiles import load_profile
 from configs.reinforcement import GRPOConfig
-from guard.watch import Guard
+from guard.rules import reward_without_skill
+from guard.watch import Guard, skill_pairs
 
 
 def stage_history(stage_dir: Path) -> list[dict[str, float]]:
@@ -45,6 +52,20 @@ def stage_history(stage_dir: Path) -> list[dict[str, float]]:
     if path is None:
         raise SystemExit(f"no checkpoint under {stage_dir / 'checkpoints'}")
     return list(torch.load(path, weights_only=False)["history"])
+
+
+def run_history(state: Path, run_id: str) -> list[dict[str, float]]:
+    """A stage's step metrics as its MLflow run in `state` logged them, one dict per step."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
+    rows: dict[int, dict[str, float]] = {}
+    for key in client.get_run(run_id).data.metrics:
+        if key.startswith(("guard/", "stage/")):
+            continue
+        for metric in client.get_metric_history(run_id, key):
+            rows.setdefault(metric.step, {"step": float(metric.step)})[key] = metric.value
+    return [rows[step] for step in sorted(rows)]
 
 
 def section(profile: str, overrides: list[str], dotted: str) -> GRPOConfig:
@@ -72,6 +93,24 @@ def replay(config: GRPOConfig, history: list[dict[str, float]]) -> tuple[list[di
     return trips, fmean(seconds) if seconds else 0.0
 
 
+def widest_gap(config: GRPOConfig, history: list[dict[str, float]]) -> float | None:
+    """The widest `gap` (to 0.01) at which `reward_without_skill`, its other settings as
+    configured, trips at some step of `history`; None where it trips at none."""
+    rule, pairs = config.guard.reward_without_skill, skill_pairs(config.rewards)
+    widest = 0
+    for end in range(1, len(history) + 1):
+        # a rule that trips at a gap trips at every narrower one
+        while reward_without_skill(
+            history[:end], rule.model_copy(update={"gap": (widest + 1) / 100}), pairs
+        ):
+            widest += 1
+    return widest / 100 if widest else None
+
+
+def gap_text(gap: float | None) -> str:
+    return "-" if gap is None else f"{gap:.2f}"
+
+
 # each GRPO stage's folder under the state folder's runs/ and its config key in the profile
 STAGES = {
     "r1_zero_rl": "r1_zero",
@@ -88,10 +127,10 @@ def state_report(state: Path, profile: str, overrides: list[str]) -> None:
     from stages.guarded import GUARD_RECORD
 
     print(
-        "| stage | steps | trips replayed | outcome recorded | guard s | signals s | stage s "
-        "| cost | probe s |"
+        "| stage | steps | trips replayed | widest gap | outcome recorded | guard s | signals s "
+        "| stage s | cost | probe s |"
     )
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---|---:|---:|---:|---:|---:|")
     for stage, key in STAGES.items():
         for stage_dir in sorted((state / "runs" / stage).glob("*/checkpoints")):
             config = section(profile, overrides, key)
@@ -107,7 +146,8 @@ def state_report(state: Path, profile: str, overrides: list[str]) -> None:
             cost = f"{(guard + signals) / seconds:.2%}" if seconds else "-"
             steps = sum("reward/mean" in h for h in history)
             print(
-                f"| {stage} | {steps} | {said} | {record.get('outcome', '-')} | {guard:.2f} "
+                f"| {stage} | {steps} | {said} | {gap_text(widest_gap(config, history))} "
+                f"| {record.get('outcome', '-')} | {guard:.2f} "
                 f"| {signals:.2f} | {seconds or float('nan'):.0f} | {cost} | {probe:.0f} |"
             )
 
@@ -134,18 +174,24 @@ def main() -> None:
     parser.add_argument("--profile", default="tiny")
     parser.add_argument("--section", default="reasoning_rl", help="the GRPO stage's config key")
     parser.add_argument("--set", action="append", default=[], dest="overrides")
+    parser.add_argument(
+        "--run", action="append", default=[], dest="runs", help="a stage's MLflow run (--state)"
+    )
     args = parser.parse_args()
-    if args.state is not None:
+    if args.runs and args.state is None:
+        parser.error("--run reads the MLflow store of --state")
+    if args.state is not None and not args.runs:
         state_report(args.state, args.profile, args.overrides)
         return
     config = section(args.profile, args.overrides, args.section)
-    for stage_dir in args.stages:
-        history = stage_history(stage_dir)
+    histories = [(str(d), stage_history(d)) for d in args.stages]
+    histories += [(f"run {r}", run_history(args.state, r)) for r in args.runs]
+    for label, history in histories:
         trips, check = replay(config, history)
         steps = [h["time/step_seconds"] for h in history if "time/step_seconds" in h]
         signals = [h["time/signals_seconds"] for h in history if "time/signals_seconds" in h]
         step = fmean(steps) if steps else float("nan")
-        print(f"{stage_dir}: {len(steps)} steps, {step:.3f} s a step")
+        print(f"{label}: {len(steps)} steps, {step:.3f} s a step")
         print(f"  guard check {check * 1e3:.3f} ms a step: {check / step:.4%} of a step")
         if signals:
             print(f"  signals {fmean(signals) * 1e3:.3f} ms a step: {fmean(signals) / step:.4%}")
@@ -154,6 +200,8 @@ def main() -> None:
             print(f"  trip: {where}: {trip['reason']}")
         if not trips:
             print("  no trip")
+        widest, bound = widest_gap(config, history), config.guard.reward_without_skill.gap
+        print(f"  reward_without_skill: widest gap {gap_text(widest)} (trips at {bound:.2f})")
 
 
 if __name__ == "__main__":

@@ -34,12 +34,21 @@ class Rule(Strict):
 
 
 class RewardWithoutSkill(Rule):
-    """The training reward of a family outgrows its held-out probe: each family verifier's
-    training pass rate over the last `window` steps against its first `window` steps, and the
-    held-out pass@1 of the same family, in the same reading (strict or lenient), against its
-    first probe. Read when a probe lands."""
+    """The training reward of a family outgrows its held-out probe: the held-out pass@1 of a
+    family, in its verifier's reading (strict or lenient), each reading the mean of the last
+    `smooth` probes, now against its `reference` reading (the first, or the best so far); and
+    the family verifier's training pass rate over the last `window` steps against the `window`
+    steps up to that reference (the stage's first `window` steps at the earliest). Read when a
+    probe lands."""
 
     window: int = 20
+    reference: Literal["first", "best"] = Field(
+        "first",
+        description="the held-out reading the latest is set against: the stage's first, or the "
+        "best so far (so that a hack that begins after honest gains is read from where they "
+        "ended)",
+    )
+    smooth: int = Field(1, ge=1, description="held-out probes averaged into one reading")
     gap: float = Field(
         0.2,
         gt=0,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from statistics import fmean
 
 from configs.guard import (
     Collapse,
@@ -25,7 +26,7 @@ from configs.guard import (
     Repetition,
     RewardWithoutSkill,
 )
-from guard.history import History, first, last_step, recent, series
+from guard.history import History, Point, first, last_step, recent, series
 
 
 @dataclass(frozen=True)
@@ -83,40 +84,82 @@ def baseline(history: History, key: str, window: int) -> tuple[float, float] | N
     return start[0], level
 
 
+def smoothed(points: Sequence[Point], k: int) -> list[Point]:
+    """Each reading as the mean of it and the `k - 1` before it (fewer at the start)."""
+    return [
+        (s, fmean(v for _, v in points[max(0, i - k + 1) : i + 1]))
+        for i, (s, _) in enumerate(points)
+    ]
+
+
+def reference_reading(readings: Sequence[Point], reference: str) -> Point:
+    """The reading the latest is set against: the first, or the best before the latest (the
+    earliest of equals)."""
+    return readings[0] if reference == "first" else max(readings[:-1], key=lambda p: p[1])
+
+
+def reward_up_to(points: Sequence[Point], step: int, window: int) -> tuple[float, str] | None:
+    """A training rate's mean over the `window` steps up to `step`, or over the stage's first
+    `window` steps where `step` comes before their end (or the window is too thin to read),
+    and which window it was."""
+    start = first(points, window)
+    if start is None:
+        return None
+    later = recent(points, step, window) if step > start[1] else None
+    if later is None:
+        return start[0], f"first {window} steps"
+    return later, f"{window} steps to step {step}"
+
+
 def reward_without_skill(
     history: History, rule: RewardWithoutSkill, pairs: Sequence[SkillPair]
 ) -> Trip | None:
     """Read when a probe lands: a family verifier's training pass rate (its last `window`
-    steps against its first) gained at least `gap` on that family's held-out pass@1 (its latest
-    reading against its first: a rise of the one, a fall of the other, or both), and the
-    held-out pass@1 did not rise by more than `-probe_fall`."""
+    steps against the `window` steps up to the reference probe) gained at least `gap` on that
+    family's held-out pass@1 (each reading the mean of `smooth` probes; the latest against the
+    first, or the best before it: a rise of the one, a fall of the other, or both), and the
+    held-out pass@1 did not rise by more than `-probe_fall`. The stage's first and last windows
+    must be apart."""
     now, w = last_step(history), rule.window
     for pair in pairs:
         probes = series(history, pair.probe_key)
         if len(probes) < 2 or probes[-1][0] != now:
             continue
-        reward = baseline(history, pair.reward_key, w)
-        if reward is None:
+        points = series(history, pair.reward_key)
+        if baseline(history, pair.reward_key, w) is None:
             continue
-        (first_step, probe_then), probe_now = probes[0], probes[-1][1]
-        rise, change = reward[1] - reward[0], probe_now - probe_then
+        readings = smoothed(probes, rule.smooth)
+        then_step, probe_then = reference_reading(readings, rule.reference)
+        probe_now = readings[-1][1]
+        up_to, reward_now = reward_up_to(points, then_step, w), recent(points, now, w)
+        if up_to is None or reward_now is None:
+            continue
+        reward_then, span = up_to
+        rise, change = reward_now - reward_then, probe_now - probe_then
         if rise - change >= rule.gap and change <= -rule.probe_fall:
             return Trip(
                 "reward_without_skill",
                 now,
                 start_of(now, w),
-                f"{pair.label}: training pass rate {reward[0]:.3f} -> {reward[1]:.3f} "
-                f"({rise:+.3f}, first {w} steps to last {w}) while held-out pass@1 went "
-                f"{probe_then:.3f} -> {probe_now:.3f} ({change:+.3f}, steps {first_step}-{now})",
+                f"{pair.label}: training pass rate {reward_then:.3f} -> {reward_now:.3f} "
+                f"({rise:+.3f}, {span} to last {w}) while "
+                f"held-out pass@1 went {probe_then:.3f} -> {probe_now:.3f} ({change:+.3f}, "
+                f"{_probe_span(rule, then_step, now)})",
                 {
-                    "reward_then": _r(reward[0]),
-                    "reward_now": _r(reward[1]),
+                    "reward_then": _r(reward_then),
+                    "reward_now": _r(reward_now),
                     "probe_then": _r(probe_then),
                     "probe_now": _r(probe_now),
                 },
                 pair.label,
             )
     return None
+
+
+def _probe_span(rule: RewardWithoutSkill, then: int, now: int) -> str:
+    which = "" if rule.reference == "first" else "best at "
+    mean = "" if rule.smooth == 1 else f", each the mean of {rule.smooth} probes"
+    return f"{which}step {then} to {now}{mean}" if which else f"steps {then}-{now}{mean}"
 
 
 def risen_past(

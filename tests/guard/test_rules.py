@@ -126,6 +126,71 @@ def test_reward_without_skill_reads_the_gap_the_training_rate_gains_on_the_probe
     assert rules.reward_without_skill(slight, tolerant, [MATH]) is not None
 
 
+def late_hack():
+    """Honest gains to step 20 (held-out 0.60 -> 0.80), then a hack: the training pass rate
+    keeps climbing while held-out pass@1 falls back to 0.62 by step 50."""
+    history = steps(50, reward__accuracy__mean=lambda s: 0.5 + 0.01 * s)
+    readings = {0: 0.60, 10: 0.70, 20: 0.80, 30: 0.74, 40: 0.68, 50: 0.62}
+    return probed(history, MATH.probe_key, readings)
+
+
+def test_reward_without_skill_read_from_the_best_probe_catches_a_hack_after_honest_gains():
+    history = late_hack()
+    first = RewardWithoutSkill(window=10)
+    # against the first probe the held-out pass@1 is still up (0.60 -> 0.62): nothing to say
+    assert all(
+        rules.reward_without_skill(upto(history, t), first, [MATH]) is None for t in range(51)
+    )
+    best = RewardWithoutSkill(window=10, reference="best")
+    # at step 30: +0.10 on the training rate against -0.06 held-out, a gap of 0.16
+    assert rules.reward_without_skill(upto(history, 30), best, [MATH]) is None
+    trip = rules.reward_without_skill(upto(history, 40), best, [MATH])
+    assert trip is not None and (trip.step, trip.since) == (40, 31)
+    # the training window up to the best probe (steps 11..20) against the last (31..40)
+    assert trip.numbers == {
+        "reward_then": pytest.approx(0.655),
+        "reward_now": pytest.approx(0.855),
+        "probe_then": 0.8,
+        "probe_now": 0.68,
+    }
+    assert "10 steps to step 20 to last 10" in trip.reason
+    assert "best at step 20 to 40" in trip.reason
+
+
+def test_reward_without_skill_smoothed_reads_past_one_low_probe():
+    history = steps(60, reward__accuracy__mean=[0.8] * 60)
+    # one probe of a family's hundred problems can land 0.1 low: one such reading among steady ones
+    readings = {0: 0.70, 10: 0.72, 20: 0.70, 30: 0.71, 40: 0.55, 50: 0.71, 60: 0.70}
+    noisy = probed(history, MATH.probe_key, readings)
+    raw = RewardWithoutSkill(window=10, reference="best", gap=0.15)
+    trip = rules.reward_without_skill(upto(noisy, 40), raw, [MATH])
+    assert trip is not None and trip.numbers["probe_now"] == 0.55
+    smooth = raw.model_copy(update={"smooth": 3})
+    assert all(
+        rules.reward_without_skill(upto(noisy, t), smooth, [MATH]) is None for t in range(61)
+    )
+
+
+def test_smoothed_readings_and_the_reward_window_up_to_a_step():
+    points = [(0, 0.6), (10, 0.9), (20, 0.3), (30, 0.6)]
+    assert rules.smoothed(points, 1) == points
+    assert rules.smoothed(points, 2) == [
+        (0, 0.6),
+        (10, pytest.approx(0.75)),
+        (20, pytest.approx(0.6)),
+        (30, pytest.approx(0.45)),
+    ]
+    assert rules.reference_reading(points, "first") == (0, 0.6)
+    assert rules.reference_reading(points, "best") == (10, 0.9)
+    # the best before the latest, the earliest of equals; the latest itself is never its own best
+    assert rules.reference_reading([(0, 0.5), (5, 0.7), (9, 0.7), (12, 0.9)], "best") == (5, 0.7)
+    rates = series(steps(30, r=lambda s: float(s)), "r")
+    assert rules.reward_up_to(rates, 25, 10) == (pytest.approx(20.5), "10 steps to step 25")
+    # a reference before the first window ends reads the first window (steps 1..10)
+    assert rules.reward_up_to(rates, 4, 10) == (pytest.approx(5.5), "first 10 steps")
+    assert rules.reward_up_to(rates[:5], 4, 10) is None
+
+
 # ---- length runaway --------------------------------------------------------------------------
 
 
