@@ -141,6 +141,12 @@ class Rollback(Strict):
     term_weight_factor: float = Field(
         0.5, ge=0, lt=1, description="a gamed term's weight is multiplied by this"
     )
+    reach_back: int = Field(
+        0,
+        ge=0,
+        description="steps before the rule's window that a rollback goes back to (0: the last "
+        "checkpoint before the window), for a hack taken up before the window began",
+    )
 
 
 class GuardConfig(Strict):

@@ -280,9 +280,10 @@ def train_guarded(
 def reach_of(config: GRPOConfig) -> int:
     """How far back (in steps) a trip's window can start: the longest window, a probe interval
     (the rule reading the probe compares with one at least a window back) and a checkpoint
-    interval."""
+    interval; and a rollback's `reach_back` before the window."""
     longest = max(rule.window for rule in config.guard.rules().values())
-    return longest + config.probe.every + config.checkpoint_every
+    rollback = config.guard.rollback.reach_back
+    return longest + config.probe.every + config.checkpoint_every + rollback
 
 
 def outcome(record: GuardRecord) -> str:
@@ -321,10 +322,11 @@ def _roll_back(
     keeper: CheckpointKeeper,
     fingerprint: str,
 ) -> None:
-    """Back to the newest kept checkpoint before the trip's window: a gamed term's weight
-    lowered, else the learning rate; the kept checkpoints of the abandoned branch dropped."""
+    """Back to the newest kept checkpoint before the trip's window (and `reach_back` steps
+    more): a gamed term's weight lowered, else the learning rate; the kept checkpoints of the
+    abandoned branch dropped."""
     factors = config.guard.rollback
-    to = keeper.before(trip.since - 1)
+    to = keeper.before(max(0, trip.since - 1 - factors.reach_back))
     entry: dict[str, Any] = {"at": trip.step, "rule": trip.rule, "to": to}
     entry["trips_before"] = len(record.trips)
     weights = {t.name: t.weight for t in config.rewards}

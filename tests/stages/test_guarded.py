@@ -13,7 +13,7 @@ import torch
 from configs.guard import GuardConfig
 from configs.reinforcement import GRPOConfig, RewardTerm
 from rl.trainer import GRPOTrainer
-from stages.guarded import GuardRecord, GuardStop, train_guarded
+from stages.guarded import GuardRecord, GuardStop, reach_of, train_guarded
 from stages.tracker import NullTracker
 from tests.tiny_models import PROBLEMS, grpo_config, tiny_model
 
@@ -238,3 +238,17 @@ def test_a_gamed_term_is_rolled_back_by_lowering_its_weight(tmp_path):
     assert adjusted.learning_rate == cfg.learning_rate  # the rate is left alone
     _roll_back(Trip("gamed_term", 25, 15, "again", {}, "format"), record, cfg, keeper, "fp")
     assert record.weights == {"format": 0.5} and record.rollbacks[1]["to"] == 10
+
+
+def test_a_rollback_reaches_back_before_the_window_as_far_as_it_is_told(tokenizer, tmp_path):
+    tracker = Tracker()
+    cfg = guarded_config("rollback", reach_back=3)
+    report, record, _, built = run(tokenizer, tmp_path, cfg, Outage(range(6, 8)), tracker)
+    # the window began at step 6: 3 steps before it is step 2, whose checkpoint is kept
+    assert report.steps == 10 and len(built) == 2
+    assert [(r["at"], r["to"]) for r in record.rollbacks] == [(7, 2)]
+    assert (2, {"train/resumed_from_step": 2.0}) in tracker.metrics
+    steps = [s for s, m in tracker.metrics if "reward/mean" in m]
+    assert steps == [1, 2, 3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 8, 9, 10]
+    # the checkpoints are kept that much longer
+    assert reach_of(cfg) == reach_of(guarded_config("rollback")) + 3
