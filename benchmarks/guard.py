@@ -5,6 +5,7 @@ against the stage's own step time.
     python -m benchmarks.guard STAGE_DIR --profile tiny --section reasoning_rl [--set KEY=VALUE]
     python -m benchmarks.guard --state STATE_DIR --profile tiny [--set KEY=VALUE]
     python -m benchmarks.guard --state STATE_DIR --run RUN_ID --section r1_zero [--set KEY=VALUE]
+    python -m benchmarks.guard --signals 32x16x1500 [16x8x400 ...]
 
 The second form goes over every GRPO stage of a finished run's state folder (R1-Zero, stages 3
 and 6, the RL-only twins), with the settings the run was given (`--set`, as to `r1 run`): each
@@ -15,6 +16,10 @@ stage's trips replayed, and the guard's whole cost (its checks, as the stage rec
 keeps only the checkpoint before the rule's window). Each report also gives the widest `gap`
 at which `reward_without_skill` would have tripped somewhere in the stage: how near an honest
 stage came to its bound, or how far past it a hacked one went.
+
+`--signals PROMPTSxGROUPxWORDS` times the step's text signals (repetition, language
+consistency: rl/signals.py) on a synthetic batch of that size, words of prose and numbers, for
+batches larger than the tiny world's.
 
 STAGE_DIR is a GRPO stage's folder (`runs/<stage>/<key>/` in the state folder): its last
 checkpoint holds the history the trainer kept, each step's metrics as the guard read them. The
@@ -111,6 +116,44 @@ def gap_text(gap: float | None) -> str:
     return "-" if gap is None else f"{gap:.2f}"
 
 
+def signals_seconds(prompts: int, group: int, words: int, seed: int = 0) -> tuple[float, int]:
+    """Seconds the text signals take over `prompts` x `group` completions of `words` words
+    each (prose and numbers), and the characters they hold."""
+    import random
+
+    from problems.types import Problem
+    from rl.signals import text_signals
+    from sampling.interface import Completion
+
+    rng = random.Random(seed)
+    vocabulary = [
+        "the",
+        "answer",
+        "is",
+        "so",
+        "we",
+        "add",
+        "subtract",
+        "multiply",
+        "then",
+        "check",
+        "step",
+        "result",
+    ]
+
+    def text() -> str:
+        return " ".join(
+            rng.choice(vocabulary) if rng.random() < 0.7 else str(rng.randint(0, 999))
+            for _ in range(words)
+        )
+
+    batch = [Problem(id=str(i), question="q", answer="1") for i in range(prompts)]
+    groups = [[Completion(text(), [], [], "stop") for _ in range(group)] for _ in batch]
+    began = time.perf_counter()
+    text_signals(batch, groups)
+    return time.perf_counter() - began, sum(len(c.text) for g in groups for c in g)
+
+
 # each GRPO stage's folder under the state folder's runs/ and its config key in the profile
 STAGES = {
     "r1_zero_rl": "r1_zero",
@@ -177,7 +220,17 @@ def main() -> None:
     parser.add_argument(
         "--run", action="append", default=[], dest="runs", help="a stage's MLflow run (--state)"
     )
+    parser.add_argument("--signals", nargs="+", default=[], metavar="PROMPTSxGROUPxWORDS")
     args = parser.parse_args()
+    for size in args.signals:
+        prompts, group, words = (int(n) for n in size.split("x"))
+        seconds, chars = signals_seconds(prompts, group, words)
+        print(
+            f"text signals, {prompts} x {group} completions of {words} words "
+            f"({chars / 1e6:.2f} M characters): {seconds * 1e3:.0f} ms a step"
+        )
+    if args.signals:
+        return
     if args.runs and args.state is None:
         parser.error("--run reads the MLflow store of --state")
     if args.state is not None and not args.runs:

@@ -67,11 +67,13 @@ def strip_markup(text: str) -> str:
 
 
 def script_counts(text: str) -> Counter[str]:
+    """Letters per script in `text`, markup aside."""
     counts: Counter[str] = Counter()
-    for ch in strip_markup(text):
+    # each distinct character's script looked up once
+    for ch, n in Counter(strip_markup(text)).items():
         script = char_script(ch)
         if script:
-            counts[script] += 1
+            counts[script] += n
     return counts
 
 

@@ -14,15 +14,21 @@ import unicodedata
 CHARS = 24
 
 
+def _replacement(ch: str) -> str | None:
+    """What `normalise` makes of one character: nothing for a format character, a space for
+    punctuation, other controls and separators, else itself."""
+    category = unicodedata.category(ch)
+    if category == "Cf":
+        return None
+    return " " if category.startswith(("P", "C", "Z")) else ch
+
+
 def normalise(text: str) -> str:
     """Case folded words, punctuation and format characters gone, one space between words."""
     text = unicodedata.normalize("NFKC", text).casefold()
-    kept = (
-        " " if unicodedata.category(ch).startswith(("P", "C", "Z")) else ch
-        for ch in text
-        if unicodedata.category(ch) != "Cf"
-    )
-    return " ".join("".join(kept).split())
+    # one lookup per distinct character, the text itself rewritten by str.translate
+    table = {ord(ch): _replacement(ch) for ch in set(text)}
+    return " ".join(text.translate(table).split())
 
 
 def repeated_ngram_share(text: str, n: int = 3) -> float:
