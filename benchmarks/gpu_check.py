@@ -306,7 +306,8 @@ def phase_line(phase: Phase, peak: float | None) -> str:
         line += (
             f"\n{'':34}        update: {update_rate:,.0f} tok/s, MFU {update_mfu} "
             f"({parts['update_seconds']:.2f} s of {phase.seconds:.2f} s; sampling "
-            f"{parts['sample_seconds']:.2f} s)"
+            f"{parts['sample_seconds']:.2f} s; the guard's text signals "
+            f"{parts.get('signals_seconds', 0.0):.3f} s)"
         )
     return line + (f"\n{'':34}        {phase.note}" if phase.note else "")
 

@@ -301,6 +301,7 @@ def _grpo_figures(phase, setting, shape, cfg, tokenizer, problems, history, time
         "update_seconds": timer.seconds, "update_tokens": float(sum(config_lengths)),
         "update_flops": update_flops,
         "sample_seconds": sum(m.get("time/sample_seconds", 0.0) for m in history),
+        "signals_seconds": sum(m.get("time/signals_seconds", 0.0) for m in history),
     }  # fmt: skip
     phase.peak_bytes = max(timer.peaks) if timer.peaks else None
     per_row = prompt + cfg.max_new_tokens
