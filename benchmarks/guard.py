@@ -63,7 +63,10 @@ def run_history(state: Path, run_id: str) -> list[dict[str, float]]:
     """A stage's step metrics as its MLflow run in `state` logged them, one dict per step."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
+    store = state / "mlflow.db"
+    if not store.is_file():  # MLflow would make an empty store there
+        raise SystemExit(f"no MLflow store at {store}: --state is a run's state folder")
+    client = MlflowClient(f"sqlite:///{store}")
     rows: dict[int, dict[str, float]] = {}
     for key in client.get_run(run_id).data.metrics:
         if key.startswith(("guard/", "stage/")):
@@ -223,7 +226,10 @@ def main() -> None:
     parser.add_argument("--signals", nargs="+", default=[], metavar="PROMPTSxGROUPxWORDS")
     args = parser.parse_args()
     for size in args.signals:
-        prompts, group, words = (int(n) for n in size.split("x"))
+        parts = size.split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            parser.error(f"--signals {size!r}: expected PROMPTSxGROUPxWORDS, e.g. 32x16x1500")
+        prompts, group, words = (int(n) for n in parts)
         seconds, chars = signals_seconds(prompts, group, words)
         print(
             f"text signals, {prompts} x {group} completions of {words} words "
