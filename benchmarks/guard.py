@@ -95,7 +95,7 @@ def replay(config: GRPOConfig, history: list[dict[str, float]]) -> tuple[list[di
         seconds.append(time.perf_counter() - began)
         if verdict is None:
             continue
-        trips += [t.to_dict() | {"action": guard.action_of(t)} for t in verdict.trips]
+        trips += verdict.records()  # every rule that tripped at the step, with its action
         if verdict.action != "warn":
             break
     return trips, fmean(seconds) if seconds else 0.0

@@ -44,15 +44,35 @@ def skill_pairs(terms: Sequence[RewardTerm]) -> list[SkillPair]:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What this step's trips ask for: `action` is warn, rollback or stop."""
+    """What this step's trips ask for: `action` is warn, rollback or stop. `trips` holds every
+    rule that tripped at the step, the most severe first, and `actions` what each one asked for:
+    several rules can trip at one step (which one a check reaches first is no measure of which
+    matters), so a stop or a warning names them all."""
 
     action: str
     trips: list[Trip]
+    actions: list[str]
 
     @property
     def trip(self) -> Trip:
-        """The trip that decided the action (the first of the most severe)."""
+        """The primary trip: the first of the most severe (its rule is the one a single name
+        stands for: a rollback's adjustment, a stop's first rule)."""
         return self.trips[0]
+
+    @property
+    def deciding(self) -> list[Trip]:
+        """The trips that asked for the verdict's own action (every stopping rule of a stop)."""
+        return [t for t, a in zip(self.trips, self.actions, strict=True) if a == self.action]
+
+    @property
+    def since(self) -> int:
+        """The first step of the earliest window among the deciding trips: a checkpoint kept
+        from before it predates every window that decided."""
+        return min(t.since for t in self.deciding)
+
+    def records(self) -> list[dict]:
+        """Each trip as the guard's record holds it: its dict with the action it asked for."""
+        return [t.to_dict() | {"action": a} for t, a in zip(self.trips, self.actions, strict=True)]
 
 
 class Guard:
@@ -141,8 +161,9 @@ class Guard:
         return [f"reward/{name}/mean" for name in self.verifiers]
 
     def verdict(self, trips: Sequence[Trip], rollbacks_done: int) -> Verdict | None:
-        """The action the trips ask for, most severe first; a rollback past
-        `rollback.max_times` is a stop. Warned rules are remembered."""
+        """The action the trips ask for, every trip kept with its own action, most severe first
+        (a stable sort: rules of equal severity stay in the order they were checked); a
+        rollback past `rollback.max_times` is a stop. Warned rules are remembered."""
         if not trips:
             return None
 
@@ -150,8 +171,9 @@ class Guard:
             return self.action_of(trip, rollbacks_done)
 
         ordered = sorted(trips, key=lambda t: -SEVERITY[action(t)])
-        self.warned |= {t.rule for t in trips if action(t) == "warn"}
-        return Verdict(action(ordered[0]), ordered)
+        actions = [action(t) for t in ordered]
+        self.warned |= {t.rule for t, a in zip(ordered, actions, strict=True) if a == "warn"}
+        return Verdict(actions[0], ordered, actions)
 
     def action_of(self, trip: Trip, rollbacks_done: int = 0) -> str:
         """What `trip`'s rule does: its action, a rollback past `rollback.max_times` a stop."""

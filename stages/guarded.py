@@ -3,8 +3,9 @@ history, and a rule that trips warns, stops the stage, or rolls it back.
 
 - warn: a line in the run's log; the stage goes on, and its model is not given the stage's
   alias (tasks/reasoning_rl.py reads `guard.json`).
-- stop: GuardStop, the stage ends Failed naming the rule, its numbers and the step; the
-  checkpoint from before the rule's window becomes the stage's last checkpoint (kept).
+- stop: GuardStop, the stage ends Failed naming every rule that tripped at the step (the
+  primary one first), their numbers and the step; the checkpoint from before the earliest
+  stopping rule's window becomes the stage's last checkpoint (kept).
 - rollback: the stage goes on from the last checkpoint before the rule's window, through the
   trainer's own resume path, with the learning rate lowered (or, for a gamed term, that term's
   weight), at most `rollback.max_times` times; then a trip stops it.
@@ -31,6 +32,7 @@ import torch
 from configs.reinforcement import GRPOConfig
 from evaluation.curves import plot_guard_trip
 from guard.rules import Trip
+from guard.stop import GuardStop
 from guard.watch import Guard, Verdict
 from problems.types import Problem
 from rl.trainer import GRPOReport, GRPOTrainer
@@ -41,28 +43,6 @@ log = logging.getLogger(__name__)
 
 GUARD_RECORD = "guard.json"
 KEPT = "kept"
-
-
-class GuardStop(RuntimeError):
-    """The guard stopped a stage: the message names the rule, its numbers, the step and the
-    checkpoint that is kept."""
-
-    def __init__(self, desc: str, trip: dict[str, Any], kept: int, ckpt_dir: str):
-        self.desc, self.trip, self.kept, self.ckpt_dir = desc, trip, kept, ckpt_dir
-        where = (
-            f"the checkpoint of step {kept}, before the rule's window, is kept in {ckpt_dir}"
-            if kept > 0
-            else "no checkpoint before the rule's window: none is kept"
-            if kept == 0
-            else f"the workers' last committed checkpoint is kept in {ckpt_dir}"
-        )
-        super().__init__(
-            f"{desc}: the guard stopped the stage at step {trip['step']}: rule "
-            f"{trip['rule']}: {trip['reason']}; {where}; its model is not registered"
-        )
-
-    def __reduce__(self):  # picklable: Prefect stores a failed task's error
-        return (type(self), (self.desc, self.trip, self.kept, self.ckpt_dir))
 
 
 class _Tripped(Exception):
@@ -85,6 +65,7 @@ class GuardRecord:
     weights: dict[str, float] = field(default_factory=dict)  # terms lowered by rollbacks
     outcome: str = "running"  # clean, warned, stopped, or rolled back (then clean or warned)
     seconds: float = 0.0  # the guard's own time: its checks and its checkpoint links
+    stop_rules: list[str] = field(default_factory=list)  # each rule tripped at a stop's step
 
     @classmethod
     def find(cls, out_dir: Path) -> GuardRecord | None:
@@ -121,6 +102,20 @@ class GuardRecord:
         """The trips of the branch that made the model (after the last rollback)."""
         since = self.rollbacks[-1]["trips_before"] if self.rollbacks else 0
         return self.trips[since:]
+
+    def last_trips(self) -> list[dict[str, Any]]:
+        """The trips of the guard's last verdict: every one at the last trip's step, on its
+        branch (a stop's or a warning's rules all, not only the last one recorded)."""
+        if not self.trips:
+            return []
+        starts = [0] + [r["trips_before"] for r in self.rollbacks]
+        start = max(s for s in starts if s < len(self.trips))
+        step, found = self.trips[-1]["step"], []
+        for trip in reversed(self.trips[start:]):
+            if trip["step"] != step:
+                break
+            found.append(trip)
+        return found[::-1]
 
 
 class CheckpointKeeper:
@@ -204,8 +199,7 @@ class StepWatch:
         self.record.seconds += time.perf_counter() - began
         if verdict is None:
             return
-        for trip in verdict.trips:
-            action = verdict.action if trip is verdict.trip else self.guard.action_of(trip)
+        for trip, action in zip(verdict.trips, verdict.actions, strict=True):
             self.record.trips.append(trip.to_dict() | {"action": action})
             self.tracker.log_metrics({f"guard/{trip.rule}": 1.0}, step)
             note(
@@ -259,7 +253,7 @@ def train_guarded(
             trainer.close()
             verdict = tripped.verdict
             if verdict.action == "stop":
-                raise _stopped(verdict.trip, record, keeper, fingerprint, desc) from None
+                raise _stopped(verdict, record, keeper, fingerprint, desc) from None
             _roll_back(verdict.trip, record, config, keeper, fingerprint)
             guard.forget()
             note(tracker, f"{desc}: guard: {describe_rollback(record.rollbacks[-1])}")
@@ -306,13 +300,15 @@ def describe_rollback(rollback: dict[str, Any]) -> str:
 
 
 def _stopped(
-    trip: Trip, record: GuardRecord, keeper: CheckpointKeeper, fingerprint: str, desc: str
+    verdict: Verdict, record: GuardRecord, keeper: CheckpointKeeper, fingerprint: str, desc: str
 ) -> GuardStop:
-    kept = keeper.before(trip.since - 1)
+    """The stop of `verdict`, naming every rule that tripped at its step; the checkpoint before
+    the earliest stopping rule's window made the stage's last."""
+    kept = keeper.before(verdict.since - 1)
     keeper.restore(kept, fingerprint, record.learning_rate)
-    record.outcome = "stopped"
+    record.outcome, record.stop_rules = "stopped", [t.rule for t in verdict.trips]
     record.save(keeper.ckpt_dir)
-    return GuardStop(desc, trip.to_dict(), kept, str(keeper.ckpt_dir))
+    return GuardStop(desc, verdict.records(), kept, str(keeper.ckpt_dir))
 
 
 def _roll_back(
@@ -368,10 +364,12 @@ class MetricsWatch:
         self.record.seconds += time.perf_counter() - began
         self.record.outcome = "warned" if self.record.trips else "clean"
         if verdict is not None:
+            self.record.trips += verdict.records()
             for trip in verdict.trips:
-                self.record.trips.append(trip.to_dict() | {"action": self.guard.action_of(trip)})
                 note(self.tracker, f"{self.desc}: guard: {trip.rule} at step {step}: {trip.reason}")
             self.record.outcome = "stopped" if verdict.action == "stop" else "warned"
+            if verdict.action == "stop":
+                self.record.stop_rules = [t.rule for t in verdict.trips]
         self.record.save(self.folder)
         if verdict is not None and verdict.action == "stop":
-            raise GuardStop(self.desc, verdict.trip.to_dict(), -1, str(self.folder))
+            raise GuardStop(self.desc, verdict.records(), -1, str(self.folder))

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from guard.stop import trip_text
 from stages.guarded import GuardRecord
 from storage.tracking import MlflowTracker, alias_for
 from tasks.context import RunContext
@@ -48,9 +49,26 @@ def trips_text(record: GuardRecord) -> str:
     return ", ".join(f"{t['rule']}@{t['step']} ({t['action']})" for t in record.trips)
 
 
+def last_text(record: GuardRecord) -> str:
+    """`reward_without_skill at step 12: ...; gamed_term at step 12: ...`: every rule of the
+    guard's last verdict, the primary first (rules trip together: the last one recorded alone
+    would hide the others, and may have only warned beside a stop)."""
+    return "; ".join(f"{t['rule']} at step {t['step']}: {t['reason']}" for t in record.last_trips())
+
+
+def stopped_text(record: GuardRecord) -> str:
+    """The run description of a stopped stage: its step and every rule that tripped there."""
+    last = record.last_trips()
+    named = "; ".join(trip_text(t) for t in last)
+    return (
+        f"**The guard stopped this stage** at step {last[0]['step']}: {named}. Its model is not "
+        "registered; the curves around each trip are among the artifacts under `guard/`."
+    )
+
+
 def tag_guard(tracker: MlflowTracker, record: GuardRecord | None) -> None:
-    """The run's `r1.guard` tags (outcome, trips, the deciding trip's reason and numbers) and
-    the guard's own time; a stopped stage's description says why it stopped."""
+    """The run's `r1.guard` tags (outcome, trips, the last verdict's rules with their reasons)
+    and the guard's own time; a stopped stage's description says why it stopped."""
     client, run_id = tracker.client, tracker.run_id
     if record is None:
         client.set_tag(run_id, GUARD_TAG, "off")
@@ -61,23 +79,11 @@ def tag_guard(tracker: MlflowTracker, record: GuardRecord | None) -> None:
         idle = "; ".join(f"{rule}: {why}" for rule, why in record.idle.items())
         client.set_tag(run_id, f"{GUARD_TAG}.idle", idle)
     if record.trips:
-        last = record.trips[-1]
         client.set_tag(run_id, f"{GUARD_TAG}.trips", trips_text(record)[:4000])
-        client.set_tag(
-            run_id,
-            f"{GUARD_TAG}.reason",
-            f"{last['rule']} at step {last['step']}: {last['reason']}"[:4000],
-        )
+        client.set_tag(run_id, f"{GUARD_TAG}.reason", last_text(record)[:4000])
     tracker.log_metrics({"guard/seconds": record.seconds})
-    if record.outcome == "stopped":
-        last = record.trips[-1]
-        client.set_tag(
-            run_id,
-            RUN_DESCRIPTION_TAG,
-            f"**The guard stopped this stage** at step {last['step']}: rule {last['rule']}: "
-            f"{last['reason']}. Its model is not registered; the curves around the trip are "
-            "among the artifacts under `guard/`.",
-        )
+    if record.outcome == "stopped" and record.trips:
+        client.set_tag(run_id, RUN_DESCRIPTION_TAG, stopped_text(record))
 
 
 def guard_notes(record: GuardRecord | None, stage: str) -> dict[str, str]:

@@ -78,3 +78,68 @@ def test_a_bare_yaml_off_turns_a_rule_off():
 
     config = load_profile("micro", ["reasoning_rl.guard.collapse.action=off"])
     assert config.reasoning_rl.guard.collapse.action == "off"
+
+
+FORMAT_HOLE = [
+    RewardTerm(name="accuracy", families=["math"], params={"strict": False}),
+    RewardTerm(name="format", weight=2.0),
+]
+FORMAT_HOLE_GUARD = {"reward_without_skill": {"window": 6}, "gamed_term": {"window": 6}}
+
+
+def format_hole_history(steps: int = 12) -> list[dict[str, float]]:
+    """The format hole as the planted-hacks test meets it, worked by hand: from step 7 the
+    format term (weight 2) is on nearly every completion and the verifier's training pass rate
+    climbs 0.5 -> 0.7, while the held-out math probe (every 2 steps, lenient) falls 0.5 -> 0.4.
+    Both rules read windows of 6 steps, which first stand apart from the stage's first at step
+    12: `reward_without_skill` (gap 0.3) and `gamed_term` (format adds 1.0 -> 1.8, accuracy
+    -0.1) trip there together."""
+    probe = {"heldout/math/pass_at_1_lenient": 0.5, "heldout/pass_at_1_lenient": 0.5}
+    rows: list[dict[str, float]] = [{"step": 0.0, **probe}]
+    for step in range(1, steps + 1):
+        late = step > 6
+        row = {
+            "step": float(step),
+            "reward/mean": 2.5 if late else 1.5,
+            "reward/accuracy/mean": 0.7 if late else 0.5,
+            "reward/format/mean": 0.9 if late else 0.5,
+        }
+        if step % 2 == 0:
+            reading = 0.5 - 0.1 * max(0, step - 6) / 6
+            row |= {key: reading for key in probe}
+        rows.append(row)
+    return rows
+
+
+def test_two_rules_trip_at_one_step_and_the_verdict_keeps_both():
+    guard = Guard(GuardConfig.model_validate(FORMAT_HOLE_GUARD), FORMAT_HOLE, True, False)
+    history = format_hole_history()
+    assert all(guard.check(history[:end]) == [] for end in range(1, len(history)))
+    trips = guard.check(history)
+    assert [(t.rule, t.step, t.since) for t in trips] == [
+        ("reward_without_skill", 12, 7),
+        ("gamed_term", 12, 7),
+    ]
+    verdict = guard.verdict(trips, 0)
+    assert verdict is not None and verdict.action == "stop"
+    assert [t.rule for t in verdict.deciding] == ["reward_without_skill", "gamed_term"]
+    assert [(r["rule"], r["action"]) for r in verdict.records()] == [
+        ("reward_without_skill", "stop"),
+        ("gamed_term", "stop"),
+    ]
+
+
+def test_every_trip_keeps_its_own_action_and_a_stop_keeps_before_every_stopping_window():
+    guard = Guard(
+        config(collapse="rollback", drift="rollback", repetition="warn"), TERMS, True, True
+    )
+    trips = [
+        Trip("repetition", 30, 11, "loops"),
+        Trip("collapse", 30, 21, "entropy"),
+        Trip("drift", 30, 26, "kl"),
+    ]
+    verdict = guard.verdict(trips, rollbacks_done=2)  # rollbacks spent: both rollbacks stop
+    assert verdict is not None and verdict.action == "stop"
+    assert verdict.actions == ["stop", "stop", "warn"]  # not the second one's "rollback"
+    assert [t.rule for t in verdict.deciding] == ["collapse", "drift"]
+    assert verdict.since == 21  # the warning's window (from 11) decides nothing

@@ -6,6 +6,7 @@ trainer's own resume path with a lower learning rate, and gives up after `max_ti
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -252,3 +253,82 @@ def test_a_rollback_reaches_back_before_the_window_as_far_as_it_is_told(tokenize
     assert steps == [1, 2, 3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 8, 9, 10]
     # the checkpoints are kept that much longer
     assert reach_of(cfg) == reach_of(guarded_config("rollback")) + 3
+
+
+class Replay:
+    """A trainer that, instead of training, hands its guard a worked history step by step."""
+
+    def __init__(self, history: list[dict[str, float]]):
+        self.history, self.model, self.on_step = history, None, None
+        self.guard = SimpleNamespace(checkpoint_step=0)  # no checkpoint written
+
+    def train(self, problems, ckpt_dir, fingerprint):
+        for end, row in enumerate(self.history, 1):
+            if row["step"] >= 1:  # the probe before training is not a step
+                self.on_step(int(row["step"]), self.history[:end])
+
+    def close(self):
+        pass
+
+
+def test_a_stop_names_every_rule_that_tripped_at_its_step(tmp_path):
+    """Two rules trip at one step (the format hole, where either may be checked first): the
+    stop, the record and the curves name both, the first checked as the primary."""
+    from tests.guard.test_watch import FORMAT_HOLE, FORMAT_HOLE_GUARD, format_hole_history
+
+    cfg = grpo_config(rewards=FORMAT_HOLE, guard=FORMAT_HOLE_GUARD, probe={"every": 2})
+    tracker, ckpt = Tracker(), tmp_path / "checkpoints"
+    with pytest.raises(GuardStop) as stopped:
+        train_guarded(
+            lambda _: Replay(format_hole_history()), cfg, PROBLEMS, ckpt, "fp", tracker, "rl"
+        )
+    message = str(stopped.value)
+    assert "at step 12: rule reward_without_skill: math: training pass rate" in message
+    assert "; rule gamed_term: format adds 1.000 -> 1.800" in message
+    assert "no checkpoint before the rules' windows" in message
+    assert stopped.value.rules == ["reward_without_skill", "gamed_term"]
+    assert stopped.value.trip["rule"] == "reward_without_skill"  # the primary: checked first
+    record = GuardRecord.load(ckpt)
+    assert record.outcome == "stopped"
+    assert record.stop_rules == ["reward_without_skill", "gamed_term"]
+    assert [(t["rule"], t["step"], t["action"]) for t in record.last_trips()] == [
+        ("reward_without_skill", 12, "stop"),
+        ("gamed_term", 12, "stop"),
+    ]
+    assert sum("guard: gamed_term at step 12" in n for n in tracker.notes) == 1
+    assert (tmp_path / "guard" / "gamed_term_step00012.png").exists()
+    import pickle
+
+    assert pickle.loads(pickle.dumps(stopped.value)).rules == stopped.value.rules
+
+
+def test_a_deepspeed_stop_names_every_rule_that_tripped_at_its_step(tmp_path):
+    """The same under DeepSpeed, whose guard reads the forwarded metrics: repetition and the
+    language-consistent share turn at step 11 and both rules (windows of 10) trip at step 20."""
+    from stages.guarded import MetricsWatch
+
+    watch = MetricsWatch(grpo_config(), Tracker(), "rl", tmp_path)
+    for step in range(1, 20):
+        late = step > 10
+        watch(
+            {
+                "reward/mean": 0.5,
+                "completion/repetition_rate": 0.9 if late else 0.1,
+                "completion/language_consistency_rate": 0.5 if late else 1.0,
+            },
+            step,
+        )
+    assert GuardRecord.load(tmp_path).outcome == "clean"
+    with pytest.raises(GuardStop) as stopped:
+        watch(
+            {
+                "reward/mean": 0.5,
+                "completion/repetition_rate": 0.9,
+                "completion/language_consistency_rate": 0.5,
+            },
+            20,
+        )
+    message = str(stopped.value)
+    assert "at step 20: rule repetition: " in message and "; rule language_mixing: " in message
+    record = GuardRecord.load(tmp_path)
+    assert record.stop_rules == stopped.value.rules == ["repetition", "language_mixing"]
