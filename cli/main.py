@@ -15,6 +15,7 @@ import yaml
 
 from cli.environment import prepare_environment
 from cli.runs import STATE_TYPES
+from host.threads import settle_process
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    settle_process()  # before anything imports torch: its OpenMP runtime reads it at load
     args = _parser().parse_args(argv)
     if args.command == "lineage":  # reads the state folder, never creates one
         from cli.lineage import lineage_command

@@ -37,6 +37,8 @@ import time
 
 import psutil
 
+from host.threads import settle_process
+
 FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"  # what Prefect puts in a flow-run process's environment
 GRACE_SECONDS = 20.0  # under scripts/serve.sh's R1_STOP_SECONDS (30), after which it kills
 
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(default {GRACE_SECONDS:.0f})",
     )
     args = parser.parse_args(argv)
+    settle_process()  # the flow-run processes it starts inherit its environment
     asyncio.run(serve(args.pool, args.grace))
     return 0
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from configs.cluster import ClusterConfig
 from configs.reinforcement import SamplerConfig
+from host.threads import runtime_threads, thread_vars
 from sampling.chunks import ChunkJob
 from sampling.interface import Completion, SamplingParams
 from storage.digests import tree_digest
@@ -126,7 +127,12 @@ class SamplerActor:
     def ready(self) -> dict[str, Any]:
         if self.error is not None:
             raise self.error
-        return {"node": self.node, "pid": os.getpid(), "load_seconds": self.load_seconds}
+        return {
+            "node": self.node,
+            "pid": os.getpid(),
+            "load_seconds": self.load_seconds,
+            "threads": runtime_threads(),
+        }
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> ChunkResult:
         if self.error is not None:
@@ -177,6 +183,7 @@ class ActorSampler:
             max_restarts=cluster.max_restarts,
             max_task_retries=cluster.max_restarts,
             scheduling_strategy="SPREAD",
+            runtime_env=actor_env(cluster.threads_per_worker),
         )(actor)
         args = (config, str(model_path.resolve()), digests, batch_size, cluster.threads_per_worker)
         actors = [remote.remote(*args) for _ in range(cluster.workers)]
@@ -307,3 +314,10 @@ def _wait_ready(
             "(cluster.place_timeout_s + sampler.start_timeout_s): the cluster lacks room for "
             "them, or loading the model is that slow"
         ) from error
+
+
+def actor_env(threads: int) -> dict[str, Any]:
+    """The Ray runtime environment of an actor that runs `threads` torch threads: passive
+    OpenMP waiting and its thread count, in the worker process's environment from its start
+    (a Ray worker imports torch long before it runs an actor's code; host/threads.py)."""
+    return {"env_vars": thread_vars(threads)}

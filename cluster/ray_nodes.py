@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster.actors import actor_env
 from configs.cluster import ClusterConfig
 from configs.supervised import EngineConfig
 from training.distributed import (
@@ -191,6 +192,7 @@ class RayNodes:
                 num_cpus=bundle["CPU"],
                 num_gpus=bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, i),
+                runtime_env=actor_env(1),  # the agent waits; its ranks get their own threads
             ).remote(i)
             for i in range(n)
         ]

@@ -188,7 +188,13 @@ class PipelineConfig(Strict):
     """A whole profile: what the flow takes as its parameter and what MLflow logs."""
 
     name: str = "r1-tiny"
-    torch_threads: int | None = Field(None, ge=1)
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="the most torch threads the run's process uses; it uses fewer where it may "
+        "use fewer CPUs (its affinity, its cgroup's quota, OMP_NUM_THREADS). null: as many as "
+        "those CPUs (host/threads.py)",
+    )
     data: DataConfig = DataConfig()
     bootstrap: BootstrapConfig = BootstrapConfig()
     curation: CurationConfig = CurationConfig()

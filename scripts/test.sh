@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/browser.sh  # Chromium for tests/operations/test_mlflow_ui.py; never fails, the test skips without it
+# torch's OpenMP threads wait without spinning (host/threads.py): set before anything loads torch
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 exec "${R1_VENV:-.venv}/bin/python" -m pytest "$@"

@@ -26,6 +26,7 @@ from evaluation.report import (
     stage_lines,
     table_dict,
 )
+from host.threads import process_threads
 from problems.fit import check_data_fit
 from storage.paths import StatePaths
 from storage.tracking import (
@@ -67,8 +68,7 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
         check_memory_fit(config, f"profile {config.name}")  # the GPU found here, if any
     if config.cluster.uses_ray:
         check_room(config.cluster)
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
+    torch.set_num_threads(process_threads(config.torch_threads))
     paths = StatePaths.from_env()
     check_tracking_store(paths)
     paths.ensure()

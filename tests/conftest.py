@@ -14,6 +14,12 @@ for key, value in {
 }.items():
     os.environ.setdefault(key, value)
 
+# torch's threads wait without spinning, in this process and every one a test starts (set before
+# torch loads; scripts/test.sh sets it before pytest starts too)
+from host.threads import settle_process  # noqa: E402
+
+settle_process()
+
 
 # Fixtures shared by several rooms. Imports stay inside them, so that collecting a room that
 # does not use them loads no model library.

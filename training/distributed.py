@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from configs.supervised import EngineConfig
+from host.threads import child_env, share
 from training.examples import IGNORE, Example
 from training.finite import NonFiniteLossError
 
@@ -175,14 +176,14 @@ def clean_environment(environ: dict[str, str]) -> dict[str, str]:
 def worker_env(engine: EngineConfig) -> dict[str, str]:
     """The workers' environment: this process's, without the variables of a launch it may be
     part of; this checkout importable, the CPU accelerator named when there is no GPU
-    (DeepSpeed otherwise warns that it guessed), this process's threads shared out."""
+    (DeepSpeed otherwise warns that it guessed), this machine's CPUs shared out between the
+    ranks, each waiting passively (host/threads.py)."""
     env = clean_environment(dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
-    env.setdefault("OMP_NUM_THREADS", str(max(1, torch.get_num_threads() // engine.processes)))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return env
+    return child_env(share(engine.processes), env)
 
 
 class MetricsTail:

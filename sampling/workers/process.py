@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.reinforcement import SamplerConfig
+from host.threads import child_env, threads_beside
 from sampling.workers import DrawJob, DrawResult, RolloutWorkerError
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,18 @@ class ProcessWorkers:
         self.spec = (config.model_dump(mode="json"), str(Path(model_path).resolve()), batch_size)
         self.threads, self.max_restarts, self.restarts = threads, max_restarts, 0
         self.limit = config.start_timeout_s + config.generate_timeout_s
-        self.processes = [self._start() for _ in range(workers)]
+        # the samplers' threads come out of this process's while they run (restored at close)
+        self.cpus = contextlib.ExitStack()
+        self.cpus.enter_context(threads_beside(workers * threads))
+        try:
+            self.processes = [self._start() for _ in range(workers)]
+        except BaseException:
+            self.cpus.close()
+            raise
 
     def _start(self) -> _Process:
         mine, theirs = socket.socketpair()
-        env = os.environ | {
+        env = child_env(self.threads) | {
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "TQDM_DISABLE": "1",  # progress is the trainer's
         }
@@ -164,6 +172,7 @@ class ProcessWorkers:
                 process.popen.wait()
             process.conn.close()
         self.processes = []
+        self.cpus.close()
 
 
 # ---- inside a worker process ------------------------------------------------------------------

@@ -194,3 +194,21 @@ def test_an_unreachable_cluster_is_a_clear_error_before_anything_runs(tmp_path, 
     with pytest.raises(ClusterUnreachableError, match=f"cannot reach the Ray cluster.*{port}"):
         open_state(config, "r1_pipeline")
     assert not state.exists()  # nothing ran, no store was made
+
+
+def test_sampling_actors_wait_passively_with_their_own_thread_count(model, cluster, monkeypatch):
+    """Set in each actor's environment from its start (Ray's runtime environment), before its
+    worker loaded torch; the driver's shell set no wait policy."""
+    from cluster.actors import ActorSampler
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    sampler = ActorSampler.start(cluster, EVAL.sampler, model.path, 8)
+    try:
+        threads = cluster.threads_per_worker
+        wanted = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(threads)}
+        for ready in sampler.startup:
+            assert ready["threads"] == wanted | {"torch_threads": threads}
+            environ = Path(f"/proc/{ready['pid']}/environ").read_bytes().split(b"\0")
+            assert {f"{k}={v}".encode() for k, v in wanted.items()} <= set(environ)
+    finally:
+        sampler.close()

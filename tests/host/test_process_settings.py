@@ -1,0 +1,142 @@
+"""Every kind of process the project starts waits without spinning and runs a thread count that
+fits the CPUs, read from each child itself: its OpenMP runtime (libgomp prints its settings when
+it loads under OMP_DISPLAY_ENV=VERBOSE; GOMP_SPINCOUNT 0 is passive waiting, 300000 the default
+spin) or its environment. The parent's environment has no wait policy, as a user's shell.
+
+The Ray actors are checked in tests/cluster/test_sampling_on_actors.py (a cluster is started)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from configs.supervised import EngineConfig
+from host.threads import share, usable_cpus
+from models.saved import save_model
+from sampling.workers.process import ProcessWorkers
+from tests.tiny_models import grpo_config, make_tokenizer, tiny_model
+from training.distributed import ProcessGroup, free_port, launch_command, worker_env
+
+ROOT = Path(__file__).resolve().parents[2]
+SPIN = re.compile(r"GOMP_SPINCOUNT = '(\d+)'")
+
+
+@pytest.fixture
+def shell(monkeypatch) -> dict[str, str]:
+    """This process's environment as a user's shell has it (no wait policy), with the OpenMP
+    runtime of every child told to print its settings."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("OMP_DISPLAY_ENV", "VERBOSE")
+    return dict(os.environ)
+
+
+def spin_counts(text: str) -> list[int]:
+    return [int(n) for n in SPIN.findall(text)]
+
+
+def test_a_plain_torch_process_spins_which_is_what_the_checks_below_tell_apart(shell):
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch"], env=shell, capture_output=True, text=True
+    )
+    assert spin_counts(out.stderr) == [300000]
+
+
+@pytest.mark.parametrize(("chosen", "spin"), [(None, 0), ("ACTIVE", 30000000000)])
+def test_the_r1_command_waits_passively_unless_the_user_chose(shell, chosen, spin):
+    env = shell | ({"OMP_WAIT_POLICY": chosen} if chosen else {})
+    out = subprocess.run(
+        [sys.executable, "-m", "cli.main", "config", "--profile", "micro"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert spin_counts(out.stderr) == [spin]
+
+
+def test_every_deployment_starts_its_flow_run_waiting_passively():
+    """Whichever worker runs a deployment (ours or `prefect worker start`), its job variables
+    put the wait policy in the flow-run process's environment."""
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    for deployment in spec["deployments"]:
+        env = deployment["work_pool"]["job_variables"]["env"]
+        assert env["OMP_WAIT_POLICY"] == "PASSIVE", deployment["name"]
+
+
+def test_the_worker_sets_it_before_it_starts_any_flow_run(shell, monkeypatch):
+    import cli.worker
+
+    seen = {}
+
+    async def serve(pool: str, grace: float) -> None:  # where the worker would start polling
+        seen["policy"] = os.environ.get("OMP_WAIT_POLICY")
+
+    monkeypatch.setattr(cli.worker, "serve", serve)
+    cli.worker.main(["--pool", "p"])
+    assert seen == {"policy": "PASSIVE"}
+
+
+@pytest.mark.heavy  # a sampler process loads torch and a model
+def test_a_sampler_process_waits_passively_and_its_threads_come_out_of_the_trainers(
+    shell, tmp_path, capfd
+):
+    tokenizer = make_tokenizer()
+    policy = save_model(tiny_model(tokenizer), tokenizer, tmp_path / "policy").path
+    before = torch.get_num_threads()
+    workers = ProcessWorkers(grpo_config().sampler, policy, 8, threads=1)
+    try:
+        pid = workers.pids[0]
+        environ = dict(
+            item.split("=", 1)
+            for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
+            if "=" in item
+        )
+        assert environ["OMP_WAIT_POLICY"] == "PASSIVE" and environ["OMP_NUM_THREADS"] == "1"
+        assert torch.get_num_threads() == max(1, min(before, usable_cpus() - 1))
+        said, deadline = "", time.monotonic() + 120
+        while not spin_counts(said) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            said += capfd.readouterr().err
+    finally:
+        workers.close()
+    assert spin_counts(said) == [0]
+    assert torch.get_num_threads() == before  # the trainer's threads back
+
+
+@pytest.mark.heavy  # torchrun starts two ranks
+def test_training_ranks_wait_passively_and_share_the_cpus(shell, tmp_path):
+    engine = EngineConfig(kind="deepspeed", processes=2)
+    command = launch_command(
+        engine, tmp_path / "spec.json", free_port(), "tests.host.report_threads"
+    )
+    group = ProcessGroup(command, worker_env(engine), "threads", on_line=lambda line: None)
+    deadline = time.monotonic() + 120
+    while group.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    group.stop()
+    said = "".join(group.tail)
+    assert group.poll() == 0, said
+    ranks = [
+        json.loads(line.split("rank settings ", 1)[1])
+        for line in said.splitlines()
+        if "rank settings " in line
+    ]
+    threads = share(engine.processes)
+    wanted = {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "OMP_NUM_THREADS": str(threads),
+        "torch_threads": threads,
+    }
+    assert ranks == [wanted, wanted]
+    assert spin_counts(said) and set(spin_counts(said)) == {0}  # the launcher's and the ranks'
