@@ -1,0 +1,239 @@
+"""The tiny profile's heavy stages alone, two at once, and beside the test suite, with the old
+and the new thread settings, in one run on this machine.
+
+A job is one stage of the tiny profile, cut short, in a fresh process: `pretrain` (the base's
+pretraining, the bootstrap stage at `--pretrain-epochs`) or `grpo` (R1-Zero's GRPO for
+`--grpo-steps` steps on a base prepared once, sampling and update). Each runs in three scenes:
+alone; two of the same job at once (both timed, their mean reported); and beside the default
+test suite's fast part (`-m "not heavy ..."`, in a loop from a few seconds before the job until
+it ends). The settings:
+
+- old: what every process ran with before host/threads.py: libgomp's default spin while waiting
+  (GOMP_SPINCOUNT 300000, as it runs with no wait policy set) and the profile's 2 threads;
+- new: passive waiting (OMP_WAIT_POLICY=PASSIVE) and the CPUs the process may use, at most the
+  profile's 2 (host/threads.py); what every process of the project now gets.
+
+The neighbours (the second job, the test suite) run with the same settings as the job timed.
+Each job prints its wall seconds; the table gives each scene's time and its ratio to the same
+job alone with the same settings, and the new setting's time over the old one's.
+
+    python -m benchmarks.sharing --out /tmp/sharing               # every job, scene and setting
+    python -m benchmarks.sharing --out /tmp/sharing --jobs grpo --scenes alone pair
+
+Timings depend on what else runs: start it on an otherwise idle machine. One run each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from host.threads import PASSIVE, THREADS_ENV, WAIT_POLICY_ENV, process_threads
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ("pretrain", "grpo")
+SCENES = ("alone", "pair", "tests")
+SETTINGS = ("old", "new")
+PROFILE_THREADS = 2  # the tiny profile's torch_threads
+TEST_SUITE = "not slow and not gpu and not cluster and not heavy"
+TESTS_HEAD_START_S = 8.0  # the suite is under way (collected, importing) before the job starts
+
+
+def setting_env(setting: str) -> dict[str, str]:
+    """The environment of every process of a scene under `setting`."""
+    env = dict(os.environ) | {"TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
+    env.pop(WAIT_POLICY_ENV, None)
+    env.pop("GOMP_SPINCOUNT", None)
+    if setting == "old":
+        # the project sets a passive policy in each process; libgomp's own default spin count
+        # then put back explicitly, which it takes over the policy's
+        env |= {"GOMP_SPINCOUNT": "300000", THREADS_ENV: str(PROFILE_THREADS)}
+    else:
+        env |= {WAIT_POLICY_ENV: PASSIVE, THREADS_ENV: str(process_threads(PROFILE_THREADS))}
+    return env
+
+
+# ---- one job, in its own process -----------------------------------------------------------
+
+
+def profile() -> Any:
+    from configs import load_profile
+
+    return load_profile("tiny", [])
+
+
+def prepare(out: Path, epochs: float) -> None:
+    """The tiny world's problems and a base for the GRPO job (pretrained `epochs`), once."""
+    from stages import bootstrap
+    from stages import problems as problems_stage
+    from stages.tracker import NullTracker
+
+    config = profile()
+    problems = problems_stage.run(config.data, out / "problems")
+    if not (out / "base" / "model" / "config.json").exists():
+        cut = cut_bootstrap(config.bootstrap, epochs)
+        bootstrap.run(cut, problems, out / "base", NullTracker())
+
+
+def cut_bootstrap(config: Any, epochs: float) -> Any:
+    train = config.train.model_copy(update={"epochs": epochs})
+    return config.model_copy(update={"train": train})
+
+
+def run_job(kind: str, out: Path, work: Path, pretrain_epochs: float, grpo_steps: int) -> float:
+    """Run job `kind` in `work`; its wall seconds (the stage alone, imports excluded)."""
+    import shutil
+
+    import torch
+
+    from models.saved import ModelRef
+    from stages import bootstrap, reasoning_rl
+    from stages import problems as problems_stage
+    from stages.tracker import NullTracker
+
+    torch.set_num_threads(int(os.environ[THREADS_ENV]))
+    config = profile()
+    problems = problems_stage.run(config.data, out / "problems")
+    shutil.rmtree(work, ignore_errors=True)
+    began = time.perf_counter()
+    if kind == "pretrain":
+        bootstrap.run(
+            cut_bootstrap(config.bootstrap, pretrain_epochs), problems, work, NullTracker()
+        )
+    else:
+        grpo = config.r1_zero.model_copy(update={"steps": grpo_steps})
+        base = ModelRef(out / "base" / "model")
+        reasoning_rl.run(grpo, base, problems, work, NullTracker(), desc="grpo")
+    return time.perf_counter() - began
+
+
+# ---- the scenes ----------------------------------------------------------------------------
+
+
+def start_job(args: argparse.Namespace, kind: str, setting: str, tag: str) -> subprocess.Popen:
+    work = args.out / "work" / f"{kind}-{setting}-{tag}"
+    command = [sys.executable, "-m", "benchmarks.sharing", "--out", str(args.out)]
+    command += ["--pretrain-epochs", str(args.pretrain_epochs)]
+    command += ["--grpo-steps", str(args.grpo_steps), "job", kind, "--work", str(work)]
+    work.parent.mkdir(parents=True, exist_ok=True)
+    with open(work.parent / f"{work.name}.log", "w") as log:  # its progress and warnings
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=setting_env(setting),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+
+
+def job_seconds(process: subprocess.Popen) -> float:
+    stdout, _ = process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"a job failed (exit {process.returncode}); its output:\n{stdout}")
+    return float(json.loads(stdout.strip().splitlines()[-1])["seconds"])
+
+
+@contextmanager
+def test_suite(setting: str):
+    """The default suite's fast part in a loop, in a session of its own (stopped whole)."""
+    loop = (
+        f"while true; do {sys.executable} -m pytest -q -p no:cacheprovider -m '{TEST_SUITE}'; done"
+    )
+    suite = subprocess.Popen(
+        ["bash", "-c", loop],
+        cwd=ROOT,
+        env=setting_env(setting),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(TESTS_HEAD_START_S)
+        yield
+    finally:
+        os.killpg(suite.pid, signal.SIGTERM)
+        try:
+            suite.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(suite.pid, signal.SIGKILL)
+            suite.wait()
+
+
+def scene(args: argparse.Namespace, kind: str, scene: str, setting: str) -> float:
+    """The job's wall seconds in `scene` (a pair: the mean of the two)."""
+    if scene == "alone":
+        return job_seconds(start_job(args, kind, setting, "alone"))
+    if scene == "pair":
+        both = [start_job(args, kind, setting, f"pair{i}") for i in (0, 1)]
+        return sum(job_seconds(p) for p in both) / 2
+    with test_suite(setting):
+        return job_seconds(start_job(args, kind, setting, "tests"))
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for kind in args.jobs:
+        for name in args.scenes:
+            for setting in args.settings:
+                seconds = scene(args, kind, name, setting)
+                rows.append({"job": kind, "scene": name, "setting": setting, "seconds": seconds})
+                print(f"{kind:9} {name:6} {setting}: {seconds:7.1f} s", flush=True)
+    (args.out / "sharing.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Per job and scene: each setting's seconds and ratio to its job alone, new over old."""
+    seconds = {(r["job"], r["scene"], r["setting"]): r["seconds"] for r in rows}
+    print("\n| job | scene | old s | old / alone | new s | new / alone | new / old |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for job, name in dict.fromkeys((r["job"], r["scene"]) for r in rows):
+        cells = []
+        for setting in SETTINGS:
+            took, alone = seconds.get((job, name, setting)), seconds.get((job, "alone", setting))
+            cells += [fmt(took), f"{took / alone:.2f}x" if took and alone else "-"]
+        old, new = seconds.get((job, name, "old")), seconds.get((job, name, "new"))
+        cells.append(f"{new / old:.2f}" if old and new else "-")
+        print(f"| {job} | {name} | " + " | ".join(cells) + " |")
+
+
+def fmt(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="problems, the base, results")
+    parser.add_argument("--jobs", nargs="+", choices=JOBS, default=list(JOBS))
+    parser.add_argument("--scenes", nargs="+", choices=SCENES, default=list(SCENES))
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    parser.add_argument("--pretrain-epochs", type=float, default=0.1, help="the pretrain job's")
+    parser.add_argument("--grpo-steps", type=int, default=3, help="the grpo job's steps")
+    parser.add_argument("--base-epochs", type=float, default=1.0, help="the grpo job's base")
+    sub = parser.add_subparsers(dest="command")
+    job = sub.add_parser("job", help="run one job in this process (what each scene starts)")
+    job.add_argument("kind", choices=JOBS)
+    job.add_argument("--work", type=Path, required=True)
+    args = parser.parse_args()
+    args.out = args.out.resolve()
+    if args.command == "job":
+        seconds = run_job(args.kind, args.out, args.work, args.pretrain_epochs, args.grpo_steps)
+        print(json.dumps({"seconds": seconds}))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"preparing the problems and the grpo job's base in {args.out}", flush=True)
+    prepare(args.out, args.base_epochs)
+    print_table(measure(args))
+
+
+if __name__ == "__main__":
+    main()
