@@ -3,19 +3,20 @@ and the new thread settings, in one run on this machine.
 
 A job is one stage of the tiny profile, cut short, in a fresh process: `pretrain` (the base's
 pretraining, the bootstrap stage at `--pretrain-epochs`) or `grpo` (R1-Zero's GRPO for
-`--grpo-steps` steps on a base prepared once, sampling and update). Each runs in three scenes:
-alone; two of the same job at once (both timed, their mean reported); and beside the default
-test suite's fast part (`-m "not heavy ..."`, in a loop from a few seconds before the job until
-it ends). The settings:
+`--grpo-steps` steps on a base prepared once: sampling, scoring and update). Each runs in three
+scenes: alone; two of the same job at once (both timed, their mean reported); and beside the
+default test suite's fast part (`-m "not heavy ..."`, in a loop from a few seconds before the
+job until it ends). The settings:
 
-- old: what every process ran with before host/threads.py: libgomp's default spin while waiting
-  (GOMP_SPINCOUNT 300000, as it runs with no wait policy set) and the profile's 2 threads;
-- new: passive waiting (OMP_WAIT_POLICY=PASSIVE) and the CPUs the process may use, at most the
-  profile's 2 (host/threads.py); what every process of the project now gets.
+- old: the code and settings before host/threads.py: the project at `--old-rev` (default: the
+  revision before host/threads.py was added, exported to `--out`), whose processes wait with
+  libgomp's default spin and run the profile's 2 threads, its decode loop included;
+- new: this checkout: passive waiting, the CPUs the process may use (at most the profile's 2),
+  the decode loop in lanes of one thread.
 
-The neighbours (the second job, the test suite) run with the same settings as the job timed.
-Each job prints its wall seconds; the table gives each scene's time and its ratio to the same
-job alone with the same settings, and the new setting's time over the old one's.
+The neighbours (the second job, the test suite) run the same code and settings as the job
+timed. Each job prints its wall seconds; the table gives each scene's time and its ratio to the
+same job alone with the same settings, and the new setting's time over the old one's.
 
     python -m benchmarks.sharing --out /tmp/sharing               # every job, scene and setting
     python -m benchmarks.sharing --out /tmp/sharing --jobs grpo --scenes alone pair
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -35,8 +37,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-from host.threads import PASSIVE, THREADS_ENV, WAIT_POLICY_ENV, process_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ("pretrain", "grpo")
@@ -47,18 +47,35 @@ TEST_SUITE = "not slow and not gpu and not cluster and not heavy"
 TESTS_HEAD_START_S = 8.0  # the suite is under way (collected, importing) before the job starts
 
 
-def setting_env(setting: str) -> dict[str, str]:
-    """The environment of every process of a scene under `setting`."""
-    env = dict(os.environ) | {"TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
-    env.pop(WAIT_POLICY_ENV, None)
-    env.pop("GOMP_SPINCOUNT", None)
-    if setting == "old":
-        # the project sets a passive policy in each process; libgomp's own default spin count
-        # then put back explicitly, which it takes over the policy's
-        env |= {"GOMP_SPINCOUNT": "300000", THREADS_ENV: str(PROFILE_THREADS)}
-    else:
+def setting_env(setting: str, tree: Path) -> dict[str, str]:
+    """The environment of every process of a scene under `setting`, the project's code from
+    `tree`."""
+    from host.threads import PASSIVE, THREADS_ENV, WAIT_POLICY_ENV, process_threads
+
+    env = dict(os.environ) | {"TQDM_DISABLE": "1", "PYTHONPATH": str(tree)}
+    for key in (WAIT_POLICY_ENV, "GOMP_SPINCOUNT", THREADS_ENV):
+        env.pop(key, None)
+    if setting == "new":
         env |= {WAIT_POLICY_ENV: PASSIVE, THREADS_ENV: str(process_threads(PROFILE_THREADS))}
     return env
+
+
+def old_tree(out: Path, rev: str | None) -> Path:
+    """The project at `rev` (default: the revision before host/threads.py), exported once."""
+    if rev is None:
+        added = git("log", "--diff-filter=A", "--format=%H", "--", "host/threads.py").split()
+        rev = f"{added[-1]}^" if added else "HEAD"
+    commit = git("rev-parse", "--short", rev).strip()
+    tree = out / f"tree-{commit}"
+    if not (tree / "configs" / "tiny.yaml").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
 
 
 # ---- one job, in its own process -----------------------------------------------------------
@@ -99,19 +116,18 @@ def run_job(kind: str, out: Path, work: Path, pretrain_epochs: float, grpo_steps
     from stages import problems as problems_stage
     from stages.tracker import NullTracker
 
-    torch.set_num_threads(int(os.environ[THREADS_ENV]))
     config = profile()
-    problems = problems_stage.run(config.data, out / "problems")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", config.torch_threads)))
     shutil.rmtree(work, ignore_errors=True)
+    problems = problems_stage.run(config.data, work / "problems")  # each job its own files
     began = time.perf_counter()
     if kind == "pretrain":
-        bootstrap.run(
-            cut_bootstrap(config.bootstrap, pretrain_epochs), problems, work, NullTracker()
-        )
+        cut = cut_bootstrap(config.bootstrap, pretrain_epochs)
+        bootstrap.run(cut, problems, work / "stage", NullTracker())
     else:
         grpo = config.r1_zero.model_copy(update={"steps": grpo_steps})
         base = ModelRef(out / "base" / "model")
-        reasoning_rl.run(grpo, base, problems, work, NullTracker(), desc="grpo")
+        reasoning_rl.run(grpo, base, problems, work / "stage", NullTracker(), desc="grpo")
     return time.perf_counter() - began
 
 
@@ -120,38 +136,46 @@ def run_job(kind: str, out: Path, work: Path, pretrain_epochs: float, grpo_steps
 
 def start_job(args: argparse.Namespace, kind: str, setting: str, tag: str) -> subprocess.Popen:
     work = args.out / "work" / f"{kind}-{setting}-{tag}"
-    command = [sys.executable, "-m", "benchmarks.sharing", "--out", str(args.out)]
+    tree = args.trees[setting]
+    # run as a file (-P: its folder not on the path), so the project comes from `tree` alone
+    command = [sys.executable, "-P", str(Path(__file__).resolve()), "--out", str(args.out)]
     command += ["--pretrain-epochs", str(args.pretrain_epochs)]
     command += ["--grpo-steps", str(args.grpo_steps), "job", kind, "--work", str(work)]
     work.parent.mkdir(parents=True, exist_ok=True)
     with open(work.parent / f"{work.name}.log", "w") as log:  # its progress and warnings
         return subprocess.Popen(
             command,
-            cwd=ROOT,
-            env=setting_env(setting),
+            cwd=tree,
+            env=setting_env(setting, tree),
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
         )
 
 
-def job_seconds(process: subprocess.Popen) -> float:
-    stdout, _ = process.communicate()
+def job_seconds(process: subprocess.Popen, limit: float) -> float:
+    """The job's wall seconds; `inf` for one stopped at `limit` seconds."""
+    try:
+        stdout, _ = process.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        return math.inf
     if process.returncode != 0:
         raise RuntimeError(f"a job failed (exit {process.returncode}); its output:\n{stdout}")
     return float(json.loads(stdout.strip().splitlines()[-1])["seconds"])
 
 
 @contextmanager
-def test_suite(setting: str):
+def test_suite(tree: Path, setting: str):
     """The default suite's fast part in a loop, in a session of its own (stopped whole)."""
     loop = (
         f"while true; do {sys.executable} -m pytest -q -p no:cacheprovider -m '{TEST_SUITE}'; done"
     )
     suite = subprocess.Popen(
         ["bash", "-c", loop],
-        cwd=ROOT,
-        env=setting_env(setting),
+        cwd=tree,
+        env=setting_env(setting, tree),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -171,12 +195,12 @@ def test_suite(setting: str):
 def scene(args: argparse.Namespace, kind: str, scene: str, setting: str) -> float:
     """The job's wall seconds in `scene` (a pair: the mean of the two)."""
     if scene == "alone":
-        return job_seconds(start_job(args, kind, setting, "alone"))
+        return job_seconds(start_job(args, kind, setting, "alone"), args.limit)
     if scene == "pair":
         both = [start_job(args, kind, setting, f"pair{i}") for i in (0, 1)]
-        return sum(job_seconds(p) for p in both) / 2
-    with test_suite(setting):
-        return job_seconds(start_job(args, kind, setting, "tests"))
+        return sum(job_seconds(p, args.limit) for p in both) / 2
+    with test_suite(args.trees[setting], setting):
+        return job_seconds(start_job(args, kind, setting, "tests"), args.limit)
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -207,7 +231,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def fmt(value: float | None) -> str:
-    return f"{value:.1f}" if value is not None else "-"
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if math.isfinite(value) else "stopped"
 
 
 def main() -> None:
@@ -219,6 +245,8 @@ def main() -> None:
     parser.add_argument("--pretrain-epochs", type=float, default=0.1, help="the pretrain job's")
     parser.add_argument("--grpo-steps", type=int, default=3, help="the grpo job's steps")
     parser.add_argument("--base-epochs", type=float, default=1.0, help="the grpo job's base")
+    parser.add_argument("--limit", type=float, default=900.0, help="seconds a job may take")
+    parser.add_argument("--old-rev", help="the old setting's revision (default: before host/)")
     sub = parser.add_subparsers(dest="command")
     job = sub.add_parser("job", help="run one job in this process (what each scene starts)")
     job.add_argument("kind", choices=JOBS)
@@ -230,6 +258,8 @@ def main() -> None:
         print(json.dumps({"seconds": seconds}))
         return
     args.out.mkdir(parents=True, exist_ok=True)
+    args.trees = {"new": ROOT, "old": old_tree(args.out, args.old_rev)}
+    print(f"old: the project at {args.trees['old']}", flush=True)
     print(f"preparing the problems and the grpo job's base in {args.out}", flush=True)
     prepare(args.out, args.base_epochs)
     print_table(measure(args))
