@@ -94,17 +94,17 @@ class Recorder:
 
 
 def worker_pids() -> set[int]:
-    """The sampling workers on this machine: this process's sampler processes and the rollout
-    actors (Ray titles its workers by their class)."""
-    pids = {c.pid for c in psutil.Process().children(recursive=True)}
+    """This run's sampling workers: among this process's descendants (its sampler processes,
+    and the rollout actors of the loopback cluster it started, whose raylets are its children),
+    those that sample. Another run's samplers on the same machine are not counted."""
     mine = set()
-    for pid in pids | set(psutil.pids()):
+    for child in psutil.Process().children(recursive=True):
         try:
-            line = psutil.Process(pid).cmdline()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            line = child.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         if line and (line[0].startswith("ray::RolloutActor") or "sampling.workers.process" in line):
-            mine.add(pid)
+            mine.add(child.pid)
     return mine
 
 

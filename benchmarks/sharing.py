@@ -11,8 +11,8 @@ job until it ends). The settings:
 - old: the code and settings before host/threads.py: the project at `--old-rev` (default: the
   revision before host/threads.py was added, exported to `--out`), whose processes wait with
   libgomp's default spin and run the profile's 2 threads, its decode loop included;
-- new: this checkout: passive waiting, the CPUs the process may use (at most the profile's 2),
-  the decode loop in lanes of one thread.
+- new: this checkout: passive waiting after a short spin, the CPUs the process may use (at
+  most the profile's 2), the decode loop in lanes of one thread.
 
 The neighbours (the second job, the test suite) run the same code and settings as the job
 timed. Each job prints its wall seconds; the table gives each scene's time and its ratio to the
@@ -50,13 +50,13 @@ TESTS_HEAD_START_S = 8.0  # the suite is under way (collected, importing) before
 def setting_env(setting: str, tree: Path) -> dict[str, str]:
     """The environment of every process of a scene under `setting`, the project's code from
     `tree`."""
-    from host.threads import PASSIVE, THREADS_ENV, WAIT_POLICY_ENV, process_threads
+    from host.threads import SPIN_ENV, THREADS_ENV, WAIT_POLICY_ENV, process_threads, thread_vars
 
     env = dict(os.environ) | {"TQDM_DISABLE": "1", "PYTHONPATH": str(tree)}
-    for key in (WAIT_POLICY_ENV, "GOMP_SPINCOUNT", THREADS_ENV):
+    for key in (WAIT_POLICY_ENV, SPIN_ENV, THREADS_ENV):
         env.pop(key, None)
     if setting == "new":
-        env |= {WAIT_POLICY_ENV: PASSIVE, THREADS_ENV: str(process_threads(PROFILE_THREADS))}
+        env |= thread_vars(process_threads(PROFILE_THREADS), {})
     return env
 
 

@@ -5,13 +5,19 @@ that waits for the others spins for a while before it sleeps. Alone on its cores
 little; beside any other busy process it is a collapse, not a slowdown: a spinning thread holds
 a core that the thread it waits for needs (on 2 shared cores a 2-thread torch loop ran at 1.2
 steps/s with the defaults, 139 with passive waiting). So every process the project starts waits
-passively, and runs as many threads as the CPUs it may really use, shared out between the
-project's own processes that run beside each other.
+passively after a short spin, and runs as many threads as the CPUs it may really use, shared
+out between the project's own processes that run beside each other.
 
-libgomp reads `OMP_WAIT_POLICY` once, when it loads (with `import torch`): the setting must be
-in a process's environment before it imports torch. An entry point calls `settle_process()`
-first thing; a process the project starts gets `child_env(threads)` as its environment. A wait
-policy the user set is kept.
+Why a short spin and not none: on these machines a sleeping thread takes long to wake, and a
+step's many parallel regions each pay it. Alone, the base's pretraining took 10-13 s with the
+default spin, 12-15 s passive, 10-12 s after 1,000 polls; two at once, 1.4x (passive), 1.7x
+(1,000 polls), 2.1x (3,000) each their time alone, and 4.4x with the default spin
+(docs/sharing.md, `python -m benchmarks.sharing`).
+
+libgomp reads `OMP_WAIT_POLICY` and `GOMP_SPINCOUNT` once, when it loads (with `import torch`):
+they must be in a process's environment before it imports torch. An entry point calls
+`settle_process()` first thing; a process the project starts gets `child_env(threads)` as its
+environment. A wait policy or spin count the user set is kept.
 
 This module imports nothing heavy (no torch at module level): it runs before torch is loaded.
 """
@@ -29,8 +35,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+SPIN_ENV = "GOMP_SPINCOUNT"  # libgomp's polls before it sleeps; it takes this over the policy's
 THREADS_ENV = "OMP_NUM_THREADS"
 PASSIVE = "PASSIVE"
+SHORT_SPIN = "1000"  # a few microseconds: alone, a partner thread is often there by then
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
 
@@ -125,17 +133,20 @@ def process_threads(most: int | None = None) -> int:
     return min(most, default_threads()) if most else default_threads()
 
 
-def wait_policy(environ: Mapping[str, str] | None = None) -> str:
-    """The wait policy a process started with `environ` gets: the user's, else passive."""
+def wait_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """How a process started with `environ` (default: this process's) waits: a wait policy or
+    spin count already there (the user's, or set by `settle_process`) is kept as it is; else
+    passive, after a short spin."""
     environ = os.environ if environ is None else environ
-    return environ.get(WAIT_POLICY_ENV) or PASSIVE
+    chosen = {key: environ[key] for key in (WAIT_POLICY_ENV, SPIN_ENV) if environ.get(key)}
+    return chosen or {WAIT_POLICY_ENV: PASSIVE, SPIN_ENV: SHORT_SPIN}
 
 
 def thread_vars(threads: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables a process that runs `threads` torch threads starts with: the wait policy
-    (`environ`'s, default this process's; else passive) and its thread count (which the child's
+    """The variables a process that runs `threads` torch threads starts with: how it waits
+    (`wait_vars` of `environ`, default this process's) and its thread count (which the child's
     OpenMP runtime and torch take as their default)."""
-    return {WAIT_POLICY_ENV: wait_policy(environ), THREADS_ENV: str(max(1, threads))}
+    return wait_vars(environ) | {THREADS_ENV: str(max(1, threads))}
 
 
 def child_env(threads: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -145,21 +156,21 @@ def child_env(threads: int, base: Mapping[str, str] | None = None) -> dict[str, 
     return env | thread_vars(threads, env)
 
 
-def settle_process() -> str:
-    """Passive waiting for this process, set before torch loads: call first thing in an entry
-    point. Returns the policy in force. Where torch is loaded already, its OpenMP runtime has
-    read the environment: said in the log, as this process then waits as it started."""
-    policy = wait_policy()
-    if os.environ.get(WAIT_POLICY_ENV) != policy:
+def settle_process() -> dict[str, str]:
+    """How this process waits (`wait_vars`), set before torch loads: call first thing in an
+    entry point. Returns the settings in force. Where torch is loaded already, its OpenMP
+    runtime has read the environment: said in the log, as this process then waits as it
+    started."""
+    wanted = wait_vars()
+    if any(os.environ.get(key) != value for key, value in wanted.items()):
         if "torch" in sys.modules:
             log.warning(
-                "torch was imported before the OpenMP wait policy was set: this process keeps "
-                "the runtime's defaults (set %s=%s before starting it)",
-                WAIT_POLICY_ENV,
-                policy,
+                "torch was imported before the OpenMP wait settings were made: this process "
+                "keeps the runtime's defaults (set %s before starting it)",
+                " ".join(f"{key}={value}" for key, value in wanted.items()),
             )
-        os.environ[WAIT_POLICY_ENV] = policy
-    return policy
+        os.environ.update(wanted)
+    return wanted
 
 
 @contextlib.contextmanager
@@ -185,6 +196,7 @@ def runtime_threads() -> dict[str, str | int]:
 
     return {
         WAIT_POLICY_ENV: os.environ.get(WAIT_POLICY_ENV, ""),
+        SPIN_ENV: os.environ.get(SPIN_ENV, ""),
         THREADS_ENV: os.environ.get(THREADS_ENV, ""),
         "torch_threads": torch.get_num_threads(),
     }

@@ -12,9 +12,10 @@ and for re-aligning caches of different lengths. Batches of 256 and 512 were wit
 on one thread: attention reads each row's whole cache every step, whatever the batch.
 
 On the CPU the loop decodes in lanes, not with torch's threads. A decode step is dozens of small
-ops, each an OpenMP parallel region whose threads wait for each other; waiting passively (as
-every process of the project does, host/threads.py) costs each region a wake-up, so two threads
-decoded at 4,000 tokens/s where one decoded at 8,100 (the tiny base, 128 rows, 2 cores). So each
+ops, each an OpenMP parallel region whose threads wait for each other; sleeping while waiting
+(as every process of the project does after a short spin, host/threads.py) costs each region a
+wake-up, so two passive threads decoded at 4,000 tokens/s where one decoded at 8,100 (the tiny
+base, 128 rows, 2 cores). So each
 lane decodes its own batches with one torch thread, and the process's threads become lanes
 (Python threads; torch releases the GIL inside each op) where there are rows enough for each:
 512 rows in two lanes of 256 decoded at 13,600 tokens/s, against 12,900 for one batch with two

@@ -202,10 +202,12 @@ def test_sampling_actors_wait_passively_with_their_own_thread_count(model, clust
     from cluster.actors import ActorSampler
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     sampler = ActorSampler.start(cluster, EVAL.sampler, model.path, 8)
     try:
         threads = cluster.threads_per_worker
-        wanted = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(threads)}
+        wanted = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}
+        wanted |= {"OMP_NUM_THREADS": str(threads)}
         for ready in sampler.startup:
             assert ready["threads"] == wanted | {"torch_threads": threads}
             environ = Path(f"/proc/{ready['pid']}/environ").read_bytes().split(b"\0")

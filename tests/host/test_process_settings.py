@@ -1,7 +1,8 @@
 """Every kind of process the project starts waits without spinning and runs a thread count that
 fits the CPUs, read from each child itself: its OpenMP runtime (libgomp prints its settings when
-it loads under OMP_DISPLAY_ENV=VERBOSE; GOMP_SPINCOUNT 0 is passive waiting, 300000 the default
-spin) or its environment. The parent's environment has no wait policy, as a user's shell.
+it loads under OMP_DISPLAY_ENV=VERBOSE: GOMP_SPINCOUNT 1000 is the project's short spin before
+sleeping, 300000 libgomp's default) or its environment. The parent's environment has no wait
+setting, as a user's shell.
 
 The Ray actors are checked in tests/cluster/test_sampling_on_actors.py (a cluster is started)."""
 
@@ -20,7 +21,7 @@ import torch
 import yaml
 
 from configs.supervised import EngineConfig
-from host.threads import share, usable_cpus
+from host.threads import SHORT_SPIN, share, usable_cpus
 from models.saved import save_model
 from sampling.workers.process import ProcessWorkers
 from tests.tiny_models import grpo_config, make_tokenizer, tiny_model
@@ -28,6 +29,7 @@ from training.distributed import ProcessGroup, free_port, launch_command, worker
 
 ROOT = Path(__file__).resolve().parents[2]
 SPIN = re.compile(r"GOMP_SPINCOUNT = '(\d+)'")
+SHORT = int(SHORT_SPIN)
 
 
 @pytest.fixture
@@ -35,6 +37,7 @@ def shell(monkeypatch) -> dict[str, str]:
     """This process's environment as a user's shell has it (no wait policy), with the OpenMP
     runtime of every child told to print its settings."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.setenv("OMP_DISPLAY_ENV", "VERBOSE")
     return dict(os.environ)
 
@@ -50,7 +53,7 @@ def test_a_plain_torch_process_spins_which_is_what_the_checks_below_tell_apart(s
     assert spin_counts(out.stderr) == [300000]
 
 
-@pytest.mark.parametrize(("chosen", "spin"), [(None, 0), ("ACTIVE", 30000000000)])
+@pytest.mark.parametrize(("chosen", "spin"), [(None, SHORT), ("ACTIVE", 30000000000)])
 def test_the_r1_command_waits_passively_unless_the_user_chose(shell, chosen, spin):
     env = shell | ({"OMP_WAIT_POLICY": chosen} if chosen else {})
     out = subprocess.run(
@@ -72,6 +75,7 @@ def test_every_deployment_starts_its_flow_run_waiting_passively():
     for deployment in spec["deployments"]:
         env = deployment["work_pool"]["job_variables"]["env"]
         assert env["OMP_WAIT_POLICY"] == "PASSIVE", deployment["name"]
+        assert env["GOMP_SPINCOUNT"] == SHORT_SPIN, deployment["name"]
 
 
 def test_the_worker_sets_it_before_it_starts_any_flow_run(shell, monkeypatch):
@@ -80,11 +84,11 @@ def test_the_worker_sets_it_before_it_starts_any_flow_run(shell, monkeypatch):
     seen = {}
 
     async def serve(pool: str, grace: float) -> None:  # where the worker would start polling
-        seen["policy"] = os.environ.get("OMP_WAIT_POLICY")
+        seen["wait"] = (os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"))
 
     monkeypatch.setattr(cli.worker, "serve", serve)
     cli.worker.main(["--pool", "p"])
-    assert seen == {"policy": "PASSIVE"}
+    assert seen == {"wait": ("PASSIVE", SHORT_SPIN)}
 
 
 @pytest.mark.heavy  # a sampler process loads torch and a model
@@ -103,6 +107,7 @@ def test_a_sampler_process_waits_passively_and_its_threads_come_out_of_the_train
             if "=" in item
         )
         assert environ["OMP_WAIT_POLICY"] == "PASSIVE" and environ["OMP_NUM_THREADS"] == "1"
+        assert environ["GOMP_SPINCOUNT"] == SHORT_SPIN
         assert torch.get_num_threads() == max(1, min(before, usable_cpus() - 1))
         said, deadline = "", time.monotonic() + 120
         while not spin_counts(said) and time.monotonic() < deadline:
@@ -110,7 +115,7 @@ def test_a_sampler_process_waits_passively_and_its_threads_come_out_of_the_train
             said += capfd.readouterr().err
     finally:
         workers.close()
-    assert spin_counts(said) == [0]
+    assert spin_counts(said) == [SHORT]
     assert torch.get_num_threads() == before  # the trainer's threads back
 
 
@@ -133,10 +138,7 @@ def test_training_ranks_wait_passively_and_share_the_cpus(shell, tmp_path):
         if "rank settings " in line
     ]
     threads = share(engine.processes)
-    wanted = {
-        "OMP_WAIT_POLICY": "PASSIVE",
-        "OMP_NUM_THREADS": str(threads),
-        "torch_threads": threads,
-    }
+    wanted = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": SHORT_SPIN}
+    wanted |= {"OMP_NUM_THREADS": str(threads), "torch_threads": threads}
     assert ranks == [wanted, wanted]
-    assert spin_counts(said) and set(spin_counts(said)) == {0}  # the launcher's and the ranks'
+    assert spin_counts(said) and set(spin_counts(said)) == {SHORT}  # the launcher's, the ranks'

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from host import threads
-from host.threads import PASSIVE, cgroup_cpu_limit, child_env, process_threads, share, thread_vars
+from host.threads import (
+    PASSIVE,
+    SHORT_SPIN,
+    cgroup_cpu_limit,
+    child_env,
+    process_threads,
+    share,
+    thread_vars,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,16 +90,15 @@ def test_a_process_runs_the_cpus_it_may_use_at_most_the_profiles_count(monkeypat
     assert process_threads(None) == 3
 
 
-def test_a_child_waits_passively_with_its_own_thread_count_unless_the_user_chose_a_policy():
+def test_a_child_waits_passively_with_its_own_thread_count_unless_the_user_chose_how():
     base = {"PATH": "/bin", "OMP_NUM_THREADS": "8"}
-    assert child_env(2, base) == {
-        "PATH": "/bin",
-        "OMP_NUM_THREADS": "2",
-        "OMP_WAIT_POLICY": PASSIVE,
-    }
-    chosen = base | {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert child_env(1, chosen)["OMP_WAIT_POLICY"] == "ACTIVE"
-    assert thread_vars(0, {}) == {"OMP_WAIT_POLICY": PASSIVE, "OMP_NUM_THREADS": "1"}
+    wait = {"OMP_WAIT_POLICY": PASSIVE, "GOMP_SPINCOUNT": SHORT_SPIN}
+    assert child_env(2, base) == {"PATH": "/bin", "OMP_NUM_THREADS": "2"} | wait
+    chosen = base | {"OMP_WAIT_POLICY": "ACTIVE"}  # the user's policy, and no spin count added
+    wanted = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert child_env(1, chosen) == wanted
+    assert child_env(1, base | {"GOMP_SPINCOUNT": "0"})["GOMP_SPINCOUNT"] == "0"
+    assert thread_vars(0, {}) == wait | {"OMP_NUM_THREADS": "1"}
 
 
 def test_the_module_loads_without_torch():
