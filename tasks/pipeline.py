@@ -26,7 +26,7 @@ from evaluation.report import (
     stage_lines,
     table_dict,
 )
-from host.threads import process_threads
+from host.threads import process_threads, usable_cpus, wait_vars
 from problems.fit import check_data_fit
 from storage.paths import StatePaths
 from storage.tracking import (
@@ -69,6 +69,8 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
     if config.cluster.uses_ray:
         check_room(config.cluster)
     torch.set_num_threads(process_threads(config.torch_threads))
+    waits = " ".join(f"{k}={v}" for k, v in wait_vars().items())
+    log.info("torch threads %d (CPUs usable %d); %s", torch.get_num_threads(), usable_cpus(), waits)
     paths = StatePaths.from_env()
     check_tracking_store(paths)
     paths.ensure()
