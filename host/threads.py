@@ -5,8 +5,8 @@ that waits for the others spins for a while before it sleeps. Alone on its cores
 little; beside any other busy process it is a collapse, not a slowdown: a spinning thread holds
 a core that the thread it waits for needs (on 2 shared cores a 2-thread torch loop ran at 1.2
 steps/s with the defaults, 139 with passive waiting). So every process the project starts waits
-passively after a short spin, and runs as many threads as the CPUs it may really use, shared
-out between the project's own processes that run beside each other.
+passively after a short spin, and runs as many threads as the CPUs it may really use (DeepSpeed
+ranks share them out).
 
 Why a short spin and not none: on these machines a sleeping thread takes long to wake, and a
 step's many parallel regions each pay it. Alone, the base's pretraining took 10-13 s with the
@@ -24,12 +24,11 @@ This module imports nothing heavy (no torch at module level): it runs before tor
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -171,22 +170,6 @@ def settle_process() -> dict[str, str]:
             )
         os.environ.update(wanted)
     return wanted
-
-
-@contextlib.contextmanager
-def threads_beside(others: int) -> Iterator[int]:
-    """Within the block, this process's torch threads cut to the CPUs left by `others` threads
-    of the project's own processes running beside it (a sampler process beside the trainer);
-    the count it had is restored after. Yields the count in force."""
-    import torch
-
-    before = torch.get_num_threads()
-    threads = max(1, min(before, usable_cpus() - others))
-    torch.set_num_threads(threads)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(before)
 
 
 def runtime_threads() -> dict[str, str | int]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.reinforcement import SamplerConfig
-from host.threads import child_env, threads_beside
+from host.threads import child_env
 from sampling.workers import DrawJob, DrawResult, RolloutWorkerError
 
 log = logging.getLogger(__name__)
@@ -56,14 +56,10 @@ class ProcessWorkers:
         self.spec = (config.model_dump(mode="json"), str(Path(model_path).resolve()), batch_size)
         self.threads, self.max_restarts, self.restarts = threads, max_restarts, 0
         self.limit = config.start_timeout_s + config.generate_timeout_s
-        # the samplers' threads come out of this process's while they run (restored at close)
-        self.cpus = contextlib.ExitStack()
-        self.cpus.enter_context(threads_beside(workers * threads))
-        try:
-            self.processes = [self._start() for _ in range(workers)]
-        except BaseException:
-            self.cpus.close()
-            raise
+        # The trainer keeps its own thread count beside them: a stage's arithmetic must not
+        # depend on where its rollouts are drawn (on actors elsewhere it keeps them too). Its
+        # threads sleep after a short spin, so the extra thread costs a share, not a collapse.
+        self.processes = [self._start() for _ in range(workers)]
 
     def _start(self) -> _Process:
         mine, theirs = socket.socketpair()
@@ -172,7 +168,6 @@ class ProcessWorkers:
                 process.popen.wait()
             process.conn.close()
         self.processes = []
-        self.cpus.close()
 
 
 # ---- inside a worker process ------------------------------------------------------------------

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from configs.supervised import EngineConfig
-from host.threads import SHORT_SPIN, share, usable_cpus
+from host.threads import SHORT_SPIN, share
 from models.saved import save_model
 from sampling.workers.process import ProcessWorkers
 from tests.tiny_models import grpo_config, make_tokenizer, tiny_model
@@ -92,9 +92,7 @@ def test_the_worker_sets_it_before_it_starts_any_flow_run(shell, monkeypatch):
 
 
 @pytest.mark.heavy  # a sampler process loads torch and a model
-def test_a_sampler_process_waits_passively_and_its_threads_come_out_of_the_trainers(
-    shell, tmp_path, capfd
-):
+def test_a_sampler_process_waits_passively_with_its_thread_count(shell, tmp_path, capfd):
     tokenizer = make_tokenizer()
     policy = save_model(tiny_model(tokenizer), tokenizer, tmp_path / "policy").path
     before = torch.get_num_threads()
@@ -108,7 +106,6 @@ def test_a_sampler_process_waits_passively_and_its_threads_come_out_of_the_train
         )
         assert environ["OMP_WAIT_POLICY"] == "PASSIVE" and environ["OMP_NUM_THREADS"] == "1"
         assert environ["GOMP_SPINCOUNT"] == SHORT_SPIN
-        assert torch.get_num_threads() == max(1, min(before, usable_cpus() - 1))
         said, deadline = "", time.monotonic() + 120
         while not spin_counts(said) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -116,7 +113,7 @@ def test_a_sampler_process_waits_passively_and_its_threads_come_out_of_the_train
     finally:
         workers.close()
     assert spin_counts(said) == [SHORT]
-    assert torch.get_num_threads() == before  # the trainer's threads back
+    assert torch.get_num_threads() == before  # the trainer's own count, placement or not
 
 
 @pytest.mark.heavy  # torchrun starts two ranks
