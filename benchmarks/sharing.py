@@ -198,7 +198,13 @@ def scene(args: argparse.Namespace, kind: str, scene: str, setting: str) -> floa
         return job_seconds(start_job(args, kind, setting, "alone"), args.limit)
     if scene == "pair":
         both = [start_job(args, kind, setting, f"pair{i}") for i in (0, 1)]
-        return sum(job_seconds(p, args.limit) for p in both) / 2
+        try:
+            return sum(job_seconds(p, args.limit) for p in both) / 2
+        finally:  # one failed: its partner is not left running
+            for process in both:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
     with test_suite(args.trees[setting], setting):
         return job_seconds(start_job(args, kind, setting, "tests"), args.limit)
 

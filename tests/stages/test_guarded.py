@@ -268,7 +268,7 @@ class Replay:
                 self.on_step(int(row["step"]), self.history[:end])
 
     def close(self):
-        pass
+        """Nothing to release: it holds no model, sampler or worker."""
 
 
 def test_a_stop_names_every_rule_that_tripped_at_its_step(tmp_path):
