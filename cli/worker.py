@@ -40,6 +40,7 @@ import psutil
 from host.threads import settle_process
 
 FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"  # what Prefect puts in a flow-run process's environment
+READY = "worker ready: runs left without a process are ended; polling pool"
 GRACE_SECONDS = 20.0  # under scripts/serve.sh's R1_STOP_SECONDS (30), after which it kills
 
 
@@ -194,6 +195,7 @@ async def serve(pool: str, grace: float) -> None:
         loop.add_signal_handler(sig, on_signal)
     for line in await end_orphaned_runs(pool):
         print(line, flush=True)
+    print(f"{READY} {pool}", flush=True)  # scripts/serve.sh waits for this line
     worker = ProcessWorker(work_pool_name=pool)
     try:
         await worker.start()

@@ -119,6 +119,17 @@ EOF
   exit 1
 }
 
+wait_ready() {  # LOG: up to 120 s for the worker to have ended the runs left without a process
+  for _ in $(seq 1 240); do
+    if grep -q "^worker ready: " "$1" 2>/dev/null; then return 0; fi
+    if ! running worker; then break; fi
+    sleep 0.5
+  done
+  echo "serve: the worker did not come up; its log, $1:" >&2
+  tail -20 "$1" >&2
+  exit 1
+}
+
 start() {
   bash scripts/setup.sh
   mkdir -p "$logs" "$pids" "$PREFECT_HOME"
@@ -152,6 +163,7 @@ start() {
       --grace "$(( stop_seconds > 10 ? stop_seconds - 5 : stop_seconds / 2 ))"
     echo "serve: worker started on pool $pool (log: $logs/prefect-worker.log)"
   fi
+  wait_ready "$logs/prefect-worker.log"
   wait_healthy "$R1_MLFLOW_UI/health" mlflow "$logs/mlflow-ui.log"
   environment > "$state/serve.env"
   status
