@@ -17,11 +17,15 @@ OFFLINE = {
 }
 
 
-def prepare_environment(state_dir: str | Path | None = None) -> StatePaths:
-    """Point every store at the state folder and keep the process offline."""
+def prepare_environment(state_dir: str | Path | None = None, create: bool = True) -> StatePaths:
+    """Point every store at the state folder and keep the process offline. With `create`
+    False the folder is only named: a command that may still refuse (a bad profile) creates
+    it once it has accepted, by `paths.ensure()`."""
     if state_dir is not None:
         os.environ[STATE_ENV] = str(Path(state_dir).resolve())
-    paths = StatePaths.from_env().ensure()
+    paths = StatePaths.from_env()
+    if create:
+        paths.ensure()
     os.environ[STATE_ENV] = str(paths.root)
     os.environ.setdefault("PREFECT_HOME", str(paths.prefect_home))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         from cli.watch import watch_command
 
         return watch_command(args.state_dir, args.flow_run_id)
-    paths = prepare_environment(args.state_dir)
+    paths = prepare_environment(args.state_dir, create=False)  # a refused run touches nothing
     from configs.preflight import MissingInputsError, check_inputs
     from configs.profiles import ConfigError, load_profile, profile_path
 
@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         return 0
 
+    paths.ensure()
     show_logs()
     from cli.prefect_server import EarlyServer
 

@@ -21,6 +21,18 @@ def test_a_bad_setting_exits_2_naming_the_key(capsys, tmp_path):
     assert "cold_start_sft.train.epohcs: Extra inputs are not permitted" in err
 
 
+def test_a_refused_run_touches_no_state_folder(capsys, tmp_path, monkeypatch):
+    """A bad setting, or local inputs missing: no folder is created, nor filled."""
+    state = tmp_path / "state"
+    code = main(["run", "--set", "cold_start_sft.train.epohcs=2", "--state-dir", str(state)])
+    assert code == 2 and not state.exists()
+    state.mkdir()
+    monkeypatch.chdir(tmp_path)  # no checkpoints/ or data/ here
+    assert main(["run", "--profile", "gpu-qwen", "--state-dir", str(state)]) == 3
+    assert main(["config", "--profile", "micro", "--state-dir", str(state)]) == 0
+    assert list(state.iterdir()) == []
+
+
 def test_config_prints_the_profile_and_exits_3_naming_missing_inputs(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no checkpoints/ or data/ here
     code = main(["config", "--profile", "gpu-qwen", "--state-dir", str(tmp_path / "state")])
