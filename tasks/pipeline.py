@@ -29,6 +29,7 @@ from evaluation.report import (
 from host.threads import process_threads, usable_cpus, wait_vars
 from problems.fit import check_data_fit
 from storage.paths import StatePaths
+from storage.pipeline_runs import end_leftover_children
 from storage.tracking import (
     FLOW_RUN_TAG,
     PARENT_TAG,
@@ -42,6 +43,7 @@ from storage.tracking import (
 )
 from tasks.context import RunContext, StageResult
 from tasks.plan import planned_stages
+from tasks.resume import hold_pipeline_run, resumed_command_run
 from tasks.run_pages import RUN_DESCRIPTION_TAG, report_description
 from training.memory_fit import check_memory_fit
 
@@ -84,20 +86,20 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
     flow_run_id = str(runtime.flow_run.id or "no-flow-run")
     experiment = experiment_id(client, config.name, paths)
     logger = get_run_logger()
+    settings = config.model_dump(mode="json")
     run_id = retried_pipeline_run(client, experiment, flow_run_id)
-    if run_id is None:
+    if run_id is not None:
+        logger.info("flow run retried: MLflow parent run %s goes on", run_id)
+        crash_leftover_task_runs(flow_run_id)
+    elif run_id := resumed_command_run(client, experiment, flow, settings, flow_run_id):
+        logger.info("the same command again: MLflow parent run %s goes on", run_id)
+    else:
         run_id = start_pipeline_run(
-            client,
-            experiment,
-            f"{flow}-{flow_run_id[:8]}",
-            flow_run_id,
-            config.model_dump(mode="json"),
+            client, experiment, f"{flow}-{flow_run_id[:8]}", flow_run_id, settings
         )
         client.set_tag(run_id, "r1.flow", flow)
         logger.info("MLflow parent run %s in %s", run_id, paths.tracking_uri)
-    else:
-        logger.info("flow run retried: MLflow parent run %s goes on", run_id)
-        crash_leftover_task_runs(flow_run_id)
+    hold_pipeline_run(client, run_id, flow, settings)
     fail_at = config.faults.fail_once_at
     cluster = config.cluster.active()
     plan = planned_stages(config, flow)
@@ -177,6 +179,8 @@ def close_pipeline_run(
         note = ", ".join(f"{k} {v}" for k, v in notes.items())
         rows.append(StageRow(result.stage, result.seconds, metrics, note))
     publish_report(ctx, rows, k)
+    if left := end_leftover_children(client, ctx.parent_run_id):
+        log.warning("stage runs an earlier attempt left running, now killed: %s", left)
     finish_run(client, ctx.parent_run_id)
     counts = next((r.output.filter_counts for r in stages if isinstance(r.output, CuratedSet)), {})
     return PipelineResult(ctx.parent_run_id, ctx.flow_run_id, str(ctx.state_root), rows, counts)
