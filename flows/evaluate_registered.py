@@ -5,9 +5,12 @@ The flow resolves the alias in the state folder's MLflow registry, downloads tha
 regenerates the profile's held-out problems (and general prompts) deterministically, evaluates
 with the pipeline's own evaluation stage (scoring general prompts with `NAME@reward-model` when
 one is registered), and records an MLflow run in the experiment `NAME-evaluation` tagged with the
-model it evaluated. Each evaluation is appended to the DuckDB table `eval_history` and compared
-with the previous evaluation of the same alias: a drop of pass@1 or of the general score beyond
-`max_drop` marks the MLflow run FAILED and ends the Prefect flow run Failed, naming the metrics.
+model it evaluated. Each evaluation is appended to the DuckDB table `eval_history` with its
+settings (sampling, held-out set, reward model, grading code: evaluation/settings.py) and
+compared with the latest earlier evaluation of the same alias with the same settings: a drop of
+pass@1 or of the general score beyond `max_drop` marks the MLflow run FAILED and ends the Prefect
+flow run Failed, naming the metrics. Where no earlier evaluation has the same settings there is
+no verdict: the run ends Completed, naming the settings that differ from the latest one's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tasks.scheduled_eval import (
     prepare_data,
     record_evaluation,
     retarget_hint,
+    settings_of,
 )
 
 
@@ -43,8 +47,8 @@ def evaluate_registered(
 ) -> dict:
     """Evaluate `models:/NAME@ALIAS` (by default the profile's final model, e.g.
     `models:/r1-micro@final` for `micro`) on the profile's held-out suites, record it, and fail
-    on a regression against the previous evaluation of the alias (pass@1 or general score
-    dropping by more than `max_drop`)."""
+    on a regression against the latest earlier evaluation of the alias with the same settings
+    (pass@1 or general score dropping by more than `max_drop`)."""
     if model is not None:
         parse_alias_uri(model)  # a bad URI fails before the profile loads or a store opens
     if max_drop < 0:
@@ -63,7 +67,8 @@ def evaluate_registered(
         config.evaluation, paths, target, data, reward_model, run_id, config.cluster.active()
     )
     watched = {metric: max_drop for metric in WATCHED}
-    verdict = record_evaluation(paths, target, run_id, report.metrics, watched)
+    measured = settings_of(config.evaluation, data, reward_model)
+    verdict = record_evaluation(paths, target, run_id, report.metrics, watched, measured)
     if verdict.regressions:
         raise EvaluationRegression(regression_message(verdict))
     return verdict.summary()

@@ -1,7 +1,9 @@
 """Evaluation history: every evaluation of a registered model, one row per metric, in DuckDB.
 
 A scheduled evaluation of `models:/NAME@ALIAS` appends its figures here and compares them with
-the latest earlier evaluation of the same alias, whichever version the alias pointed at then.
+the latest earlier evaluation of the same alias with the same settings (evaluation/settings.py),
+whichever version the alias pointed at then. The settings are kept in `eval_settings`, one row per
+setting; an evaluation recorded before they were has none there, and its settings are unknown.
 Connections are opened and closed within each call (see storage/store.py).
 """
 
@@ -25,6 +27,11 @@ CREATE TABLE IF NOT EXISTS eval_history (
     metric          VARCHAR NOT NULL,
     value           DOUBLE NOT NULL
 );
+CREATE TABLE IF NOT EXISTS eval_settings (
+    mlflow_run_id   VARCHAR NOT NULL, -- the evaluation run
+    setting         VARCHAR NOT NULL,
+    value           VARCHAR NOT NULL
+);
 """
 
 # A drop larger than the allowance by less than this is rounding, not a regression.
@@ -43,6 +50,7 @@ class Evaluation:
     mlflow_run_id: str
     source_run_id: str
     metrics: dict[str, float]
+    settings: dict[str, str] | None = None  # None: recorded before settings were (unknown)
 
 
 def append(
@@ -55,8 +63,10 @@ def append(
     source_run_id: str,
     metrics: dict[str, float],
     evaluated_at: datetime | None = None,
+    settings: dict[str, str] | None = None,
 ) -> datetime:
-    """Store one evaluation's metrics; a retry of the same run replaces its rows, never doubles.
+    """Store one evaluation's metrics and settings; a retry of the same run replaces its rows,
+    never doubles.
 
     Returns the time recorded (now, in UTC, unless `evaluated_at` is given).
     """
@@ -67,9 +77,15 @@ def append(
     ]
     with connect(db, SCHEMA) as con:
         con.execute("BEGIN")
-        con.execute("DELETE FROM eval_history WHERE mlflow_run_id = ?", [mlflow_run_id])
+        for table in ("eval_history", "eval_settings"):
+            con.execute(f"DELETE FROM {table} WHERE mlflow_run_id = ?", [mlflow_run_id])
         if rows:
             con.executemany("INSERT INTO eval_history VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        if settings:
+            con.executemany(
+                "INSERT INTO eval_settings VALUES (?, ?, ?)",
+                [[mlflow_run_id, name, value] for name, value in sorted(settings.items())],
+            )
         con.execute("COMMIT")
     return when
 
@@ -115,7 +131,8 @@ def previous(
 
 
 def history(db: Path, model_name: str, alias: str | None = None) -> list[Evaluation]:
-    """Every recorded evaluation of `model_name` (of one alias when given), oldest first."""
+    """Every recorded evaluation of `model_name` (of one alias when given), oldest first, with
+    its settings (None where none were recorded)."""
     with connect(db, SCHEMA) as con:
         rows = con.execute(
             """
@@ -127,14 +144,40 @@ def history(db: Path, model_name: str, alias: str | None = None) -> list[Evaluat
             """,
             [model_name, alias, alias],
         ).fetchall()
+        settings = con.execute(
+            """
+            SELECT mlflow_run_id, setting, value FROM eval_settings
+            WHERE mlflow_run_id IN (SELECT mlflow_run_id FROM eval_history WHERE model_name = ?)
+            ORDER BY setting
+            """,
+            [model_name],
+        ).fetchall()
+    recorded: dict[str, dict[str, str]] = {}
+    for run_id, name, value in settings:
+        recorded.setdefault(run_id, {})[name] = value
     runs: dict[str, Evaluation] = {}
     for *head, metric, value in rows:
         at, run_alias, version, digest, run_id, source = head
         found = runs.setdefault(
-            run_id, Evaluation(at, model_name, run_alias, version, digest, run_id, source, {})
+            run_id,
+            Evaluation(
+                at, model_name, run_alias, version, digest, run_id, source, {}, recorded.get(run_id)
+            ),
         )
         found.metrics[metric] = value
     return list(runs.values())
+
+
+def earlier(db: Path, model_name: str, alias: str, run_id: str) -> list[Evaluation]:
+    """Every evaluation of `model_name@alias` recorded before the run `run_id` (all of them when
+    that run is not recorded), newest first."""
+    runs = history(db, model_name, alias)
+    cutoff = next((e.evaluated_at for e in runs if e.mlflow_run_id == run_id), None)
+    return [
+        e
+        for e in reversed(runs)
+        if e.mlflow_run_id != run_id and (cutoff is None or e.evaluated_at < cutoff)
+    ]
 
 
 def regressions(

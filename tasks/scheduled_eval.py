@@ -1,11 +1,15 @@
 """The tasks of a scheduled evaluation of a registered model: its MLflow run, the regenerated
-held-out data, the evaluation itself, and the verdict against the previous evaluation of the
-same alias (recorded in DuckDB's `eval_history`)."""
+held-out data, the evaluation itself, and the verdict against the latest earlier evaluation of
+the same alias with the same settings (recorded in DuckDB's `eval_history` and `eval_settings`,
+and as the MLflow run's `settings.*` params)."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import logging
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,14 @@ from configs.profiles import ConfigError, known_profiles, load_profile
 from configs.reinforcement import EvalConfig
 from configs.schema import PipelineConfig
 from evaluation.metrics import EvalReport
-from evaluation.verdict import EvaluationVerdict, artifact_key, verdict_line, verdict_markdown
+from evaluation.settings import evaluation_settings
+from evaluation.verdict import (
+    EvaluationVerdict,
+    artifact_key,
+    judge,
+    verdict_line,
+    verdict_markdown,
+)
 from models.saved import ModelRef
 from preference.reward import PreferenceReward
 from problems.general_files import write_general_sets
@@ -50,6 +61,18 @@ EVALUATION_STAGE = "evaluation"
 DEPLOYMENT = "evaluate-model/final-nightly"  # prefect.yaml
 FINAL_ALIAS = alias_for("all_scenarios_rl")
 SAMPLE_ROWS = 50  # completions shown in the MLflow table; all of them stay in the Parquet file
+SETTINGS_PREFIX = "settings."  # the MLflow params that hold the evaluation's settings
+# The code that grades completions and summarises the grades: an edit to it changes what the
+# figures measure, so its digest is the `verifiers` setting.
+GRADING_MODULES = (
+    "contracts.answer_format",
+    "evaluation.metrics",
+    "rewards.accuracy",
+    "rewards.code",
+    "rewards.countdown",
+    "rewards.language",
+    "rewards.verifiers",
+)
 
 
 @dataclass(frozen=True)
@@ -120,6 +143,27 @@ def model_tags(model: RegisteredModel, flow_run_id: str) -> dict[str, str]:
         FLOW_RUN_TAG: flow_run_id,
         STAGE_TAG: EVALUATION_STAGE,
     }
+
+
+@cache
+def verifiers_version() -> str:
+    """Digest of the grading modules' sources (GRADING_MODULES), as this process runs them."""
+    h = hashlib.sha256()
+    for name in GRADING_MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ModuleNotFoundError(f"grading module {name} not found")
+        h.update(name.encode())
+        h.update(file_digest(Path(spec.origin)).encode())
+    return h.hexdigest()
+
+
+def settings_of(
+    config: EvalConfig, data: EvalData, reward_model: RegisteredModel | None
+) -> dict[str, str]:
+    """This evaluation's settings (evaluation/settings.py): what its figures measure."""
+    judge_digest = None if reward_model is None else reward_model.digest
+    return evaluation_settings(config, data.digests, judge_digest, verifiers_version())
 
 
 @task(name="open-evaluation-run", task_run_name="open-evaluation-run")
@@ -219,10 +263,15 @@ def record_evaluation(
     run_id: str,
     metrics: dict[str, float],
     max_drop: dict[str, float],
+    settings: dict[str, str],
 ) -> EvaluationVerdict:
-    """Append to the history, compare with the previous evaluation of the alias, publish the
-    verdict, and close the MLflow run (FAILED on a regression)."""
+    """Append to the history with its settings, compare with the latest earlier evaluation of
+    the alias with the same settings (no verdict when there is none), publish the verdict, and
+    close the MLflow run (FAILED on a regression)."""
     alias = model.alias or ""
+    client = tracking_client(paths)
+    for name, value in settings.items():
+        client.log_param(run_id, SETTINGS_PREFIX + name, value)
     eval_history.append(
         paths.duckdb,
         model.name,
@@ -232,12 +281,12 @@ def record_evaluation(
         run_id,
         model.source_run_id,
         metrics,
+        settings=settings,
     )
-    earlier = eval_history.latest_before(paths.duckdb, model.name, alias, run_id)
-    lines = [] if earlier is None else eval_history.regressions(earlier.metrics, metrics, max_drop)
-    verdict = EvaluationVerdict(model, run_id, metrics, earlier, lines)
+    earlier = eval_history.earlier(paths.duckdb, model.name, alias, run_id)
+    verdict = judge(model, run_id, metrics, settings, earlier, max_drop)
     get_run_logger().info("%s", verdict_line(verdict, max_drop))
-    close_evaluation_run(tracking_client(paths), verdict)
+    close_evaluation_run(client, verdict)
     create_markdown_artifact(
         key=artifact_key(alias),
         markdown=verdict_markdown(verdict, max_drop, paths.tracking_uri),
@@ -247,12 +296,20 @@ def record_evaluation(
 
 
 def close_evaluation_run(client: MlflowClient, verdict: EvaluationVerdict) -> None:
-    """Tag the run with what it was compared with and its verdict, and end it."""
+    """Tag the run with what it was compared with and its verdict (`ok`, `regression`, or
+    `settings-differ` with the settings that differ from the latest earlier evaluation's), and
+    end it."""
     run_id = verdict.mlflow_run_id
     if verdict.previous is not None:
         client.set_tag(run_id, "previous.run_id", verdict.previous.mlflow_run_id)
         client.set_tag(run_id, "previous.version", verdict.previous.version)
-    client.set_tag(run_id, "verdict", "regression" if verdict.regressions else "ok")
+    if verdict.unlike is not None:
+        client.set_tag(run_id, "unlike.run_id", verdict.unlike.mlflow_run_id)
+    if verdict.unlike_settings:
+        client.set_tag(
+            run_id, "settings.differ", "\n".join(d.line() for d in verdict.unlike_settings)
+        )
+    client.set_tag(run_id, "verdict", verdict.outcome)
     if verdict.regressions:
         client.set_tag(run_id, "regression", "\n".join(verdict.regressions))
     finish_run(client, run_id, failed=bool(verdict.regressions))

@@ -126,6 +126,29 @@ def test_the_history_gives_the_latest_earlier_evaluation_of_the_alias(tmp_path):
     ]
 
 
+def test_the_history_keeps_each_evaluations_settings_and_none_for_older_ones(tmp_path):
+    db = tmp_path / "r1.duckdb"
+
+    def add(run_id, day, settings):
+        at = datetime(2025, 1, day)
+        eval_history.append(
+            db, NAME, "final", "1", "d", run_id, "src", {"pass_at_1": 0.5}, at, settings
+        )
+
+    add("old", 1, None)  # recorded before settings were
+    add("cool", 2, {"temperature": "0.7", "seed": "0"})
+    add("hot", 3, {"temperature": "3.0", "seed": "0"})
+    add("hot", 3, {"temperature": "2.0", "seed": "0"})  # a retried run replaces its settings
+    assert [
+        (e.mlflow_run_id, e.settings) for e in eval_history.earlier(db, NAME, "final", "hot")
+    ] == [
+        ("cool", {"seed": "0", "temperature": "0.7"}),
+        ("old", None),
+    ]
+    latest = eval_history.earlier(db, NAME, "final", "not-yet-recorded")[0]
+    assert latest.settings == {"seed": "0", "temperature": "2.0"}
+
+
 # ---- the flow, end to end -------------------------------------------------------------------
 
 
