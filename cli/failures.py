@@ -1,0 +1,111 @@
+"""Why a flow run failed or crashed, as `r1 runs` and `r1 watch` say it: the stage it was in,
+what happened, what to do, in lines that fit an 80-column terminal.
+
+A failed run names the task run that failed and its exception. A crashed run's message is what
+ended its process (Prefect's "Execution was aborted by a termination signal.", or the heartbeat
+automation's and the worker's own words, cli/heartbeats.py and cli/worker.py); this puts in
+front the stage whose task run was running then, which the message cannot know.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from typing import Any
+
+WIDTH = 80  # columns of the terminal a person reads these on
+RESUME = "Retry it to resume from its last checkpoint."
+# Prefect's own crash messages, each with what happened in the project's words
+CRASHES = {
+    "Execution was aborted by a termination signal.": (
+        "Its process was stopped by a signal (its worker stopped, or it was killed)."
+    ),
+}
+
+# Failures that a retry meets again: it runs the same parameters on the same stores. A bad
+# setting or profile, a model or input file that is not there, data or memory that cannot hold
+# the stages, a regression the evaluation found, a non-finite loss (same data, same seed).
+NOT_FIXED_BY_RETRY = frozenset(
+    {
+        "ConfigError", "ValidationError", "RegistryError", "MissingInputsError",
+        "ProblemFileError", "DataFitError", "MemoryFitError", "EvaluationRegression",
+        "NonFiniteLossError", "RayMissingError", "DeepSpeedMissingError",
+    }
+)  # fmt: skip
+ERROR_NAME = re.compile(r"\b([A-Z][A-Za-z0-9]*(?:Error|Regression|Exception|Failure))\b")
+
+
+def retry_helps(reason: str) -> bool:
+    """Whether retrying can end otherwise: not for the errors a retry meets again."""
+    found = ERROR_NAME.search(reason)
+    return found is None or found.group(1) not in NOT_FIXED_BY_RETRY
+
+
+def exception_text(message: str) -> str:
+    """A state's message without Prefect's preamble: `InjectedFailure: reasoning_rl: ...`."""
+    for preamble in (
+        "Task run encountered an exception ",
+        "Flow run encountered an exception: ",
+        "Flow run encountered an exception ",
+    ):
+        message = message.removeprefix(preamble)
+    return message.strip()
+
+
+def crash_text(message: str) -> str:
+    """What ended a crashed run and what to do: Prefect's words explained, and the retry that
+    resumes it where the message does not say it already."""
+    said = CRASHES.get(message, message)
+    return said if "retry it" in said.lower() else f"{said} {RESUME}".strip()
+
+
+def failure_reason(client: Any, flow_run: Any) -> str:
+    """`reasoning_rl: InjectedFailure: ...`: the task run that failed and its exception; for a
+    crash, `in reasoning_rl: ` and what ended its process; else the flow run's own message."""
+    from prefect.client.schemas.objects import StateType
+
+    if flow_run.state.type == StateType.FAILED:
+        failed = [t for t in task_runs(client, flow_run) if t.state.type == StateType.FAILED]
+        if failed:
+            task_run = max(failed, key=lambda t: t.state.timestamp)
+            return f"{task_run.name}: {exception_text(task_run.state.message or '')}"
+    message = exception_text(flow_run.state.message or "") or flow_run.state.name
+    if flow_run.state.type != StateType.CRASHED:
+        return message
+    stage = crashed_stage(task_runs(client, flow_run))
+    return f"in {stage}: {crash_text(message)}" if stage else crash_text(message)
+
+
+def task_runs(client: Any, flow_run: Any) -> list[Any]:
+    """The flow run's task runs, every attempt's."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    return client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+    )
+
+
+def crashed_stage(runs: list[Any]) -> str | None:
+    """The name of the task run a crash stopped: the last started of those left Running or
+    marked Crashed, else the last started; None when none started."""
+    started = [t for t in runs if t.start_time is not None and t.state is not None]
+    stopped = [t for t in started if t.state.type.value in ("RUNNING", "CRASHED")]
+    last = max(stopped or started, key=lambda t: t.start_time, default=None)
+    return last.name if last is not None else None
+
+
+def reason_lines(reason: str, indent: str) -> list[str]:
+    """A reason as lines under `indent`, each at most WIDTH columns: a line of its own (a bad
+    setting's key) keeps its indentation under the first, a long one wraps at a word."""
+    lines = []
+    for line in reason.splitlines() or [""]:
+        own = indent + line[: len(line) - len(line.lstrip())]
+        lines += textwrap.wrap(
+            line.strip(),
+            WIDTH,
+            initial_indent=own,
+            subsequent_indent=own,
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [own.rstrip()]
+    return lines
