@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +26,27 @@ UNSET = "not set: start the stack with `bash scripts/serve.sh`, or export PREFEC
 
 class NoServer(RuntimeError):
     """No Prefect server to ask; the message says how to have one."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """The Prefect API that `r1 runs` and `r1 watch` ask, and the state folder that named it: what
+    a command they print needs to find the same stack in a new shell, run from the project's root
+    (where neither `PREFECT_API_URL` nor `R1_STATE_DIR` is set)."""
+
+    api_url: str
+    state_root: Path
+
+    def retry(self, run_id: str) -> str:
+        """`prefect flow-run retry` with the stack's API in front: without it, a new shell's
+        `prefect` asks a temporary server of its own, which answers "Flow run ... not found"."""
+        return f"PREFECT_API_URL={self.api_url} .venv/bin/prefect flow-run retry {run_id}"
+
+    def watch(self, run_id: str) -> str:
+        """`r1 watch`, with the state folder when it is not the default `./state`."""
+        if self.state_root == Path("state").resolve():
+            return f".venv/bin/r1 watch {run_id}"
+        return f".venv/bin/r1 watch {run_id} --state-dir {shlex.quote(str(self.state_root))}"
 
 
 def use_served_api(paths: StatePaths) -> str:
@@ -146,34 +168,45 @@ def flow_names(client: Any, runs: list[Any]) -> dict[Any, str]:
     return named
 
 
-def connect(state_dir: str | None) -> str | None:
+def connect(state_dir: str | None) -> Served:
     """Point this process at the Prefect server that serves the state folder (one that is there:
-    asking creates none); what is missing when there is no server."""
+    asking creates none); raises NoServer, saying what is missing, when there is none."""
     paths = StatePaths(Path(state_dir).resolve()) if state_dir else StatePaths.from_env()
     if paths.root.is_dir():
         from cli.environment import prepare_environment
 
         prepare_environment(paths.root)
-    try:
-        use_served_api(paths)
-    except NoServer as err:
-        return str(err)
-    return None
+    return Served(use_served_api(paths), paths.root)
+
+
+def unreachable(url: str) -> str:
+    """The sentence for a Prefect server that does not answer when a command starts."""
+    return (
+        f"no Prefect server answers at {url}: start the stack with `bash scripts/serve.sh` "
+        "(or point PREFECT_API_URL at a running server)"
+    )
 
 
 def runs_command(state_dir: str | None, states: list[str], limit: int) -> int:
-    if missing := connect(state_dir):
-        print(f"r1 runs: {missing}", file=sys.stderr)
+    try:
+        served = connect(state_dir)
+    except NoServer as err:
+        print(f"r1 runs: {err}", file=sys.stderr)
         return 2
+    import httpx
     from prefect import get_client
 
-    with get_client(sync_client=True) as client:
-        lines = run_lines(client, states, limit)
+    try:
+        with get_client(sync_client=True) as client:
+            lines = run_lines(client, states, limit)
+    except httpx.TransportError:
+        print(f"r1 runs: {unreachable(served.api_url)}", file=sys.stderr)
+        return 2
     print(f"{'flow run id':<36}  {'state':<10} {'UTC start':<11} deployment")
     for line in lines:
         print("\n".join(line.lines()))
     if not lines:
         print("no flow runs" + (f" in state {', '.join(states)}" if states else ""))
     elif any(line.reason for line in lines):
-        print("\nretry one: .venv/bin/prefect flow-run retry <id>, then .venv/bin/r1 watch <id>")
+        print(f"\nretry one: {served.retry('<id>')}\nthen follow it: {served.watch('<id>')}")
     return 0

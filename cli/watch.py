@@ -4,7 +4,8 @@ for a failure, which stage failed, why, and the commands that retry it.
 
 `prefect deployment run --watch` prints every event beside the logs (three per task run), and
 `prefect flow-run watch` replays a retried run's events from its first attempt and stops at that
-attempt's `Failed`. This reads the server's logs of the latest attempt only, every two seconds.
+attempt's `Failed`. This reads the server's logs of the latest attempt only, every two seconds;
+a server that stops answering meanwhile is waited for (cli/outage.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from cli.runs import connect, failure_reason
+from cli.outage import CLIENT_RETRIES, Outage, is_unreachable
+from cli.runs import NoServer, Served, connect, failure_reason, unreachable
 
 POLL_SECONDS = 2.0
 STRAGGLER_SECONDS = 6.0  # a flow run's last lines reach the server as its process exits
@@ -67,15 +69,23 @@ def follow(
     flow_run_id: UUID,
     out: Callable[[str], None] = print,
     poll: float = POLL_SECONDS,
+    outage: Outage | None = None,
 ) -> Any:
     """Print the latest attempt's logs until the run is in a final state and its last lines
-    are in; returns the flow run as it ended."""
-    since = attempt_start(client, flow_run_id)
+    are in; returns the flow run as it ended. Each request goes through `outage`: a server away
+    for a while is waited for."""
+    ask = outage.call if outage is not None else _at_once
+    since = ask(lambda: attempt_start(client, flow_run_id))
     seen: set = set()
     shown_state = None
     while True:
-        run = client.read_flow_run(flow_run_id)
-        for log in new_logs(client, flow_run_id, since, seen):
+        run, logs = ask(
+            lambda: (
+                client.read_flow_run(flow_run_id),
+                new_logs(client, flow_run_id, since, seen),
+            )
+        )
+        for log in logs:
             out(log_text(log))
         if run.state.name != shown_state:
             shown_state = run.state.name
@@ -86,9 +96,13 @@ def follow(
     quiet_until = time.monotonic() + STRAGGLER_SECONDS
     while time.monotonic() < quiet_until:
         time.sleep(poll)
-        for log in new_logs(client, flow_run_id, since, seen):
+        for log in ask(lambda: new_logs(client, flow_run_id, since, seen)):
             out(log_text(log))
     return run
+
+
+def _at_once(request: Callable[[], Any]) -> Any:
+    return request()
 
 
 def attempt_seconds(client: Any, run: Any) -> float | None:
@@ -121,7 +135,7 @@ def retry_helps(reason: str) -> bool:
     return found is None or found.group(1) not in NOT_FIXED_BY_RETRY
 
 
-def ending(client: Any, run: Any) -> tuple[list[str], int]:
+def ending(client: Any, run: Any, served: Served) -> tuple[list[str], int]:
     """What to say when the run has ended, and the exit status (0 only for Completed)."""
     if run.state.is_completed():
         seconds = attempt_seconds(client, run)
@@ -144,8 +158,8 @@ def ending(client: Any, run: Any) -> tuple[list[str], int]:
     lines += [
         "retry it (finished stages come from the cache; the failed one resumes from its",
         "last checkpoint):",
-        f"  .venv/bin/prefect flow-run retry {run.id}",
-        f"  .venv/bin/r1 watch {run.id}",
+        f"  {served.retry(str(run.id))}",
+        f"  {served.watch(str(run.id))}",
     ]
     return lines, 1
 
@@ -159,24 +173,49 @@ def watch_command(state_dir: str | None, flow_run_id: str) -> int:
             file=sys.stderr,
         )
         return 2
-    if missing := connect(state_dir):
-        print(f"r1 watch: {missing}", file=sys.stderr)
+    try:
+        served = connect(state_dir)
+    except NoServer as err:
+        print(f"r1 watch: {err}", file=sys.stderr)
         return 2
     from prefect import get_client
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    try:  # one line for Ctrl-C, wherever it comes
+        with (
+            temporary_settings({PREFECT_CLIENT_MAX_RETRIES: CLIENT_RETRIES}),
+            get_client(sync_client=True) as client,
+        ):
+            return watch_run(client, run_id, served)
+    except KeyboardInterrupt:
+        print("r1 watch: stopped following; the flow run goes on")
+        return 130
+
+
+def watch_run(client: Any, run_id: UUID, served: Served) -> int:
+    """Follow the run to its end and say how it ended; the exit status (2: no such run, or no
+    server at all when the watch starts)."""
     from prefect.exceptions import ObjectNotFound
 
-    with get_client(sync_client=True) as client:
-        try:
-            run = client.read_flow_run(run_id)
-        except ObjectNotFound:
-            print(f"r1 watch: no flow run {run_id} (`r1 runs` lists them)", file=sys.stderr)
-            return 2
-        print(f"flow run {run.id} ({run.name}), following its latest attempt")
-        try:
-            run = follow(client, run_id)
-        except KeyboardInterrupt:
-            print("r1 watch: stopped following; the flow run goes on")
-            return 130
-        lines, status = ending(client, run)
+    try:
+        run = client.read_flow_run(run_id)
+    except ObjectNotFound:
+        print(f"r1 watch: no flow run {run_id} (`r1 runs` lists them)", file=sys.stderr)
+        return 2
+    except Exception as error:
+        if not is_unreachable(error):
+            raise
+        print(f"r1 watch: {unreachable(served.api_url)}", file=sys.stderr)
+        return 2
+    say = flush_print
+    say(f"flow run {run.id} ({run.name}), following its latest attempt")
+    outage = Outage(served.api_url, say)
+    run = follow(client, run_id, say, outage=outage)
+    lines, status = outage.call(lambda: ending(client, run, served))
     print("\n".join(lines))
     return status
+
+
+def flush_print(line: str) -> None:
+    """A line out at once, also into a pipe: a watch's reader is waiting for it."""
+    print(line, flush=True)

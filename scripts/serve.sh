@@ -16,6 +16,10 @@
 # (default 5000), R1_WORK_POOL (default r1-local), R1_VENV (default .venv),
 # R1_CRASH_AFTER_SECONDS (default 90: a flow run unheard that long is marked Crashed).
 #
+# A stack that runs keeps its ports: while any of its components runs, every command takes the
+# ports from the state folder's serve.env (written as the components start), whatever this
+# shell sets; a port set here that differs is refused by start and status, naming the one in use.
+#
 # A flow run whose process is gone ends Crashed: the worker, when it stops, sends SIGTERM to its
 # flow runs, which Prefect's engine reports as Crashed (cli/worker.py); a run whose process was
 # killed outright, or whose machine went down, is marked Crashed by the heartbeat automation
@@ -36,8 +40,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv="${R1_VENV:-.venv}"
-port="${R1_PREFECT_PORT:-4200}"
-mlflow_port="${R1_MLFLOW_PORT:-5000}"
 pool="${R1_WORK_POOL:-r1-local}"
 stop_seconds="${R1_STOP_SECONDS:-30}"
 crash_after="${R1_CRASH_AFTER_SECONDS:-90}"
@@ -47,6 +49,36 @@ state="$(realpath -m "${R1_STATE_DIR:-state}")"
 logs="$state/logs"
 pids="$state/pids"
 components="worker mlflow server"  # the order `stop` takes: the worker's runs report to both
+
+running() { [ -f "$pids/$1" ] && kill -0 "$(cat "$pids/$1")" 2>/dev/null; }
+
+stack_port() {  # KEY: the port of KEY's address in serve.env while a component of it runs
+  local name
+  [ -f "$state/serve.env" ] || return 0
+  for name in $components; do
+    if running "$name"; then
+      sed -n "s|^export $1=http://[^:]*:\([0-9]*\).*|\1|p" "$state/serve.env"
+      return 0
+    fi
+  done
+}
+
+# choose_port KEY SETTING DEFAULT: the running stack's port, else $SETTING, else DEFAULT; a
+# SETTING that names another port than the running stack's is refused (by all but `stop`)
+choose_port() {
+  local running_port asked="${!2:-}"
+  running_port="$(stack_port "$1")"
+  if [ -z "$running_port" ]; then echo "${asked:-$3}"; return 0; fi
+  if [ -n "$asked" ] && [ "$asked" != "$running_port" ] && [ "${command:-}" != stop ]; then
+    echo "serve: the stack of $state runs on port $running_port, not $2=$asked: unset it, or stop the stack first (bash scripts/serve.sh stop)" >&2
+    return 1
+  fi
+  echo "$running_port"
+}
+
+command="${1:-start}"
+port="$(choose_port PREFECT_API_URL R1_PREFECT_PORT 4200)"
+mlflow_port="$(choose_port R1_MLFLOW_UI R1_MLFLOW_PORT 5000)"
 
 export R1_STATE_DIR="$state"
 export PREFECT_HOME="$state/prefect"
@@ -58,7 +90,6 @@ export MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK=true
 export R1_MLFLOW_UI="http://127.0.0.1:$mlflow_port"  # where the runs' reports link to
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-running() { [ -f "$pids/$1" ] && kill -0 "$(cat "$pids/$1")" 2>/dev/null; }
 # the processes of a component's session: itself and whatever it started
 session() { pgrep -s "$1" 2>/dev/null || true; }
 
@@ -148,6 +179,7 @@ start() {
       --default-artifact-root "file://$state/mlartifacts"
     echo "serve: MLflow UI starting on 127.0.0.1:$mlflow_port (log: $logs/mlflow-ui.log)"
   fi
+  environment > "$state/serve.env"  # its ports, for the commands that come while it starts
   wait_healthy "$PREFECT_API_URL/health" server "$logs/prefect-server.log"
   for name in "$pool" "$gpu_pool" "$cluster_pool"; do
     "$venv/bin/prefect" work-pool inspect "$name" > /dev/null 2>&1 ||
@@ -165,7 +197,6 @@ start() {
   fi
   wait_ready "$logs/prefect-worker.log"
   wait_healthy "$R1_MLFLOW_UI/health" mlflow "$logs/mlflow-ui.log"
-  environment > "$state/serve.env"
   status
   echo "next, in any shell: eval \"\$(bash scripts/serve.sh env)\"   (or: export PREFECT_API_URL=$PREFECT_API_URL)"
   echo "      $venv/bin/prefect deployment run 'r1-pipeline/micro' --watch"
@@ -175,7 +206,7 @@ environment() {  # the lines that point a shell at this stack
   printf 'export PREFECT_API_URL=%s\nexport R1_MLFLOW_UI=%s\n' "$PREFECT_API_URL" "$R1_MLFLOW_UI"
 }
 
-case "${1:-start}" in
+case "$command" in
   start) start ;;
   stop) stop ;;
   status) status ;;

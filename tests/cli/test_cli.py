@@ -71,32 +71,54 @@ def test_runs_and_watch_find_the_server_serve_sh_recorded(tmp_path, monkeypatch)
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     (tmp_path / "serve.env").write_text("export PREFECT_API_URL=http://127.0.0.1:4321/api\n")
-    assert connect(str(tmp_path)) is None
+    assert connect(str(tmp_path)).api_url == "http://127.0.0.1:4321/api"
     import os
 
     assert os.environ["PREFECT_API_URL"] == "http://127.0.0.1:4321/api"
 
 
-def test_watch_refuses_what_is_not_a_flow_run_id(capsys):
-    assert main(["watch", "ef21620f-1749-49b6-96a6-3a90c9c"]) == 2
-    assert "is not a flow run id (`r1 runs` lists them)" in capsys.readouterr().err
+RUN_ID = "b6d5cab5-ff6f-4e51-8c9b-d34850b1b422"
 
 
-def test_a_failed_runs_reason_drops_prefects_preamble():
-    from cli.runs import RunLine, exception_text
+def test_the_commands_printed_find_the_stack_in_a_new_shell(tmp_path, monkeypatch):
+    """A new shell has neither PREFECT_API_URL nor R1_STATE_DIR: a bare `prefect flow-run retry`
+    there asked a temporary server of its own ("Flow run ... not found")."""
+    from cli.runs import Served
 
-    message = "Task run encountered an exception InjectedFailure: reasoning_rl: at step 2"
-    assert exception_text(message) == "InjectedFailure: reasoning_rl: at step 2"
-    line = RunLine("ef21620f-1749-49b6-96a6-3a90c9c1b2c3", "Failed", "r1-pipeline/micro", None, "x")
-    head, reason = line.lines()
-    assert head.startswith("ef21620f-1749-49b6-96a6-3a90c9c1b2c3  Failed ")
-    assert len(head) <= 80 and reason == "    x"
+    monkeypatch.chdir(tmp_path)
+    served = Served("http://127.0.0.1:4290/api", tmp_path / "state")
+    assert served.retry(RUN_ID) == (
+        f"PREFECT_API_URL=http://127.0.0.1:4290/api .venv/bin/prefect flow-run retry {RUN_ID}"
+    )
+    assert served.watch(RUN_ID) == f".venv/bin/r1 watch {RUN_ID}"
+    elsewhere = Served("http://127.0.0.1:4290/api", tmp_path / "my state")
+    assert (
+        elsewhere.watch(RUN_ID) == f".venv/bin/r1 watch {RUN_ID} --state-dir '{tmp_path}/my state'"
+    )
 
 
-@pytest.mark.heavy  # a Prefect temporary server
-def test_a_failing_run_shows_its_traceback_once_and_ends_with_why(tmp_path):
-    """As the README's `--set cluster.address=...` on a cluster that cannot hold the run: the
-    failing task's traceback once, then one line per record, and `r1 run`'s last line says why."""
+def test_a_crashed_runs_ending_names_the_retry_with_the_stacks_api(tmp_path):
+    from types import SimpleNamespace
+
+    from prefect.states import Crashed
+
+    from cli.runs import Served
+    from cli.watch import ending
+
+    run = SimpleNamespace(id=RUN_ID, state=Crashed(message="Execution was aborted by a signal."))
+    client = SimpleNamespace(read_task_runs=lambda **_: [])
+    lines, status = ending(client, run, Served("http://127.0.0.1:4290/api", tmp_path))
+    assert status == 1
+    assert (
+        f"  PREFECT_API_URL=http://127.0.0.1:4290/api .venv/bin/prefect flow-run retry {RUN_ID}"
+        in lines
+    )
+    assert f"  .venv/bin/r1 watch {RUN_ID} --state-dir {tmp_path}" in lines
+
+
+@pytest.mark.parametrize("command", [["runs"], ["watch", RUN_ID]])
+def test_runs_and_watch_without_a_server_at_the_address_say_so_in_one_line(command, tmp_path):
+    """In a process of their own: Prefect reads its settings once, as it is imported."""
     import os
     import socket
     import subprocess
@@ -105,36 +127,17 @@ def test_a_failing_run_shows_its_traceback_once_and_ends_with_why(tmp_path):
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing answers there once closed
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/api"  # nothing answers there once closed
     r1 = Path(sys.executable).with_name("r1")
     ran = subprocess.run(
-        [str(r1), "run", "--profile", "micro", "--set", f"cluster.address=127.0.0.1:{port}",
-         "--state-dir", str(tmp_path / "state")],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert ran.returncode == 1, ran.stderr[-3000:]
-    assert ran.stderr.count("Traceback (most recent call last") == 1, ran.stderr
-    ours = [line for line in ran.stderr.splitlines() if line.startswith("r1: ")]
-    assert ours == [
-        f"r1: the run failed: ClusterUnreachableError: cannot reach the Ray cluster's head at "
-        f"127.0.0.1:{port} (cluster.address '127.0.0.1:{port}'): [Errno 111] Connection refused. "
-        f"Start one with `ray start --head --port {port}` on that machine, or fix "
-        "cluster.address; nothing has run"
-    ]
-    after = ran.stderr.split(ours[0])[1].strip().splitlines()
-    assert all("Stopping temporary server" in line for line in after), after  # the last word
-
-
-def test_a_retry_is_suggested_only_where_it_can_end_otherwise():
-    from cli.watch import retry_helps
-
-    assert retry_helps("reasoning_rl: InjectedFailure: reasoning_rl: injected failure at step 2")
-    assert retry_helps("Execution was aborted by a termination signal.")
-    assert retry_helps("No heartbeat for 90 s: the flow run's process or its worker is gone")
-    assert retry_helps("open-pipeline-run: ClusterUnreachableError: cannot reach the head")
-    assert not retry_helps(
-        "registered-model: models:/r1-tiny@final: RegistryError: no registered model 'r1-tiny'"
+        [str(r1), *command, "--state-dir", str(tmp_path)],
+        env=os.environ | {"PREFECT_API_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    assert not retry_helps("EvaluationRegression: models:/r1-micro@final version 3 regressed")
-    assert not retry_helps("ConfigError: micro.yaml: 1 invalid setting(s)")
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert ran.stderr == (
+        f"r1 {command[0]}: no Prefect server answers at {url}: start the stack with `bash "
+        "scripts/serve.sh` (or point PREFECT_API_URL at a running server)\n"
+    )
