@@ -21,7 +21,7 @@ from configs.cluster import ClusterConfig
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = (
-    "install the cluster extra: `pip install -c constraints/cpu.txt -e '.[cluster]'` "
+    "install the cluster extra: `pip install -c constraints/cpu.lock -e '.[cluster]'` "
     "(scripts/setup.sh installs it), on every machine of the cluster"
 )
 NAMESPACE = "r1-pipeline"

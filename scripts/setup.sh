@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs the project with its dev tools and the cluster extra
 # (Ray, which the cluster tests start on loopback), CPU-only.
-# Re-running is cheap: it reinstalls only when pyproject.toml or the constraints change.
+# Every package at the version in constraints/cpu.lock (scripts/lock.sh writes it), so that a fresh
+# clone runs with the packages that gave the README's figures.
+# Re-running is cheap: it reinstalls only when pyproject.toml or the lock change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,12 +16,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 
 stamp="$venv/.r1-install-stamp"
-wanted="$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -d' ' -f1)"
+wanted="$(cat pyproject.toml constraints/cpu.lock | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   echo "setup: installing the project into $venv (CPU build of torch; first time takes a few minutes)" >&2
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   # -qq: errors only; setuptools otherwise prints its notice about editable installs each time
-  "$venv/bin/python" -m pip install -qq -c constraints/cpu.txt -e ".[dev,cluster]"
+  "$venv/bin/python" -m pip install -qq -c constraints/cpu.lock -e ".[dev,cluster]"
   echo "$wanted" > "$stamp"
 fi
 

@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 WORKER_MODULE = "training.sft_worker"
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_HINT = (
-    "install it with the dev extra (`pip install -c constraints/cpu.txt -e '.[dev]'`, which "
-    "scripts/setup.sh runs) or alone (`pip install -c constraints/cpu.txt deepspeed`)"
+    "install it with the dev extra (`pip install -c constraints/cpu.lock -e '.[dev]'`, which "
+    "scripts/setup.sh runs) or alone (`pip install -c constraints/cpu.lock deepspeed`)"
 )
 TAIL_LINES = 60
 ERROR_LINES = 12
