@@ -484,3 +484,39 @@ def test_without_a_model_the_profiles_final_model_is_evaluated(evaluations):
     result = evaluate_registered(**kwargs)  # profile micro: models:/r1-micro@final
     assert result["model"] == URI
     assert result["version"] == evaluations["versions"]["untrained"]
+
+
+@pytest.mark.heavy
+def test_an_evaluation_at_another_temperature_names_it_and_gives_no_verdict(evaluations, models):
+    """The good model under an alias of its own, at temperature 0 and then at 3.0: a drop that
+    compares unlike runs, named instead of judged (the flow run completes)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from flows.evaluate_registered import evaluate_registered
+
+    paths = evaluations["paths"]
+    register(paths, models["good"], "hot")
+    kwargs = evaluations["kwargs"] | {"model": f"models:/{NAME}@hot"}
+    cool = evaluate_registered(**kwargs)
+    hot = evaluate_registered(
+        **kwargs | {"overrides": [*kwargs["overrides"], "evaluation.temperature=3.0"]}
+    )
+    assert hot["metrics"]["pass_at_1"] < cool["metrics"]["pass_at_1"] - 0.02  # a drop, unjudged
+    assert hot["verdict"] == "settings-differ" and hot["regressions"] == []
+    assert hot["previous"] is None and hot["unlike_run_id"] == cool["mlflow_run_id"]
+    assert hot["settings_differ"] == ["temperature 0.0 -> 3.0"]
+    run = MlflowClient(paths.tracking_uri).get_run(hot["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["verdict"] == "settings-differ"
+    assert run.data.tags["settings.differ"] == "temperature 0.0 -> 3.0"
+    assert run.data.params["settings.temperature"] == "3.0"
+    lines = flow_run_logs(hot["mlflow_run_id"], paths)
+    said = f"models:/{NAME}@hot v{hot['version']}: no verdict, settings differ from "
+    assert any(said in line and "temperature 0.0 -> 3.0" in line for line in lines), lines
+    flow_run_id = run.data.tags["prefect.flow_run_id"]
+    with get_client(sync_client=True) as prefect:
+        found = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    (report,) = [a for a in found if a.key == "evaluation-hot"]
+    assert "**No verdict**" in report.data and "- temperature 0.0 -> 3.0" in report.data
