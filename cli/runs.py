@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from cli.failures import failure_reason, reason_lines, retry_helps
 from storage.paths import StatePaths
 
 SERVE_ENV = "serve.env"  # written by scripts/serve.sh into the state folder
@@ -79,42 +80,7 @@ class RunLine:
     def lines(self) -> list[str]:
         when = self.started.strftime("%m-%d %H:%M") if self.started else "-"
         head = f"{self.id}  {self.state:<10} {when:<11} {self.source}"
-        return [head] + ([f"    {self.reason}"] if self.reason else [])
-
-
-def failure_reason(client: Any, flow_run: Any) -> str:
-    """`reasoning_rl: InjectedFailure: ...`: the task run that failed and its exception, or the
-    flow run's own message (a crash: the process that ran it ended)."""
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterId,
-        TaskRunFilter,
-        TaskRunFilterState,
-        TaskRunFilterStateType,
-    )
-    from prefect.client.schemas.objects import StateType
-
-    failed = client.read_task_runs(
-        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
-        task_run_filter=TaskRunFilter(
-            state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.FAILED]))
-        ),
-    )
-    if failed and flow_run.state.type == StateType.FAILED:
-        task_run = max(failed, key=lambda t: t.state.timestamp)
-        return f"{task_run.name}: {exception_text(task_run.state.message or '')}"
-    return exception_text(flow_run.state.message or "") or flow_run.state.name
-
-
-def exception_text(message: str) -> str:
-    """A state's message without Prefect's preamble: `InjectedFailure: reasoning_rl: ...`."""
-    for preamble in (
-        "Task run encountered an exception ",
-        "Flow run encountered an exception: ",
-        "Flow run encountered an exception ",
-    ):
-        message = message.removeprefix(preamble)
-    return message.strip()
+        return [head, *reason_lines(self.reason, "    ")] if self.reason else [head]
 
 
 def run_lines(client: Any, states: list[str], limit: int) -> list[RunLine]:
@@ -207,6 +173,20 @@ def runs_command(state_dir: str | None, states: list[str], limit: int) -> int:
         print("\n".join(line.lines()))
     if not lines:
         print("no flow runs" + (f" in state {', '.join(states)}" if states else ""))
-    elif any(line.reason for line in lines):
-        print(f"\nretry one: {served.retry('<id>')}\nthen follow it: {served.watch('<id>')}")
+    elif reasons := [line.reason for line in lines if line.reason]:
+        print("\n" + "\n".join(next_steps(reasons, served)))
     return 0
+
+
+def next_steps(reasons: list[str], served: Served) -> list[str]:
+    """What to do about the failures listed: the retry, where one can end otherwise; for a
+    failure that a retry meets again (a bad setting), to fix it and start a new run."""
+    steps = []
+    if any(retry_helps(reason) for reason in reasons):
+        steps += [f"retry one: {served.retry('<id>')}", f"then follow it: {served.watch('<id>')}"]
+    if not all(retry_helps(reason) for reason in reasons):
+        steps += [
+            "a bad setting, a missing input or a regression fails a retry the same way:",
+            "fix what the reason says, then start a new run (prefect deployment run ...)",
+        ]
+    return steps

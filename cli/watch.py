@@ -10,7 +10,6 @@ a server that stops answering meanwhile is waited for (cli/outage.py).
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -18,8 +17,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from cli.failures import failure_reason, reason_lines, retry_helps
 from cli.outage import CLIENT_RETRIES, Outage, is_unreachable
-from cli.runs import NoServer, Served, connect, failure_reason, unreachable
+from cli.runs import NoServer, Served, connect, unreachable
 
 POLL_SECONDS = 2.0
 STRAGGLER_SECONDS = 6.0  # a flow run's last lines reach the server as its process exits
@@ -58,10 +58,11 @@ def new_logs(client: Any, flow_run_id: UUID, since: datetime | None, seen: set) 
 
 
 def log_text(log: Any) -> str:
-    """`20:20:31 reasoning_rl: stage 6 of 16, step 1 of 2 (50%)`, further lines indented."""
-    first, *rest = log.message.splitlines() or [""]
+    """`20:20:31 reasoning_rl: stage 6 of 16, step 1 of 2 (50%)`, further lines indented; a
+    line too long for the terminal (Prefect's own, a traceback's) wraps under its indent."""
     when = log.timestamp.astimezone().strftime("%H:%M:%S")
-    return "\n".join([f"{when} {first}"] + [f"         {line}" for line in rest])
+    first, *rest = reason_lines(log.message, " " * (len(when) + 1))
+    return "\n".join([f"{when} {first.lstrip()}", *rest])
 
 
 def follow(
@@ -116,43 +117,22 @@ def attempt_seconds(client: Any, run: Any) -> float | None:
     return (run.state.timestamp - max(running)).total_seconds()
 
 
-# Failures that a retry meets again: it runs the same parameters on the same stores. A bad
-# setting or profile, a model or input file that is not there, data or memory that cannot hold
-# the stages, a regression the evaluation found, a non-finite loss (same data, same seed).
-NOT_FIXED_BY_RETRY = frozenset(
-    {
-        "ConfigError", "ValidationError", "RegistryError", "MissingInputsError",
-        "ProblemFileError", "DataFitError", "MemoryFitError", "EvaluationRegression",
-        "NonFiniteLossError", "RayMissingError", "DeepSpeedMissingError",
-    }
-)  # fmt: skip
-ERROR_NAME = re.compile(r"\b([A-Z][A-Za-z0-9]*(?:Error|Regression|Exception|Failure))\b")
-
-
-def retry_helps(reason: str) -> bool:
-    """Whether retrying can end otherwise: not for the errors a retry meets again."""
-    found = ERROR_NAME.search(reason)
-    return found is None or found.group(1) not in NOT_FIXED_BY_RETRY
-
-
 def ending(client: Any, run: Any, served: Served) -> tuple[list[str], int]:
     """What to say when the run has ended, and the exit status (0 only for Completed)."""
     if run.state.is_completed():
         seconds = attempt_seconds(client, run)
         took = (
-            ""
-            if seconds is None
-            else f" (this attempt ran {seconds // 60:.0f} min {seconds % 60:.0f} s)"
+            "" if seconds is None else f" (attempt: {seconds // 60:.0f} min {seconds % 60:.0f} s)"
         )
         return [f"flow run {run.id} Completed{took}"], 0
     reason = failure_reason(client, run)
-    lines = [f"flow run {run.id} {run.state.name}: {reason}"]
+    lines = [f"flow run {run.id} {run.state.name}:", *reason_lines(reason, "  ")]
     if not (run.state.is_failed() or run.state.is_crashed()):
         return lines, 1
     if not retry_helps(reason):
         lines += [
-            "a retry runs the same parameters and would fail the same way: start a new run",
-            "with what the message above says to change (prefect deployment run ... --param ...)",
+            "a retry runs the same parameters and would fail the same way: change what the",
+            "reason says and start a new run (prefect deployment run ... --param ...)",
         ]
         return lines, 1
     lines += [
@@ -208,7 +188,8 @@ def watch_run(client: Any, run_id: UUID, served: Served) -> int:
         print(f"r1 watch: {unreachable(served.api_url)}", file=sys.stderr)
         return 2
     say = flush_print
-    say(f"flow run {run.id} ({run.name}), following its latest attempt")
+    say(f"flow run {run.id} ({run.name})")
+    say("following its latest attempt")
     outage = Outage(served.api_url, say)
     run = follow(client, run_id, say, outage=outage)
     lines, status = outage.call(lambda: ending(client, run, served))

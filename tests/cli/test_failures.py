@@ -92,3 +92,68 @@ def test_reason_lines_fit_the_terminal_and_indent_alike():
     assert len(wrapped) > 1 and all(len(line) <= WIDTH for line in wrapped), wrapped
     assert all(line.startswith("    ") and line[4] != " " for line in wrapped)
     assert " ".join(line.strip() for line in wrapped) == crash
+
+
+SERVED_RUN = "b6d5cab5-ff6f-4e51-8c9b-d34850b1b422"
+
+
+def served(tmp_path):
+    from cli.runs import Served
+
+    return Served("http://127.0.0.1:4200/api", tmp_path)
+
+
+def test_r1_runs_says_to_fix_a_bad_setting_rather_than_retry(tmp_path):
+    from cli.runs import next_steps
+
+    bad = failure_reason(Client([]), flow_run("FAILED", CONFIG_ERROR))
+    crash = failure_reason(Client(STAGES), flow_run("CRASHED", crash_message(90)))
+    only_bad = next_steps([bad, bad], served(tmp_path))
+    assert not any("retry one" in step for step in only_bad), only_bad
+    assert any("fix what the reason says" in step for step in only_bad), only_bad
+    mixed = "\n".join(next_steps([bad, crash], served(tmp_path)))
+    assert "retry one: " in mixed and "fix what the reason says" in mixed
+    assert "fix what" not in "\n".join(next_steps([crash], served(tmp_path)))
+
+
+def test_r1_runs_rows_fit_80_columns_with_every_reason_line_under_the_run(tmp_path):
+    from cli.runs import RunLine
+
+    for reason in (
+        failure_reason(Client([]), flow_run("FAILED", CONFIG_ERROR)),
+        failure_reason(Client(STAGES), flow_run("CRASHED", orphan_message("r1-local", "CRASHED"))),
+    ):
+        head, *lines = RunLine(SERVED_RUN, "Failed", "r1-pipeline/micro", T0, reason).lines()
+        assert all(len(line) <= WIDTH for line in [head, *lines]), lines
+        assert len(lines) > 1 and all(line.startswith("    ") for line in lines), lines
+
+
+def test_r1_watch_says_how_a_run_ended_in_lines_that_fit_80_columns(tmp_path):
+    from cli.watch import ending
+
+    for kind, message in (
+        ("CRASHED", "Execution was aborted by a termination signal."),
+        ("CRASHED", crash_message(90)),
+        ("FAILED", CONFIG_ERROR),
+    ):
+        run = flow_run(kind, message)
+        run.state.is_completed = lambda: False
+        run.state.is_failed = lambda kind=kind: kind == "FAILED"
+        run.state.is_crashed = lambda kind=kind: kind == "CRASHED"
+        lines, status = ending(Client(STAGES), run, served(tmp_path))
+        commands = [line for line in lines if line.startswith(("  PREFECT_API", "  .venv/"))]
+        assert status == 1 and all(len(line) <= WIDTH for line in lines if line not in commands)
+        assert lines[0] == f"flow run {run.id} {kind.title()}:"
+        if kind == "CRASHED":
+            assert lines[1].startswith("  in reasoning_rl: ") and commands, lines
+
+
+def test_r1_watch_wraps_a_long_log_line_under_its_time():
+    from cli.watch import log_text
+
+    words = "Finished in state Failed('Task run encountered an exception RegistryError: " * 2
+    log = SimpleNamespace(message=f"short\n{words}", timestamp=T0)
+    lines = log_text(log).splitlines()
+    assert lines[0].endswith(" short") and len(lines[0]) == 14
+    assert len(lines) > 2 and all(len(line) <= WIDTH for line in lines), lines
+    assert all(line.startswith(" " * 9) for line in lines[1:])
