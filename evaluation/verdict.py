@@ -26,7 +26,8 @@ class EvaluationVerdict:
     """What an evaluation found, against the latest earlier evaluation of the same alias with
     the same settings (`previous`; None: there is none). When there is none but there are earlier
     evaluations, `unlike` is the latest of them and `unlike_settings` what differs from it (empty:
-    its settings are unknown)."""
+    its settings are unknown); otherwise `unlike_settings` are the general-only settings that
+    differ from `previous`'s, which set the `set_aside` metrics aside."""
 
     model: RegisteredModel
     mlflow_run_id: str
@@ -82,8 +83,8 @@ def judge(
     found = same_settings(settings, earlier)
     if found is None:
         latest = earlier[0] if earlier else None
-        known = latest is not None and latest.settings is not None
-        unlike = differences(latest.settings, settings) if known else []
+        known = latest.settings if latest is not None else None
+        unlike = differences(known, settings) if known is not None else []
         return EvaluationVerdict(
             model, run_id, metrics, None, settings=settings, unlike=latest, unlike_settings=unlike
         )
