@@ -46,7 +46,7 @@ def resumed_command_run(
     """The parent run of the same command's earlier attempt, reopened for this flow run; None
     when there is none to go on with, or when this flow run belongs to a deployment (a
     deployment's run resumes by `prefect flow-run retry`)."""
-    if runtime.flow_run.deployment_id:
+    if runtime.deployment.id:
         return None
     command = command_digest(flow, config)
     run = resumable_pipeline_run(client, experiment, command, code_version())
