@@ -167,8 +167,9 @@ class InjectedFailure(RuntimeError):
 
 class StageTracker(MlflowTracker):
     """A stage's MLflow run, plus what a person following the flow run reads: a log line when
-    another tenth of the stage's steps is done (`stage 6 of 16, step 40 of 200 (20%)`, from the
-    `progress/fraction` metric), and the one-time failure of `faults.fail_once_at`."""
+    another tenth of the stage's steps is done (`step 40 of 200 (20%)`, from the
+    `progress/fraction` metric; its first line said `stage 6 of 16 starts`), and the one-time
+    failure of `faults.fail_once_at`."""
 
     def __init__(self, run: MlflowTracker, ctx: RunContext, stage: str):
         super().__init__(run.client, run.run_id, run.attempts)
@@ -183,7 +184,7 @@ class StageTracker(MlflowTracker):
         if step:
             self.step = step
         if PROGRESS in metrics and self._lines.due(metrics[PROGRESS]):
-            run_logger().info("%s, %s", self.position, step_text(step or 0, metrics[PROGRESS]))
+            run_logger().info("%s", step_text(step or 0, metrics[PROGRESS]))
         if step is not None:
             self.fail_if_asked(step)
 
@@ -226,14 +227,23 @@ def tracked_stage(
             yield tracker, timing
         except Exception as err:
             at = f" at step {tracker.step}" if tracker.step else ""
-            run_logger().error("%s failed%s: %s: %s", tracker.position, at, type(err).__name__, err)
+            run_logger().error(
+                "%s failed%s:\n%s: %s", tracker.position, at, type(err).__name__, err
+            )
             raise
         timing["seconds"] = run.attempts.earlier_seconds + time.perf_counter() - began
         tracker.log_metrics({"stage/seconds": timing["seconds"]})
 
 
 def announce(tracker: StageTracker) -> None:
-    """The stage's first line: its place in the run, its MLflow run, and the attempt."""
-    attempt = tracker.attempts.number
-    again = f", attempt {attempt} (resumed)" if attempt > 1 else ""
-    run_logger().info("%s starts%s; MLflow run %s", tracker.position, again, tracker.run_id)
+    """The stage's first lines: its place in the run, its MLflow run, and the attempt."""
+    run_logger().info("%s", start_text(tracker.position, tracker.run_id, tracker.attempts.number))
+
+
+def start_text(position: str, run_id: str, attempt: int) -> str:
+    """`stage 6 of 16 starts` (`resumes`, on an attempt after the first), then its MLflow run
+    and attempt on lines of their own: a 32-character run id after a long stage's name would
+    not fit a log line at 80 columns."""
+    if attempt <= 1:
+        return f"{position} starts\nMLflow run {run_id}"
+    return f"{position} resumes\nMLflow run {run_id}\nattempt {attempt}"

@@ -7,7 +7,7 @@ from prefect import get_run_logger
 
 from configs.reinforcement import EvalConfig
 from evaluation.metrics import EvalReport
-from evaluation.report import cell, columns
+from evaluation.report import figure_lines
 from models.saved import ModelRef
 from problems.general_files import GeneralFiles
 from problems.types import ProblemSet
@@ -54,6 +54,6 @@ def evaluate_model(
     client.log_table(
         stage.run_id, {k: [r[k] for r in samples] for k in samples[0]}, "eval/samples.json"
     )
-    figures = [f"{title} {cell(report.metrics, key)}" for title, key in columns(config.k)]
-    get_run_logger().info("held-out: %s", ", ".join(f for f in figures if not f.endswith(" -")))
+    figures = "\n".join(figure_lines(report.metrics, config.k))
+    get_run_logger().info("held-out figures:\n%s", figures)
     return report

@@ -88,7 +88,7 @@ def train_reward_model(
         model = ModelRef(rm.path, rm.parameters)
         digest, version = record_model(ctx, tracker, STAGE, model, [base.ref, pairs_digest])
     get_run_logger().info(
-        "reward model: held-out pairwise accuracy %.3f (before training %.3f)",
+        "held-out pairwise accuracy %.3f\nbefore training %.3f",
         rm.heldout_accuracy,
         rm.accuracy_before,
     )

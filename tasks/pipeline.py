@@ -89,7 +89,7 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
     settings = config.model_dump(mode="json")
     run_id = retried_pipeline_run(client, experiment, flow_run_id)
     if run_id is not None:
-        logger.info("flow run retried: MLflow parent run %s goes on", run_id)
+        logger.info("retry: its MLflow run goes on:\n%s", run_id)
         crash_leftover_task_runs(flow_run_id)
     elif run_id := resumed_command_run(client, experiment, flow, settings, flow_run_id):
         logger.info("the same command again: MLflow parent run %s goes on", run_id)
@@ -98,7 +98,7 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
             client, experiment, f"{flow}-{flow_run_id[:8]}", flow_run_id, settings
         )
         client.set_tag(run_id, "r1.flow", flow)
-        logger.info("MLflow parent run %s in %s", run_id, paths.tracking_uri)
+        logger.info("MLflow parent run and store:\n%s\n%s", run_id, paths.tracking_uri)
     hold_pipeline_run(client, run_id, flow, settings)
     fail_at = config.faults.fail_once_at
     cluster = config.cluster.active()
@@ -243,9 +243,10 @@ def mark_pipeline_failed(flow, flow_run, state) -> None:
     for run in runs:
         finish_run(client, run.info.run_id, failed=True)
     # the reason, in the flow run's own logs (`prefect flow-run logs <id>`), not only on stderr
+    reason = (state.message or "").removeprefix("Flow run encountered an exception: ")
     flow_run_logger(flow_run, flow).error(
-        "flow run %s: %s (MLflow parent run %s)",
+        "flow run %s: %s\nMLflow parent run: %s",
         state.name,
-        state.message,
+        reason,
         ", ".join(run.info.run_id for run in runs) or "none",
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import textwrap
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 from prefect.logging.handlers import APILogHandler
+
+from evaluation.report import LINE_WIDTH
 
 PROGRESS_EVERY = 0.1  # a progress line each time another tenth of a stage's steps is done
 SHOWN_EXCEPTIONS = 64  # exceptions a formatter remembers having shown the traceback of
@@ -36,8 +39,9 @@ class TaskNamedFormatter(logging.Formatter):
     them in one line (`Engine execution exited with unexpected exception: RegistryError: ...`),
     the last line a person reads before the run's end."""
 
-    def __init__(self, fmt: str | None = None):
+    def __init__(self, fmt: str | None = None, width: int | None = None):
         super().__init__(fmt)
+        self.width = width  # a message's lines wrap at a space past this many characters
         self._shown: OrderedDict[int, str] = OrderedDict()  # id -> text of exceptions shown
         self._words: OrderedDict[str, None] = OrderedDict()  # their long messages
 
@@ -46,8 +50,12 @@ class TaskNamedFormatter(logging.Formatter):
         name = getattr(record, "task_run_name", None)
         message = record.getMessage()
         if name and not message.startswith(f"{name}: "):
+            message = f"{name}: {message}"
+        if self.width:
+            message = fitted(message, self.width)
+        if message != record.getMessage():
             record = logging.makeLogRecord(record.__dict__)  # the others' record stays as it is
-            record.msg, record.args = f"{name}: {message}", None
+            record.msg, record.args = message, None
         return super().format(record)
 
     def _briefly(self, record: logging.LogRecord) -> logging.LogRecord:
@@ -85,8 +93,12 @@ class TaskNamedFormatter(logging.Formatter):
         return True
 
     def _cut(self, message: str) -> str:
+        """The long words of exceptions shown, cut to their first line's start, where they are
+        said again: as they are, or escaped in a repr (a bad setting's message, of several
+        lines, in `Failed('...: 1 invalid setting(s)\\n  key: ...')`)."""
         for words in self._words:
-            message = message.replace(words, words[: LONG_WORDS - 1] + "…")
+            short = words.splitlines()[0][: LONG_WORDS - 1] + "…"
+            message = message.replace(words, short).replace(repr(words)[1:-1], short)
         return message
 
     def formatException(self, ei) -> str:  # noqa: N802 - logging's name
@@ -103,6 +115,26 @@ class TaskNamedFormatter(logging.Formatter):
             cause = value.__cause__
             lines += ["caused by: "] + traceback.format_exception_only(type(cause), cause)
         return "".join(lines).rstrip("\n")
+
+
+def fitted(message: str, width: int) -> str:
+    """`message` with each line longer than `width` wrapped at spaces, the parts after its
+    first indented two more than it; a word longer than the width (a path) stays whole."""
+    lines = []
+    for line in message.splitlines() or [""]:
+        if len(line) <= width:
+            lines.append(line)
+            continue
+        own = line[: len(line) - len(line.lstrip())]
+        lines += textwrap.wrap(
+            line.strip(),
+            width,
+            initial_indent=own,
+            subsequent_indent=own + "  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return "\n".join(lines)
 
 
 def exception_line(error: BaseException) -> str:
@@ -124,7 +156,7 @@ def name_task_run_logs() -> None:
         if isinstance(handler, APILogHandler) and not isinstance(
             handler.formatter, TaskNamedFormatter
         ):
-            handler.setFormatter(TaskNamedFormatter())
+            handler.setFormatter(TaskNamedFormatter(width=LINE_WIDTH))
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter:

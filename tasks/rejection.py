@@ -10,6 +10,7 @@ import pyarrow as pa
 from prefect import get_run_logger
 
 from configs.schema import RejectionConfig
+from evaluation.report import packed
 from models.saved import ModelRef
 from problems.general_files import GeneralFiles
 from problems.loader import load_problems
@@ -93,20 +94,27 @@ def rejection_sample(
         inputs += [file_digest(general.rl_prompts_path)] if general else []
         inputs += [reward_model.ref] if reward_model else []
         record_dataset(ctx, tracker, stage, out / "kept.parquet", digest, funnel.kept, inputs)
-        get_run_logger().info(
-            "%s: %d prompts, sampled %d (skipped %d stored chunks); funnel %s",
-            stage,
-            report.prompts,
-            report.sampled,
-            report.chunks_skipped,
-            " -> ".join(f"{name} {n_out}" for name, _, n_out in steps),
-        )
+        get_run_logger().info("%s", funnel_text(stage, report, steps))
     n_rollouts = steps[0][1] if steps else 0
     result = RejectionSet(out / "dataset", out / "kept.parquet", n_rollouts, funnel.kept, steps)
     notes: dict[str, object] = {"kept": f"{funnel.kept}/{n_rollouts}"}
     if report.chunks_skipped:
         notes["resumed"] = f"{report.chunks_skipped}/{report.chunks} chunks stored"
     return StageResult(stage, tracker.run_id, result, timing["seconds"], digest, notes)
+
+
+def funnel_text(
+    stage: str, report: rejection_stage.SamplingReport, steps: list[tuple[str, int, int]]
+) -> str:
+    """`rejection_sampling: 20 prompts, sampled 40`, the chunks a resumed stage took from the
+    store, then the funnel, rows kept after each filter, in lines that fit a log line."""
+    lines = [f"{stage}: {report.prompts} prompts, sampled {report.sampled}"]
+    if report.chunks_skipped:
+        lines.append(f"skipped {report.chunks_skipped} stored chunks")
+    kept = [f"{name} {n_out}" for name, _, n_out in steps]
+    if kept:
+        kept[0] = f"funnel: {kept[0]}"
+    return "\n".join(lines + packed(kept, " -> "))
 
 
 def log_funnel(tracker: MlflowTracker, funnel: Funnel) -> list[tuple[str, int, int]]:

@@ -92,3 +92,18 @@ def test_a_line_a_stage_fits_80_columns_under_a_logs_prefix():
     assert lines[4] == "student_base_llama  1234s  params 0.70M, v11"  # no "cached from"
     assert lines[5].startswith("rejection_sampling    64s  data 25 general")
     assert lines[5].endswith("…")
+
+
+def test_a_stages_held_out_figures_fit_log_lines_under_watch():
+    """Every figure the report has, with standard errors, a few a line: at 80 columns under
+    `--watch` the one line of 206 characters wrapped into three."""
+    from evaluation.report import LINE_WIDTH, columns, figure_lines
+
+    metrics = {key: 0.123 for _, key in columns(4)} | {"general_score": -0.249}
+    metrics |= {f"{key}_sem": 0.004 for _, key in columns(4)}
+    lines = figure_lines(metrics, 4)
+    assert all(len(line) <= LINE_WIDTH for line in lines), lines
+    said = ", ".join(lines)
+    assert said.startswith("pass@1 0.123 ± 0.004, strict 0.123 ± 0.004")
+    assert said.count(" ± ") == len(columns(4)) and "general score -0.249 ± 0.004" in said
+    assert figure_lines({"pass_at_1_lenient": 0.5}, 4) == ["pass@1 0.500"]

@@ -230,7 +230,26 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
     assert "final model (all_scenarios_rl): pass@1 " in first_line
     experiment = client.get_experiment(parent.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on runs
+    messages = flow_run_messages(result.flow_run_id)
+    (report,) = [m for m in messages if "held-out, after each stage:" in m]
+    assert [line.split()[0] for line in report.splitlines()[1:-1]] == ROW_STAGES  # a line each
+    assert all(len(line) <= LINE_WIDTH for line in report.splitlines()[1:])
+    # every task run's line says which stage it is about, and long stages say how far along
+    words = [" ".join(m.split()) for m in messages]  # a line past LINE_WIDTH wraps
+    assert "reasoning_rl: Finished in state Completed()" in words
+    assert "evaluate: reasoning_rl: Finished in state Completed()" in words
+    unnamed = [m for m in words if m.startswith("Finished in state")]
+    assert unnamed == ["Finished in state Completed()"]  # the flow run's own, and no task's
+    assert "reasoning_rl: step 2 of 2 (100%)" in messages
+    assert any(m.startswith("reasoning_rl: stage 6 of 16 starts\nMLflow run ") for m in messages)
+
+
+def flow_run_messages(flow_run_id: str) -> list[str]:
+    """The flow run's log messages as the server holds them (what `--watch` and `r1 watch`
+    print), in order."""
+    from prefect import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
     from prefect.logging.handlers import APILogHandler
 
     APILogHandler().flush()  # the run's logs reach the server from a background worker
@@ -238,22 +257,26 @@ def test_the_report_is_logged_to_mlflow_and_prefect(micro_run):
     with get_client(sync_client=True) as prefect:
         while page:  # the server answers 200 logs at a time
             page = prefect.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[result.flow_run_id])),
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                sort=LogSort.TIMESTAMP_ASC,
                 limit=200,
                 offset=len(logs),
             )
             logs += page
-    (report,) = [log.message for log in logs if "held-out, after each stage:" in log.message]
-    assert [line.split()[0] for line in report.splitlines()[1:-1]] == ROW_STAGES  # a line each
-    assert all(len(line) <= LINE_WIDTH for line in report.splitlines()[1:])
-    messages = [log.message for log in logs]
-    # every task run's line says which stage it is about, and long stages say how far along
-    assert "reasoning_rl: Finished in state Completed()" in messages
-    assert "evaluate: reasoning_rl: Finished in state Completed()" in messages
-    unnamed = [m for m in messages if m.startswith("Finished in state")]
-    assert unnamed == ["Finished in state Completed()"]  # the flow run's own, and no task's
-    assert "reasoning_rl: stage 6 of 16, step 2 of 2 (100%)" in messages
-    assert any(m.startswith("reasoning_rl: stage 6 of 16 starts; MLflow run ") for m in messages)
+    return [log.message for log in logs]
+
+
+def test_every_log_line_fits_80_columns_under_watch(micro_run):
+    """`prefect deployment run --watch` puts 28 characters before each line of a message and
+    `r1 watch` 9: a line of the run's log wraps at 80 columns past LINE_WIDTH characters. A
+    single word may be longer (a path, an address): it cannot be cut."""
+    _, result = micro_run
+    lines = [line for m in flow_run_messages(result.flow_run_id) for line in m.splitlines()]
+    assert len(lines) > 100
+    wide = [line for line in lines if len(line) > LINE_WIDTH and len(line.split()) > 1]
+    assert not wide, f"{len(wide)} of {len(lines)} lines wider than {LINE_WIDTH}:\n" + "\n".join(
+        wide
+    )
 
 
 def test_rejection_sampling_filled_duckdb_and_fed_mixed_sft(micro_run):

@@ -7,11 +7,13 @@ import sys
 import pytest
 
 from configs import load_profile
+from evaluation.report import LINE_WIDTH
 from tasks.plan import planned_stages
 from tasks.progress import (
     LONG_WORDS,
     ProgressLines,
     TaskNamedFormatter,
+    fitted,
     library_file,
     stage_position,
     step_text,
@@ -158,3 +160,60 @@ def test_long_words_of_a_failure_are_said_in_full_with_its_traceback_and_at_the_
     assert texts[0].count(words) == 1 and texts[0].endswith(f"LookupError: {words}")  # traceback
     assert all(f"{words[: LONG_WORDS - 1]}…" in text for text in texts[1:4])
     assert texts[-1] == f"Engine execution exited with unexpected exception: LookupError: {words}"
+
+
+def test_a_bad_settings_words_are_said_once_in_a_failed_flow_runs_log():
+    """The records of a flow run that failed on a bad setting, as the server keeps them (what
+    `--watch` and `r1 watch` print): the setting's key and reason once, in the traceback."""
+    from configs.profiles import ConfigError, load_profile
+
+    formatter = TaskNamedFormatter(width=LINE_WIDTH)
+    try:
+        load_profile("micro", ["cold_start_sft.train.epohcs=2"])
+    except ConfigError as error:
+        info, said, words = sys.exc_info(), repr(error), str(error)
+    records = [
+        record(f"Encountered exception during execution: {said}", None, info),
+        record(f"flow run Failed: ConfigError: {words}\nMLflow parent run: none", None),
+        record(f"Finished in state Failed({repr(f'Flow run encountered: {words}')})", None),
+    ]
+    texts = "\n".join(formatter.format(r) for r in records)
+    assert texts.count("cold_start_sft.train.epohcs: Extra inputs are not permitted") == 1, texts
+    assert texts.count("Traceback (most recent call last") == 1
+
+
+def test_a_log_line_wraps_at_a_space_to_fit_80_columns_under_watch():
+    formatter = TaskNamedFormatter(width=LINE_WIDTH)
+    text = formatter.format(record("Finished in state Completed()", "evaluate: all_scenarios_rl"))
+    assert text == "evaluate: all_scenarios_rl: Finished in state\n  Completed()"
+    path = "sqlite:///" + "/very/long" * 8 + "/mlflow.db"
+    assert fitted(f"store\n{path}", LINE_WIDTH) == f"store\n{path}"  # a word stays whole
+
+
+def test_a_stages_first_lines_and_its_progress_fit_a_log_line():
+    from tasks.context import start_text
+
+    plan = planned_stages(load_profile("tiny"), "r1_pipeline")
+    longest = max(plan, key=len)
+    position = stage_position(longest, plan)
+    run_id = "0123456789abcdef" * 2
+    for attempt in (1, 2):
+        lines = f"{longest}: {start_text(position, run_id, attempt)}".splitlines()
+        assert all(len(line) <= LINE_WIDTH for line in lines), lines
+        assert run_id in lines[1]
+    assert len(f"{longest}: {step_text(1500, 1.0)}") <= LINE_WIDTH
+
+
+def test_the_funnel_line_of_a_sampling_stage_fits_a_log_line():
+    from types import SimpleNamespace
+
+    from tasks.rejection import funnel_text
+
+    report = SimpleNamespace(prompts=20000, sampled=160000, chunks_skipped=12)
+    names = ["length", "correct", "well_formed", "single_language", "general_score", "dedup"]
+    steps = [(name, 160000, 150000) for name in [*names, "top_k"]]
+    lines = funnel_text("rejection_sampling", report, steps).splitlines()
+    assert lines[0] == "rejection_sampling: 20000 prompts, sampled 160000"
+    assert lines[1] == "skipped 12 stored chunks" and lines[2].startswith("funnel: length 150000")
+    assert all(len(line) <= LINE_WIDTH for line in lines), lines
+    assert " -> ".join(lines[2:]).count(" -> ") == len(steps) - 1
