@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cli.failures import failure_reason, reason_lines, retry_helps
+from cli.failures import WIDTH, failure_reason, reason_lines, retry_helps
 from storage.paths import StatePaths
 
 SERVE_ENV = "serve.env"  # written by scripts/serve.sh into the state folder
@@ -78,9 +78,15 @@ class RunLine:
     reason: str = ""  # for a failed or crashed run: the stage that failed, and why
 
     def lines(self) -> list[str]:
+        """The run's line; its deployment on the next when the line would pass 80 columns
+        (`evaluate-model/final-nightly`), then the reason, each line indented under the run."""
         when = self.started.strftime("%m-%d %H:%M") if self.started else "-"
-        head = f"{self.id}  {self.state:<10} {when:<11} {self.source}"
-        return [head, *reason_lines(self.reason, "    ")] if self.reason else [head]
+        head = f"{self.id}  {self.state:<10} {when:<11}"
+        if len(f"{head} {self.source}") <= WIDTH:
+            lines = [f"{head} {self.source}"]
+        else:
+            lines = [head.rstrip(), f"    deployment {self.source}"]
+        return lines + reason_lines(self.reason, "    ") if self.reason else lines
 
 
 def run_lines(client: Any, states: list[str], limit: int) -> list[RunLine]:

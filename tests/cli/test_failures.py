@@ -157,3 +157,13 @@ def test_r1_watch_wraps_a_long_log_line_under_its_time():
     assert lines[0].endswith(" short") and len(lines[0]) == 14
     assert len(lines) > 2 and all(len(line) <= WIDTH for line in lines), lines
     assert all(line.startswith(" " * 9) for line in lines[1:])
+
+
+def test_a_long_deployment_name_goes_on_a_line_of_its_own():
+    from cli.runs import RunLine
+
+    source = "evaluate-model/final-nightly"
+    lines = RunLine(SERVED_RUN, "Completed", source, T0).lines()
+    assert lines == [f"{SERVED_RUN}  Completed  11-28 12:00", f"    deployment {source}"]
+    short = RunLine(SERVED_RUN, "Completed", "r1-pipeline/micro", T0).lines()
+    assert short == [f"{SERVED_RUN}  Completed  11-28 12:00 r1-pipeline/micro"]
