@@ -96,7 +96,7 @@ def assert_listed_watched_and_resumed(stack: Stack, run_id: str, steps: int, rea
     assert reason in lines[at + 1], listed.stdout
     watched = r1(stack.env, "watch", run_id, timeout=120)
     assert watched.returncode == 1, watched.stdout + watched.stderr
-    assert f"flow run {run_id} Crashed: " in watched.stdout, watched.stdout
+    assert f"flow run {run_id} Crashed:\n" in watched.stdout, watched.stdout
     assert f".venv/bin/prefect flow-run retry {run_id}" in watched.stdout
 
     retry = prefect(stack.env, "flow-run", "retry", run_id)
@@ -167,7 +167,8 @@ def test_a_run_whose_worker_was_killed_is_marked_crashed_by_its_heartbeats(stack
     kill_sessions({stack.pid("worker"), engine_session(run_id)})
     watched = r1(stack.env, "watch", run_id, timeout=CRASH_AFTER + 120)
     assert watched.returncode == 1, watched.stdout + watched.stderr
-    assert f"flow run {run_id} Crashed: No heartbeat for {CRASH_AFTER} s" in watched.stdout
+    said = " ".join(watched.stdout.split())  # the reason wraps at 80 columns
+    assert f"flow run {run_id} Crashed: in reasoning_rl: No heartbeat for {CRASH_AFTER} s" in said
     listed = r1(stack.env, "runs", "--state", "crashed")
     assert f"{run_id}  Crashed" in listed.stdout and "No heartbeat" in listed.stdout
     started = stack.serve("start")  # the worker again, for what follows
