@@ -7,6 +7,10 @@ against the stage's own step time.
     python -m benchmarks.guard --state STATE_DIR --run RUN_ID --section r1_zero [--set KEY=VALUE]
     python -m benchmarks.guard --signals 32x16x1500 [16x8x400 ...]
 
+Each report sets the trips beside those of the unpaired reading alone (`overpay` off: the guard
+before the paired reading of guard/paired.py); a stage recorded before the probe kept its
+per-problem values gives the same trips in both.
+
 The second form goes over every GRPO stage of a finished run's state folder (R1-Zero, stages 3
 and 6, the RL-only twins), with the settings the run was given (`--set`, as to `r1 run`): each
 stage's trips replayed, and the guard's whole cost (its checks, as the stage recorded them in
@@ -90,6 +94,8 @@ def replay(config: GRPOConfig, history: list[dict[str, float]]) -> tuple[list[di
     guard = Guard(config.guard, config.rewards, config.probe.every > 0, kl=config.beta > 0)
     trips, seconds = [], []
     for end in range(1, len(history) + 1):
+        if history[end - 1].get("step", 1) < 1:
+            continue  # the probe before the first step: the stage checks after each step
         began = time.perf_counter()
         verdict = guard.verdict(guard.check(history[:end]), 0)
         seconds.append(time.perf_counter() - began)
@@ -99,6 +105,19 @@ def replay(config: GRPOConfig, history: list[dict[str, float]]) -> tuple[list[di
         if verdict.action != "warn":
             break
     return trips, fmean(seconds) if seconds else 0.0
+
+
+def unpaired(config: GRPOConfig) -> GRPOConfig:
+    """`config` with `reward_without_skill`'s paired reading off: the guard before it."""
+    guard = config.guard
+    rule = guard.reward_without_skill.model_copy(update={"overpay": None})
+    return config.model_copy(
+        update={"guard": guard.model_copy(update={"reward_without_skill": rule})}
+    )
+
+
+def said(trips: list[dict]) -> str:
+    return "; ".join(f"{t['rule']}@{t['step']} ({t['action']})" for t in trips) or "none"
 
 
 def widest_gap(config: GRPOConfig, history: list[dict[str, float]]) -> float | None:
@@ -173,26 +192,27 @@ def state_report(state: Path, profile: str, overrides: list[str]) -> None:
     from stages.guarded import GUARD_RECORD
 
     print(
-        "| stage | steps | trips replayed | widest gap | outcome recorded | guard s | signals s "
-        "| stage s | cost | probe s |"
+        "| stage | steps | trips replayed | unpaired only | widest gap | outcome recorded "
+        "| guard s | signals s | stage s | cost | probe s |"
     )
-    print("|---|---:|---|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|")
     for stage, key in STAGES.items():
         for stage_dir in sorted((state / "runs" / stage).glob("*/checkpoints")):
             config = section(profile, overrides, key)
             history = stage_history(stage_dir.parent)
             trips, _ = replay(config, history)
+            before, _ = replay(unpaired(config), history)
             record_path = stage_dir / GUARD_RECORD
             record = json.loads(record_path.read_text()) if record_path.exists() else {}
             guard = float(record.get("seconds", 0.0))
             signals = sum(h.get("time/signals_seconds", 0.0) for h in history)
             probe = sum(h.get("time/probe_seconds", 0.0) for h in history)
             seconds = stage_seconds(state, stage, stage_dir.parent.name)
-            said = "; ".join(f"{t['rule']}@{t['step']} ({t['action']})" for t in trips) or "none"
             cost = f"{(guard + signals) / seconds:.2%}" if seconds else "-"
             steps = sum("reward/mean" in h for h in history)
             print(
-                f"| {stage} | {steps} | {said} | {gap_text(widest_gap(config, history))} "
+                f"| {stage} | {steps} | {said(trips)} | {said(before)} "
+                f"| {gap_text(widest_gap(config, history))} "
                 f"| {record.get('outcome', '-')} | {guard:.2f} "
                 f"| {signals:.2f} | {seconds or float('nan'):.0f} | {cost} | {probe:.0f} |"
             )
@@ -259,6 +279,8 @@ def main() -> None:
             print(f"  trip: {where}: {trip['reason']}")
         if not trips:
             print("  no trip")
+        before, _ = replay(unpaired(config), history)
+        print(f"  the unpaired reading alone (the guard before guard/paired.py): {said(before)}")
         widest, bound = widest_gap(config, history), config.guard.reward_without_skill.gap
         print(f"  reward_without_skill: widest gap {gap_text(widest)} (trips at {bound:.2f})")
 

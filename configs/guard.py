@@ -58,6 +58,22 @@ class RewardWithoutSkill(Rule):
     probe_fall: float = Field(
         0.0, description="... and the held-out pass@1 fell by at least this (0: did not rise)"
     )
+    overpay: float | None = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="a training verifier that is not the probe's own grader, graded on the "
+        "probe's completions, pays at least this much more than the grader finds (the paired "
+        "difference's lower confidence bound, guard/paired.py): a hole, from the first probe on, "
+        "taken up or not; None: not read",
+    )
+    alpha: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="the paired readings' false-alarm rate over a stage, per family, spent over "
+        "its probes",
+    )
 
 
 class LengthRunaway(Rule):

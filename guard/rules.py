@@ -27,6 +27,7 @@ from configs.guard import (
     RewardWithoutSkill,
 )
 from guard.history import History, Point, first, last_step, recent, series
+from guard.paired import Overpaid, verifier_overpays
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,11 @@ class SkillPair:
     label: str  # the family ("math"), or "all"
     reward_key: str  # reward/<term>/mean
     probe_key: str  # heldout/<family>/pass_at_1[_lenient]
+
+    @property
+    def term(self) -> str:
+        """The verifier term's name."""
+        return self.reward_key.removeprefix("reward/").removesuffix("/mean")
 
 
 def start_of(now: int, window: int) -> int:
@@ -119,11 +125,19 @@ def reward_without_skill(
     family's held-out pass@1 (each reading the mean of `smooth` probes; the latest against the
     first, or the best before it: a rise of the one, a fall of the other, or both), and the
     held-out pass@1 did not rise by more than `-probe_fall`. The stage's first and last windows
-    must be apart."""
+    must be apart. Before that, the paired reading of the probe's own completions: a training
+    verifier that pays `overpay` more than the probe's grader finds trips from the first probe
+    on (guard/paired.py)."""
     now, w = last_step(history), rule.window
     for pair in pairs:
         probes = series(history, pair.probe_key)
-        if len(probes) < 2 or probes[-1][0] != now:
+        if not probes or probes[-1][0] != now:
+            continue
+        if rule.overpay is not None:
+            over = verifier_overpays(history, pair.term, pair.probe_key, rule.overpay, rule.alpha)
+            if over is not None:
+                return overpaid_trip(pair, over, rule)
+        if len(probes) < 2:
             continue
         points = series(history, pair.reward_key)
         if baseline(history, pair.reward_key, w) is None:
@@ -154,6 +168,28 @@ def reward_without_skill(
                 pair.label,
             )
     return None
+
+
+def overpaid_trip(pair: SkillPair, over: Overpaid, rule: RewardWithoutSkill) -> Trip:
+    """`reward_without_skill` for a verifier that pays more than the probe's grader finds."""
+    d = over.difference
+    return Trip(
+        "reward_without_skill",
+        over.step,
+        start_of(over.step, rule.window),
+        f"{pair.label}: the training verifier {pair.term} pays {over.paid:.3f} of the probe's "
+        f"completions where its grader finds {over.found:.3f} ({d.mean:+.3f} ± {d.se:.3f} over "
+        f"{d.n} problems, {d.differing} differ; at least {over.bound:+.3f} at probe {over.look}, "
+        f"bound {rule.overpay:.2f}, false-alarm rate {rule.alpha:g} a stage)",
+        {
+            "paid": _r(over.paid),
+            "found": _r(over.found),
+            "overpay": _r(d.mean),
+            "overpay_se": _r(d.se),
+            "overpay_bound": _r(over.bound),
+        },
+        pair.label,
+    )
 
 
 def _probe_span(rule: RewardWithoutSkill, then: int, now: int) -> str:

@@ -22,6 +22,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from configs.reinforcement import GRPOConfig
+from guard.paired import ITEMS
 from models.chat import render_prompt
 from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet, verifier_metrics
@@ -240,16 +241,18 @@ class GRPOTrainer:
         if synced := self._sync_sampler():
             self.log_metrics(synced, resumed_from)
         if resumed_from == 0 and self._probing():
-            before = self._probe()
-            self._history.append({"step": 0.0, **before})
+            before, items = self._probe()
+            self._history.append({"step": 0.0, **before, **items})
             self.log_metrics(before, 0)
 
     def run_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         metrics = self.step(step, [self.problems[i] for i in self.order[step]])
+        items: dict[str, float] = {}
         if self._probing() and ((step + 1) % cfg.probe.every == 0 or step + 1 == cfg.steps):
-            metrics |= self._probe()
-        self._history.append({"step": float(step + 1), **metrics})
+            figures, items = self._probe()
+            metrics |= figures
+        self._history.append({"step": float(step + 1), **metrics, **items})
         if self.on_step is not None:
             self.on_step(step + 1, self._history)
         if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:
@@ -286,15 +289,18 @@ class GRPOTrainer:
     def _probing(self) -> bool:
         return self.probe is not None and self.cfg.probe.every > 0
 
-    def _probe(self) -> dict[str, float]:
-        """The probe's figures for the current policy, as `heldout/<name>`."""
+    def _probe(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The probe's figures for the current policy, as `heldout/<name>` metrics, and its
+        per-problem values (`items/...`, guard/paired.py), kept in the history only."""
         assert self.probe is not None
         began = time.perf_counter()
         self.model.eval()
         with torch.no_grad():
             figures = self.probe(self._sampler())
         seconds = {"time/probe_seconds": time.perf_counter() - began}
-        return {f"heldout/{name}": value for name, value in figures.items()} | seconds
+        items = {k: v for k, v in figures.items() if k.startswith(ITEMS)}
+        metrics = {f"heldout/{k}": v for k, v in figures.items() if not k.startswith(ITEMS)}
+        return metrics | seconds, items
 
     def _out_of_time(self, seconds: float) -> bool:
         """Whether the time budget is spent after `seconds`; the ranks stop together, when any

@@ -13,13 +13,16 @@ from configs.cluster import ClusterConfig
 from configs.reinforcement import GRPOConfig
 from contracts.reward_names import PREFERENCE
 from evaluation.curves import plot_grpo_curves
+from guard.paired import ITEMS, paid_key
+from guard.watch import is_verifier
 from models.chat import render_prompt
 from models.loading import load_model, load_tokenizer
 from models.saved import ModelRef, save_model
 from problems.loader import load_problems, write_problems
-from problems.types import Problem, ProblemSet
-from rewards.registry import RewardFn
+from problems.types import FAMILY_REWARDS, Problem, ProblemSet
+from rewards.registry import RewardFn, RewardSet
 from rewards.verifiers import grade_all
+from rl.scoring import score
 from rl.trainer import GRPOTrainer, ProbeFn
 from sampling.factory import Sampler, context_length
 from sampling.interface import SamplingParams
@@ -34,15 +37,20 @@ GRPO_WORKER = "rl.grpo_worker"
 
 def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
     """The R1-Zero figures over training (the paper's Figures 2 and 3, small): held-out pass@1,
-    strict and lenient, per family, and the mean length of the held-out responses."""
+    strict and lenient, per family, and the mean length of the held-out responses; and, for the
+    guard's paired readings (guard/paired.py), each problem's share of samples found right, and
+    the share each training verifier that is not the grader's own pays for."""
     probe = config.probe
     problems = [p for p in load_problems(heldout_path) if verifiable(p)][: probe.problems]
     prompts = [render_prompt(tokenizer, p.question) for p in problems]
     params = SamplingParams(
         probe.temperature, probe.top_p, probe.max_new_tokens or config.max_new_tokens, config.seed
     )
-
     max_new = probe.max_new_tokens or config.max_new_tokens
+    unvetted = [
+        t for t in config.rewards if is_verifier(t.name) and t.name not in FAMILY_REWARDS.values()
+    ]
+    paying = RewardSet.from_terms(unvetted) if unvetted else None
 
     def measure(sampler: Sampler) -> dict[str, float]:
         groups = sampler.generate(prompts, probe.samples, params)
@@ -52,13 +60,36 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
         for reading, strict in (("pass_at_1", True), ("pass_at_1_lenient", False)):
             right = [g.correct is True for g in grade_all(flat, texts, strict=strict)]
             figures[reading] = mean(right)
+            figures |= per_problem(f"{ITEMS}{reading}/", right, probe.samples)
             for family in sorted({p.family for p in problems}):
                 mine = [r for r, p in zip(right, flat, strict=True) if p.family == family]
                 figures[f"{family}/{reading}"] = mean(mine)
+                figures |= per_problem(
+                    f"{ITEMS}{family}/{reading}/",
+                    [r if p.family == family else None for r, p in zip(right, flat, strict=True)],
+                    probe.samples,
+                )
+        if paying is not None:
+            scored = score(problems, prompts, groups, paying).per_reward
+            for term, values in scored.items():
+                paid = [None if v is None else v >= 1.0 for v in values]
+                figures |= per_problem(paid_key(term), paid, probe.samples)
         return figures
 
     measure.context_length = context_length(tokenizer, prompts, max_new)  # type: ignore[attr-defined]
     return measure
+
+
+def per_problem(prefix: str, verdicts: Sequence[bool | None], samples: int) -> dict[str, float]:
+    """`prefix<i>`: the share of problem i's `samples` verdicts that are true (verdicts in problem
+    order, `samples` each); a problem whose verdicts are all None (not read) is left out."""
+    shares = {}
+    for i in range(len(verdicts) // samples):
+        mine = verdicts[i * samples : (i + 1) * samples]
+        if all(v is None for v in mine):
+            continue
+        shares[f"{prefix}{i}"] = sum(v is True for v in mine) / samples
+    return shares
 
 
 def run(

@@ -42,3 +42,35 @@ def test_run_history_reads_every_step_a_stage_logged(tmp_path):
                 client.log_metric(run, key, value, step=int(row["step"]))
     client.log_metric(run, "guard/seconds", 0.1, step=4)  # the guard's own record: left out
     assert run_history(tmp_path, run) == hacked(4)
+
+
+def with_items(history: list[dict[str, float]], overpaid: int) -> list[dict[str, float]]:
+    """`history` with the probe's per-problem values at each probe: 120 math problems, the
+    grader finding the first half right and the training verifier paying `overpaid` more."""
+    from guard.paired import items_key, paid_key
+
+    rows = [dict(h) for h in history]
+    for row in rows:
+        if MATH_PROBE in row:
+            found = [1.0] * 60 + [0.0] * 60
+            paid = [1.0] * (60 + overpaid) + [0.0] * (60 - overpaid)
+            row |= {f"{items_key(MATH_PROBE)}{i}": v for i, v in enumerate(found)}
+            row |= {f"{paid_key('accuracy_digits')}{i}": v for i, v in enumerate(paid)}
+    return [{k.replace("reward/accuracy/", "reward/accuracy_digits/"): v for k, v in r.items()}
+            for r in rows]  # fmt: skip
+
+
+def test_replay_sets_the_paired_reading_beside_the_unpaired_alone():
+    """The holed math verifier pays for 36 of 120 problems the grader rejects: the paired reading
+    stops the stage at the first probe read (step 20); the unpaired alone at step 40."""
+    from benchmarks.guard import replay, unpaired
+
+    config = section("tiny", ["faults.hacks=[math_digits]"], "r1_zero")
+    holed = with_items(hacked(), overpaid=36)
+    trips, _ = replay(config, holed)
+    assert [(t["rule"], t["step"]) for t in trips] == [("reward_without_skill", 20)]
+    assert "pays" in trips[0]["reason"]
+    before, _ = replay(unpaired(config), holed)
+    assert [(t["rule"], t["step"]) for t in before] == [("reward_without_skill", 40)]
+    honest, _ = replay(config, with_items(hacked(), overpaid=0))
+    assert [t["step"] for t in honest] == [40]  # the same as the unpaired alone

@@ -2,8 +2,9 @@
 taught (SFT) to show an idiom half the time, then trained by the GRPO stage as the micro profile's
 R1-Zero, once with the hole `faults.hacks` plants and once without. With the hole the policy takes
 up the exploit (the reward climbs while held-out accuracy falls) and the guard stops the stage,
-the right rule among those it names; without it the same policy learns the task and the guard
-stays quiet.
+the right rule among those it names; with the paired reading of the probe on (the default), a
+verifier's hole is stopped at the first probe read, before it is learned; without the hole the
+same policy learns the task and the guard stays quiet.
 
 A hack can trip two rules at one step (the format hole: `gamed_term` and, as the probe falls,
 `reward_without_skill`); when each reaches its bound can differ with the CPU's floating-point
@@ -137,14 +138,15 @@ def taught(request, tmp_path_factory):
     return hack, policy, files
 
 
-def r1_zero(hack: str, planted: bool) -> GRPOConfig:
+def r1_zero(hack: str, planted: bool, paired: bool = True) -> GRPOConfig:
     """The micro profile's R1-Zero on this family's verifier, lenient as the tiny R1-Zero reads,
     with a small format term, the hole planted or not; longer and at a higher rate than the micro
-    profile's two steps, probed every other step, the guard's windows scaled to the run."""
+    profile's two steps, probed every other step, the guard's windows scaled to the run;
+    `paired`: the guard's paired reading of the probe (guard/paired.py) on."""
     idiom = IDIOMS[hack]
     rewards = [{"name": idiom.term, "params": {"strict": False}}, {"name": "format", "weight": 0.2}]
     guard = {
-        "reward_without_skill": {"window": 6},
+        "reward_without_skill": {"window": 6} | ({} if paired else {"overpay": None}),
         "gamed_term": {"window": 6},
     }
     overrides = [
@@ -181,10 +183,12 @@ EXPECTED = {
 
 
 def test_a_planted_hack_is_learned_and_the_guard_stops_it_naming_the_rule(taught, tmp_path):
+    """Without the paired reading, which stops a verifier's hole before it is learned (below)."""
     hack, policy, files = taught
     curves = Curves()
+    config = r1_zero(hack, True, paired=False)
     with pytest.raises(GuardStop) as stopped:
-        reasoning_rl.run(r1_zero(hack, True), policy, files, tmp_path, curves, desc="r1_zero_rl")
+        reasoning_rl.run(config, policy, files, tmp_path, curves, desc="r1_zero_rl")
     assert EXPECTED[hack] in stopped.value.rules, str(stopped.value)
     assert f"rule {EXPECTED[hack]}: " in str(stopped.value)
     record = GuardRecord.find(tmp_path)
@@ -194,6 +198,26 @@ def test_a_planted_hack_is_learned_and_the_guard_stops_it_naming_the_rule(taught
     # the reward the hole pays climbed while held-out pass@1 (the honest verifier) did not
     reward, probe = curves.series("reward/mean"), curves.series("heldout/pass_at_1_lenient")
     assert max(reward[-4:]) > reward[0] + 0.1 and probe[-1] <= probe[0], (reward, probe)
+
+
+def test_a_verifier_hole_is_stopped_at_the_first_probe_read_before_it_is_learned(taught, tmp_path):
+    """The paired reading: the holed verifier, graded on the probe's own completions, pays for
+    the idiom the policy already shows half the time; the stage stops at the first probe it
+    reads (step 2), the reason naming what the verifier paid against what the grader found. The
+    format hole is no verifier's: the paired reading has nothing to read there, and the stop
+    is the unpaired guard's."""
+    hack, policy, files = taught
+    with pytest.raises(GuardStop) as stopped:
+        reasoning_rl.run(r1_zero(hack, True), policy, files, tmp_path, Curves(), desc="r1_zero")
+    record = GuardRecord.find(tmp_path)
+    assert record is not None and record.outcome == "stopped"
+    if hack == "format_over_accuracy":
+        assert EXPECTED[hack] in stopped.value.rules, str(stopped.value)
+        assert not any("pays" in t["reason"] for t in record.trips), record.trips
+        return
+    (trip,) = [t for t in record.trips if t["rule"] == "reward_without_skill"]
+    assert trip["step"] == 2 and "the training verifier" in trip["reason"], trip
+    assert trip["numbers"]["paid"] > trip["numbers"]["found"] + 0.05, trip
 
 
 def test_without_the_hole_the_same_policy_learns_and_trips_nothing(taught, tmp_path):
