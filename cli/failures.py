@@ -15,10 +15,10 @@ from typing import Any
 
 WIDTH = 80  # columns of the terminal a person reads these on
 RESUME = "Retry it to resume from its last checkpoint."
-# Prefect's own crash messages, each with what happened in the project's words
+# Prefect's own crash messages, each with what happened in the project's words beside it
 CRASHES = {
     "Execution was aborted by a termination signal.": (
-        "Its process was stopped by a signal (its worker stopped, or it was killed)."
+        "Execution was aborted by a termination signal (its worker stopped, or it was killed)."
     ),
 }
 

@@ -59,7 +59,7 @@ def test_a_crash_names_the_stage_it_stopped_what_happened_and_what_to_do():
     signal = failure_reason(
         Client(STAGES), flow_run("CRASHED", "Execution was aborted by a termination signal.")
     )
-    assert "stopped by a signal" in signal
+    assert "termination signal (its worker stopped, or it was killed)" in signal
 
 
 def test_the_crashed_stage_is_the_last_one_left_running_or_crashed():
