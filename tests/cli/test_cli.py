@@ -141,3 +141,67 @@ def test_runs_and_watch_without_a_server_at_the_address_say_so_in_one_line(comma
         f"r1 {command[0]}: no Prefect server answers at {url}: start the stack with `bash "
         "scripts/serve.sh` (or point PREFECT_API_URL at a running server)\n"
     )
+
+
+def test_watch_refuses_what_is_not_a_flow_run_id(capsys):
+    assert main(["watch", "ef21620f-1749-49b6-96a6-3a90c9c"]) == 2
+    assert "is not a flow run id (`r1 runs` lists them)" in capsys.readouterr().err
+
+
+def test_a_failed_runs_reason_drops_prefects_preamble():
+    from cli.failures import exception_text
+    from cli.runs import RunLine
+
+    message = "Task run encountered an exception InjectedFailure: reasoning_rl: at step 2"
+    assert exception_text(message) == "InjectedFailure: reasoning_rl: at step 2"
+    line = RunLine("ef21620f-1749-49b6-96a6-3a90c9c1b2c3", "Failed", "r1-pipeline/micro", None, "x")
+    head, reason = line.lines()
+    assert head.startswith("ef21620f-1749-49b6-96a6-3a90c9c1b2c3  Failed ")
+    assert len(head) <= 80 and reason == "    x"
+
+
+@pytest.mark.heavy  # a Prefect temporary server
+def test_a_failing_run_shows_its_traceback_once_and_ends_with_why(tmp_path):
+    """As the README's `--set cluster.address=...` on a cluster that cannot hold the run: the
+    failing task's traceback once, then one line per record, and `r1 run`'s last line says why."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing answers there once closed
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    r1 = Path(sys.executable).with_name("r1")
+    ran = subprocess.run(
+        [str(r1), "run", "--profile", "micro", "--set", f"cluster.address=127.0.0.1:{port}",
+         "--state-dir", str(tmp_path / "state")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert ran.returncode == 1, ran.stderr[-3000:]
+    assert ran.stderr.count("Traceback (most recent call last") == 1, ran.stderr
+    ours = [line for line in ran.stderr.splitlines() if line.startswith("r1: ")]
+    assert ours == [
+        f"r1: the run failed: ClusterUnreachableError: cannot reach the Ray cluster's head at "
+        f"127.0.0.1:{port} (cluster.address '127.0.0.1:{port}'): [Errno 111] Connection refused. "
+        f"Start one with `ray start --head --port {port}` on that machine, or fix "
+        "cluster.address; nothing has run"
+    ]
+    after = ran.stderr.split(ours[0])[1].strip().splitlines()
+    assert all("Stopping temporary server" in line for line in after), after  # the last word
+
+
+def test_a_retry_is_suggested_only_where_it_can_end_otherwise():
+    from cli.failures import retry_helps
+
+    assert retry_helps("reasoning_rl: InjectedFailure: reasoning_rl: injected failure at step 2")
+    assert retry_helps("Execution was aborted by a termination signal.")
+    assert retry_helps("No heartbeat for 90 s: the flow run's process or its worker is gone")
+    assert retry_helps("open-pipeline-run: ClusterUnreachableError: cannot reach the head")
+    assert not retry_helps(
+        "registered-model: models:/r1-tiny@final: RegistryError: no registered model 'r1-tiny'"
+    )
+    assert not retry_helps("EvaluationRegression: models:/r1-micro@final version 3 regressed")
+    assert not retry_helps("ConfigError: micro.yaml: 1 invalid setting(s)")
