@@ -63,9 +63,9 @@ class RewardWithoutSkill(Rule):
         gt=0,
         lt=1,
         description="a training verifier that is not the probe's own grader, graded on the "
-        "probe's completions, pays at least this much more than the grader finds (the paired "
-        "difference's lower confidence bound, guard/paired.py): a hole, from the first probe on, "
-        "taken up or not; None: not read",
+        "probe's completions, pays at least this much more than the grader finds, and more than "
+        "chance disagreement explains (guard/paired.py): a hole, from the first probe on, taken "
+        "up or not; None: not read",
     )
     alpha: float = Field(
         0.01,

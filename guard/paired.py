@@ -12,7 +12,8 @@ in the history entry of the step it ran at (never logged as a metric):
   grader's own pays exactly what it finds).
 
 `verifier_overpays` reads the two on the same completions: the training verifier paying more
-than the grader finds is a hole from the first probe on, whether or not it has been taken up.
+than the grader finds, by a size worth stopping for and beyond what chance disagreement
+explains, is a hole from the first probe on, whether or not it has been taken up.
 """
 
 from __future__ import annotations
@@ -120,9 +121,10 @@ def verifier_overpays(
 ) -> Overpaid | None:
     """Read at a probe (the history's last entry): whether training verifier `term` pays, on the
     probe's own completions, at least `gap` more than the grader finds under `probe_key`'s
-    reading, with the lower confidence bound of the paired difference past `gap` at this
-    look's critical value (alpha spent over the stage's probes, `spent`, `critical`), and at least
-    `min_differing` problems on which the two disagree."""
+    reading (a size worth stopping for), and more by a margin the grader's own disagreement
+    cannot explain: the paired difference's lower confidence bound above 0 at this look's
+    critical value (alpha spent over the stage's probes: `spent`, `critical`), on at least
+    `min_differing` problems where the two disagree."""
     if not history:
         return None
     entries = probe_entries(history, paid_key(term))
@@ -135,7 +137,7 @@ def verifier_overpays(
         return None
     look = len(entries)
     bound = difference.lower(critical(alpha, look))
-    if bound < gap:
+    if bound <= 0 or difference.mean < gap:
         return None
     common = set(found) & set(paid_now)
     return Overpaid(

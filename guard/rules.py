@@ -179,8 +179,8 @@ def overpaid_trip(pair: SkillPair, over: Overpaid, rule: RewardWithoutSkill) -> 
         start_of(over.step, rule.window),
         f"{pair.label}: the training verifier {pair.term} pays {over.paid:.3f} of the probe's "
         f"completions where its grader finds {over.found:.3f} ({d.mean:+.3f} ± {d.se:.3f} over "
-        f"{d.n} problems, {d.differing} differ; at least {over.bound:+.3f} at probe {over.look}, "
-        f"bound {rule.overpay:.2f}, false-alarm rate {rule.alpha:g} a stage)",
+        f"{d.n} problems, {d.differing} differ; at least {over.bound:+.3f} at probe {over.look} "
+        f"at a false-alarm rate of {rule.alpha:g} a stage; bound {rule.overpay:.2f})",
         {
             "paid": _r(over.paid),
             "found": _r(over.found),

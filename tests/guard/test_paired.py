@@ -79,19 +79,24 @@ def test_a_verifier_paying_for_what_the_grader_rejects_trips_at_the_first_probe_
     assert rules.reward_without_skill(history[:2], rule, [HOLED]) is None
 
 
-def test_the_bound_must_clear_the_gap_not_the_mean():
-    """4 of 100 problems overpaid by the whole sample: mean 0.04 under a gap of 0.05; and 12 of
-    100 (mean 0.12) whose lower bound at the first look (0.12 - 3.2 x 0.035) is under it."""
-    found = [0.0] * 100
-    few = [1.0] * 4 + [0.0] * 96
-    some = [1.0] * 12 + [0.0] * 88
-    assert verifier_overpays([probe_entry(0, found, few)], "accuracy_digits",
-                             "heldout/math/pass_at_1", 0.05, 0.01) is None  # fmt: skip
-    assert verifier_overpays([probe_entry(0, found, some)], "accuracy_digits",
-                             "heldout/math/pass_at_1", 0.05, 0.01) is None  # fmt: skip
-    many = [1.0] * 25 + [0.0] * 75
-    assert verifier_overpays([probe_entry(0, found, many)], "accuracy_digits",
-                             "heldout/math/pass_at_1", 0.05, 0.01) is not None  # fmt: skip
+def overpays(found: list[float], paid: list[float], gap: float = 0.05):
+    history = [probe_entry(0, found, paid)]
+    return verifier_overpays(history, "accuracy_digits", "heldout/math/pass_at_1", gap, 0.01)
+
+
+def test_it_takes_both_a_size_worth_stopping_for_and_more_than_chance():
+    """At the first probe (critical value 3.19): 40 of 1,000 problems overpaid is far beyond
+    chance (40 / sqrt(40) = 6.3) but under the gap (0.04 < 0.05); 5 of 40 is over the gap
+    (0.125) but within chance (5 / sqrt(5) = 2.2); 13 of 124, the tiny digits hole at its first
+    probe, is both (0.105, 3.6); 13 of 124 with 4 the other way is within chance again
+    ((13 - 4) / sqrt(17) = 2.2)."""
+    assert overpays([0.0] * 1000, [1.0] * 40 + [0.0] * 960) is None
+    assert overpays([0.0] * 40, [1.0] * 5 + [0.0] * 35) is None
+    over = overpays([0.0] * 124, [1.0] * 13 + [0.0] * 111)
+    assert over is not None and over.look == 1 and over.bound > 0
+    assert over.difference.mean == pytest.approx(13 / 124)
+    both_ways = overpays([0.0] * 120 + [1.0] * 4, [1.0] * 13 + [0.0] * 111)
+    assert both_ways is None
 
 
 def test_a_verifier_that_is_the_graders_own_or_none_recorded_leaves_the_reading_idle():
