@@ -121,9 +121,10 @@ def said(trips: list[dict]) -> str:
 
 
 def widest_gap(config: GRPOConfig, history: list[dict[str, float]]) -> float | None:
-    """The widest `gap` (to 0.01) at which `reward_without_skill`, its other settings as
-    configured, trips at some step of `history`; None where it trips at none."""
-    rule, pairs = config.guard.reward_without_skill, skill_pairs(config.rewards)
+    """The widest `gap` (to 0.01) at which `reward_without_skill`'s unpaired reading, its other
+    settings as configured, trips at some step of `history`; None where it trips at none (the
+    paired reading has no `gap`: it is left out)."""
+    rule, pairs = unpaired(config).guard.reward_without_skill, skill_pairs(config.rewards)
     widest = 0
     for end in range(1, len(history) + 1):
         # a rule that trips at a gap trips at every narrower one

@@ -74,3 +74,4 @@ def test_replay_sets_the_paired_reading_beside_the_unpaired_alone():
     assert [(t["rule"], t["step"]) for t in before] == [("reward_without_skill", 40)]
     honest, _ = replay(config, with_items(hacked(), overpaid=0))
     assert [t["step"] for t in honest] == [40]  # the same as the unpaired alone
+    assert widest_gap(config, holed) == pytest.approx(0.37)  # the unpaired reading's, as before

@@ -447,7 +447,8 @@ def flow_run_logs(mlflow_run_id: str, paths: StatePaths) -> list[str]:
                 flow_run_id=LogFilterFlowRunId(any_=[flow_run["prefect.flow_run_id"]])
             )
         )
-    return [log.message for log in logs]
+    # the copy sent to the server is wrapped to fit a terminal (tasks/progress.py): read it whole
+    return [" ".join(log.message.split()) for log in logs]
 
 
 @pytest.mark.heavy

@@ -61,9 +61,26 @@ def nothing_left_behind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _session_cgroups() -> list[str]:
+    """This process's session cgroups: another process's (a pipeline run beside the tests) are
+    not this test's to clean up."""
     if runner._cgroup is None:
         return []
-    return glob.glob(os.path.join(runner._cgroup.path, runner.SESSION_PREFIX + "*"))
+    return glob.glob(os.path.join(runner._cgroup.path, _own_sessions() + "*"))
+
+
+def _own_sessions() -> str:
+    """The name every session this process opens starts with (`r1-sandbox-<pid>-`)."""
+    return runner._session_prefix()
+
+
+def _in_anothers_session(p: psutil.Process) -> bool:
+    """Whether `p` runs in a session cgroup another process opened (where cgroups are read)."""
+    try:
+        with open(f"/proc/{p.pid}/cgroup") as f:
+            groups = f.read()
+    except OSError:
+        return False
+    return runner.SESSION_PREFIX in groups and _own_sessions() not in groups
 
 
 def _live_descendants() -> list[psutil.Process]:
@@ -80,7 +97,8 @@ def _live_sandbox_processes() -> list[psutil.Process]:
     for p in psutil.process_iter(["uids", "status"]):
         if p.info["uids"] is None or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if any(low <= uid < high for uid in (p.info["uids"].real, p.info["uids"].effective)):
+        uids = (p.info["uids"].real, p.info["uids"].effective)
+        if any(low <= uid < high for uid in uids) and not _in_anothers_session(p):
             found.append(p)
     return found
 
