@@ -9,6 +9,7 @@ judged by; "strict" beside it reads only the answer block, as the rewards do.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
@@ -102,8 +103,9 @@ def figure_lines(metrics: dict[str, float], k: int, width: int = LINE_WIDTH) -> 
 def stage_lines(rows: Sequence[StageRow]) -> list[str]:
     """The per-stage report one line a stage, narrow enough for an 80-column terminal under a
     log's prefix: the stage, its time, and for a model its held-out pass@1 and format rate, else
-    its notes (`reasoning_rl  219s  pass@1 0.814  format 0.911`). The whole table: the markdown
-    table, the MLflow run's report."""
+    its notes (`reasoning_rl  219s  pass@1 0.814  format 0.911`), and under a model whose
+    stage's guard tripped, what tripped and that it was not registered. The whole table: the
+    markdown table, the MLflow run's report."""
     width = max((len(row.stage) for row in rows), default=0)
     lines = []
     for row in rows:
@@ -114,9 +116,23 @@ def stage_lines(rows: Sequence[StageRow]) -> list[str]:
         else:
             notes = [n for n in row.note.split(", ") if not n.startswith("cached from run")]
             tail = ", ".join(notes)
-        line = f"{head}  {tail}".rstrip()
-        lines.append(line if len(line) <= LINE_WIDTH else line[: LINE_WIDTH - 1] + "…")
+        lines += [fitted(f"{head}  {tail}".rstrip())]
+        if "pass_at_1_lenient" in row.metrics and (tripped := GUARD_TRIPPED.search(row.note)):
+            said = tripped.group(0).split(", not registered")
+            parts = [said[0]] + [f"not registered{rest}" for rest in said[1:]]
+            lines += [fitted(f"  {line}") for line in packed(parts, ", ", LINE_WIDTH - 2)]
     return lines
+
+
+# a guard note other than `guard clean`: what tripped, and that the model was not registered
+GUARD_TRIPPED = re.compile(
+    r"guard (?!clean)(?:[^(,]|, clean)*?\([^)]*\)(?:, not registered as @[\w.-]+)?"
+)
+
+
+def fitted(line: str) -> str:
+    """`line` cut to LINE_WIDTH, an ellipsis where it was cut."""
+    return line if len(line) <= LINE_WIDTH else line[: LINE_WIDTH - 1] + "…"
 
 
 HTML_STYLE = (

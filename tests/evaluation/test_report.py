@@ -107,3 +107,21 @@ def test_a_stages_held_out_figures_fit_log_lines_under_watch():
     assert said.startswith("pass@1 0.123 ± 0.004, strict 0.123 ± 0.004")
     assert said.count(" ± ") == len(columns(4)) and "general score -0.249 ± 0.004" in said
     assert figure_lines({"pass_at_1_lenient": 0.5}, 4) == ["pass@1 0.500"]
+
+
+def test_a_stage_whose_guard_tripped_says_so_under_its_figures():
+    """The short report keeps a model's figures on its line and, under it, what its guard did
+    when it warned, stopped or rolled back; `guard clean` says nothing more."""
+    warned = "pass@1 0.78->0.80, guard warned (gamed_term@65), not registered as @reasoning-rl, v5"
+    rows = [
+        StageRow("reasoning_rl", 190.0, {"pass_at_1_lenient": 0.8}, warned),
+        StageRow("r1_zero_rl", 46.0, {"pass_at_1_lenient": 0.7}, "guard clean, model v3"),
+        StageRow("all_scenarios_rl", 53.0, {"pass_at_1_lenient": 0.8},
+                 "pass@1 0.79->0.79, guard rolled back 1x, clean (after collapse@30), model v7"),
+    ]  # fmt: skip
+    lines = stage_lines(rows)
+    assert lines[0].startswith("reasoning_rl  190s  pass@1 0.800")
+    assert lines[1:3] == ["  guard warned (gamed_term@65)", "  not registered as @reasoning-rl"]
+    assert lines[3].startswith("r1_zero_rl")
+    assert lines[5] == "  guard rolled back 1x, clean (after collapse@30)" and len(lines) == 6
+    assert all(len(line) <= LINE_WIDTH for line in lines)
