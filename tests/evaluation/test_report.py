@@ -120,7 +120,7 @@ def test_a_stage_whose_guard_tripped_says_so_under_its_figures():
                  "pass@1 0.79->0.79, guard rolled back 1x, clean (after collapse@30), model v7"),
     ]  # fmt: skip
     lines = stage_lines(rows)
-    assert lines[0].startswith("reasoning_rl  190s  pass@1 0.800")
+    assert lines[0].startswith("reasoning_rl      190s  pass@1 0.800")
     assert lines[1:3] == ["  guard warned (gamed_term@65)", "  not registered as @reasoning-rl"]
     assert lines[3].startswith("r1_zero_rl")
     assert lines[5] == "  guard rolled back 1x, clean (after collapse@30)" and len(lines) == 6
