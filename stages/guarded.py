@@ -303,8 +303,10 @@ def _stopped(
     verdict: Verdict, record: GuardRecord, keeper: CheckpointKeeper, fingerprint: str, desc: str
 ) -> GuardStop:
     """The stop of `verdict`, naming every rule that tripped at its step; the checkpoint before
-    the earliest stopping rule's window made the stage's last."""
+    the earliest stopping rule's window made the stage's last, and the kept ones inside the
+    window (the hacked policy's) let go."""
     kept = keeper.before(verdict.since - 1)
+    keeper.drop_after(kept)
     keeper.restore(kept, fingerprint, record.learning_rate)
     record.outcome, record.stop_rules = "stopped", [t.rule for t in verdict.trips]
     record.save(keeper.ckpt_dir)

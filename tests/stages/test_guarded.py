@@ -115,6 +115,8 @@ def test_a_stop_names_the_rule_and_keeps_the_checkpoint_before_its_window(tokeni
     state = torch.load(tmp_path / "checkpoints" / "last" / "state.pt", weights_only=False)
     assert state["step"] == 4 and len(state["history"]) == 4
     assert GuardRecord.load(tmp_path / "checkpoints").outcome == "stopped"
+    kept = sorted(p.name for p in (tmp_path / "checkpoints" / "kept").glob("step-*.pt"))
+    assert kept == ["step-000002.pt", "step-000004.pt"]  # step 6's, inside the window, is gone
     # picklable, as Prefect keeps a failed task's error
     import pickle
 
