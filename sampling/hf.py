@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from host.terminal import progress_bar
 from models.chat import stop_token_ids
 from sampling.decode import Decoded, LockStep, decode
 from sampling.interface import Completion, SamplingParams
@@ -91,12 +91,12 @@ class HFSampler:
             lanes = cpu_lanes(model, lockstep, min(len(rows), self.batch_size))
             size = -(-self.batch_size // lanes) if lanes else self.batch_size
             batches = [rows[s : s + size] for s in range(0, len(rows), size)]
-            progress = tqdm(
+            progress = progress_bar(
+                self.show_progress,
                 total=len(batches),
                 desc="sample",
                 unit="batch",
                 leave=False,
-                disable=not self.show_progress,
             )
 
             def one(batch: list[tuple[int, int]]) -> list[Decoded]:

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
-from tqdm.auto import tqdm
 
 from cluster.placement import close_sampler, stage_sampler
 from configs.cluster import ClusterConfig
 from configs.schema import RejectionConfig
+from host.terminal import progress_bar
 from models.chat import render_prompt
 from models.loading import load_tokenizer
 from models.saved import ModelRef
@@ -152,7 +152,8 @@ def run(
     sampler = stage_sampler(sampler_config, model_ref.path, tokenizer, config.batch_size, cluster)
     sampled = inserted = 0
     try:
-        finished = tqdm(sample_chunks(sampler, jobs), desc=desc, unit="chunk", total=len(todo))
+        drawn = sample_chunks(sampler, jobs)
+        finished = progress_bar(iterable=drawn, desc=desc, unit="chunk", total=len(todo))
         for position, (job, groups) in enumerate(finished):
             index = todo[job]
             lengths = [

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from tqdm.auto import tqdm
 
+from host.terminal import progress_bar
 from training import PROGRESS
 from training.engines import UpdateEngine
 from training.finite import LossGuard
@@ -92,13 +92,13 @@ def run_loop(
     start = _resume(stepper, plan, ckpt_dir, fingerprint, log_metrics)
     stepper.start(start)
     began = time.perf_counter()
-    bar = tqdm(
+    bar = progress_bar(
+        plan.show_progress,
         total=plan.steps,
         initial=start,
         desc=plan.desc,
         unit="step",
         leave=False,
-        disable=not plan.show_progress,
     )
     window: dict[str, list[float]] = {key: [] for key in plan.window_mean}
     done, metrics = start, {}
