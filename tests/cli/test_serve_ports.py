@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.operations.stack import serve_sh
+
 SERVE_ENV = (
     "export PREFECT_API_URL=http://127.0.0.1:4290/api\nexport R1_MLFLOW_UI=http://127.0.0.1:5090\n"
 )
@@ -43,14 +44,7 @@ def serve(state: Path, *args: str, **settings: str) -> subprocess.CompletedProce
     """`bash scripts/serve.sh ARGS` from a shell with only `settings` of the stack's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("R1_", "PREFECT_"))}
     env |= {"R1_STATE_DIR": str(state), **settings}
-    return subprocess.run(
-        ["bash", "scripts/serve.sh", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return serve_sh(env, *args, timeout=60)
 
 
 def test_status_reports_the_running_stacks_ports_in_a_shell_without_them(running_stack):

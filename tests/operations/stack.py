@@ -4,12 +4,14 @@ in a fresh process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,17 +36,35 @@ class Stack:
     env: dict
 
     def serve(self, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["bash", "scripts/serve.sh", *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return serve_sh(self.env, *args, timeout=timeout)
 
     def pid(self, component: str) -> int:
         return int((self.state / "pids" / component).read_text())
+
+
+def serve_sh(env: dict, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`bash scripts/serve.sh ARGS` at the project's root, in `env`."""
+    return subprocess.run(
+        ["bash", "scripts/serve.sh", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@contextlib.contextmanager
+def served_stack(state: Path, **settings: str) -> Iterator[Stack]:
+    """A stack started by the documented script in `state` (on free ports, with `settings` in
+    its environment), stopped by it at the end."""
+    served = Stack(state, stack_environment(state, **settings))
+    started = served.serve("start")
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield served
+    finally:
+        served.serve("stop")
 
 
 def stack_environment(state: Path, **extra: str) -> dict:

@@ -34,8 +34,9 @@ from tests.operations.stack import (
     flow_run_id,
     prefect,
     r1,
+    serve_sh,
+    served_stack,
     session_of,
-    stack_environment,
 )
 
 # Heavy: a Prefect server and worker (scripts/serve.sh), stopped and started again.
@@ -47,14 +48,8 @@ BACKOFF_SECONDS = "3"  # the watch's longest wait between tries: it sees the ser
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    state = tmp_path_factory.mktemp("new-shell-state")
-    served = Stack(state, stack_environment(state))
-    started = served.serve("start")
-    try:
-        assert started.returncode == 0, started.stdout + started.stderr
+    with served_stack(tmp_path_factory.mktemp("new-shell-state")) as served:
         yield served
-    finally:
-        served.serve("stop")
 
 
 @pytest.fixture(scope="module")
@@ -67,17 +62,6 @@ def new_shell(stack, tmp_path_factory) -> dict:
         "R1_VENV": stack.env["R1_VENV"],
         "PREFECT_HOME": str(tmp_path_factory.mktemp("user-prefect-home")),
     }
-
-
-def serve_in(env: dict, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", "scripts/serve.sh", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def waiting_run(stack: Stack) -> str:
@@ -120,16 +104,16 @@ def test_the_retry_r1_prints_works_as_printed_in_a_new_shell(stack, new_shell):
 
 def test_serve_in_a_new_shell_finds_the_running_stacks_ports(stack, new_shell):
     port = stack.env["R1_PREFECT_PORT"]
-    status = serve_in(new_shell, "status")
+    status = serve_sh(new_shell, "status")
     assert status.returncode == 0, status.stderr
     assert f"Prefect UI: http://127.0.0.1:{port}   API:" in status.stdout
     assert f"MLflow UI:  http://127.0.0.1:{stack.env['R1_MLFLOW_PORT']}/" in status.stdout
 
-    again = serve_in(new_shell, timeout=200)  # all of it runs: it deploys again, and says so
+    again = serve_sh(new_shell, timeout=200)  # all of it runs: it deploys again, and says so
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"Prefect UI: http://127.0.0.1:{port}" in again.stdout
 
-    other = serve_in(new_shell | {"R1_PREFECT_PORT": "1"}, timeout=30)
+    other = serve_sh(new_shell | {"R1_PREFECT_PORT": "1"}, timeout=30)
     assert other.returncode == 1 and other.stdout == ""
     assert other.stderr.splitlines() == [
         f"serve: the stack of {stack.state} runs on port {port}, not R1_PREFECT_PORT=1: unset it,"
@@ -185,7 +169,7 @@ def test_r1_watch_waits_out_a_server_outage_and_follows_the_run_to_its_end(stack
     assert rest.splitlines() == ["r1 watch: stopped following; the flow run goes on"]
     time.sleep(OUTAGE_SECONDS)
 
-    started = serve_in(new_shell)  # no port set: the stack's own, from its state folder
+    started = serve_sh(new_shell)  # no port set: the stack's own, from its state folder
     assert started.returncode == 0, started.stdout + started.stderr
     assert f"Prefect server starting on 127.0.0.1:{stack.env['R1_PREFECT_PORT']}" in started.stdout
     during = read_until(followed, "is back", timeout=60)

@@ -24,14 +24,13 @@ from mlflow import MlflowClient
 from configs import load_profile
 from tests.operations.stack import (
     ROOT,
-    Stack,
     flow_run_id,
     flow_run_json,
     flow_run_process,
     prefect,
     r1,
+    served_stack,
     session_of,
-    stack_environment,
     task_runs,
     wait_for_end,
 )
@@ -50,15 +49,8 @@ def stack(tmp_path_factory):
     """Server and worker started by the documented script, stopped by it at the end."""
     state = tmp_path_factory.mktemp("ops-state")
     # the scheduler looks for deployments to schedule every 60 s by default
-    served = Stack(
-        state, stack_environment(state, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2")
-    )
-    started = served.serve("start")
-    try:
-        assert started.returncode == 0, started.stdout + started.stderr
+    with served_stack(state, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2") as served:
         yield state, served.env
-    finally:
-        served.serve("stop")
 
 
 @pytest.fixture(scope="module")

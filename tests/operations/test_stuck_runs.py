@@ -32,8 +32,8 @@ from tests.operations.stack import (
     prefect,
     r1,
     run_state,
+    served_stack,
     session_of,
-    stack_environment,
     wait_for_end,
 )
 
@@ -47,13 +47,8 @@ CRASH_AFTER = 60  # seconds without a heartbeat (they come every 30 s)
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("stuck-state")
-    served = Stack(state, stack_environment(state, R1_CRASH_AFTER_SECONDS=str(CRASH_AFTER)))
-    started = served.serve("start")
-    try:
-        assert started.returncode == 0, started.stdout + started.stderr
+    with served_stack(state, R1_CRASH_AFTER_SECONDS=str(CRASH_AFTER)) as served:
         yield served
-    finally:
-        served.serve("stop")
 
 
 def start_training_run(stack: Stack, steps: int) -> str:
