@@ -150,8 +150,8 @@ def test_stage_runs_no_attempt_resumed_are_ended_killed_at_the_close(store):
     parent = parent_run(client, experiment, owner_of_this_process())
     opened = stage_run(client, parent, "mixed_sft", {}, "k" * 64)
     left = opened.__enter__()  # never exited: the process "died" here
-    with stage_run(client, parent, "cold_start_sft", {}, "j" * 64):
-        pass
+    with stage_run(client, parent, "cold_start_sft", {}, "j" * 64) as finished:
+        assert client.get_run(finished.run_id).info.status == "RUNNING"  # ended by its block
     assert end_leftover_children(client, parent) == ["mixed_sft"]
     assert client.get_run(left.run_id).info.status == "KILLED"
     assert end_leftover_children(client, parent) == []
