@@ -2,8 +2,9 @@
 problems whose verdicts differ carry information, and a sequential test over a stage's probes
 whose false-alarm rate is a setting.
 
-The probe (stages/reasoning_rl.py) records, beside its pass rates, one value per held-out problem
-in the history entry of the step it ran at (never logged as a metric):
+Where a stage trains with a verifier that is not the grader's own, the probe
+(stages/reasoning_rl.py) records, beside its pass rates, one value per held-out problem in the
+history entry of the step it ran at (never logged as a metric; elsewhere nothing is kept):
 
 - `items/<reading>/<i>` and `items/<family>/<reading>/<i>`: the share of problem `i`'s samples the
   probe's grader finds right (`reading` is `pass_at_1` or `pass_at_1_lenient`);

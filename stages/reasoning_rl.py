@@ -38,8 +38,9 @@ GRPO_WORKER = "rl.grpo_worker"
 def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
     """The R1-Zero figures over training (the paper's Figures 2 and 3, small): held-out pass@1,
     strict and lenient, per family, and the mean length of the held-out responses; and, for the
-    guard's paired readings (guard/paired.py), each problem's share of samples found right, and
-    the share each training verifier that is not the grader's own pays for."""
+    guard's paired reading (guard/paired.py), where a training verifier is not the grader's own,
+    each problem's share of samples found right and the share that verifier pays for (where
+    every verifier is the grader's own there is nothing to pair, and nothing is kept)."""
     probe = config.probe
     problems = [p for p in load_problems(heldout_path) if verifiable(p)][: probe.problems]
     prompts = [render_prompt(tokenizer, p.question) for p in problems]
@@ -60,15 +61,11 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
         for reading, strict in (("pass_at_1", True), ("pass_at_1_lenient", False)):
             right = [g.correct is True for g in grade_all(flat, texts, strict=strict)]
             figures[reading] = mean(right)
-            figures |= per_problem(f"{ITEMS}{reading}/", right, probe.samples)
             for family in sorted({p.family for p in problems}):
                 mine = [r for r, p in zip(right, flat, strict=True) if p.family == family]
                 figures[f"{family}/{reading}"] = mean(mine)
-                figures |= per_problem(
-                    f"{ITEMS}{family}/{reading}/",
-                    [r if p.family == family else None for r, p in zip(right, flat, strict=True)],
-                    probe.samples,
-                )
+            if paying is not None:
+                figures |= found_items(reading, right, flat, probe.samples)
         if paying is not None:
             scored = score(problems, prompts, groups, paying).per_reward
             for term, values in scored.items():
@@ -78,6 +75,18 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
 
     measure.context_length = context_length(tokenizer, prompts, max_new)  # type: ignore[attr-defined]
     return measure
+
+
+def found_items(
+    reading: str, right: Sequence[bool], flat: Sequence[Problem], samples: int
+) -> dict[str, float]:
+    """Each problem's share of samples the grader found right under `reading`, over every
+    problem and per family (`items/<reading>/<i>`, `items/<family>/<reading>/<i>`)."""
+    items = per_problem(f"{ITEMS}{reading}/", right, samples)
+    for family in sorted({p.family for p in flat}):
+        mine = [r if p.family == family else None for r, p in zip(right, flat, strict=True)]
+        items |= per_problem(f"{ITEMS}{family}/{reading}/", mine, samples)
+    return items
 
 
 def per_problem(prefix: str, verdicts: Sequence[bool | None], samples: int) -> dict[str, float]:

@@ -22,7 +22,8 @@ from guard.paired import (
     verifier_overpays,
 )
 from guard.rules import SkillPair
-from stages.reasoning_rl import per_problem
+from problems.types import Problem
+from stages.reasoning_rl import found_items, per_problem
 
 HOLED = SkillPair("math", "reward/accuracy_digits/mean", "heldout/math/pass_at_1")
 
@@ -38,6 +39,21 @@ def probe_entry(step: int, found: list[float], paid: list[float], term: str = "a
 def test_per_problem_shares_each_problems_samples_and_leaves_out_what_was_not_read():
     verdicts = [True, False, None, None, True, True]  # 3 problems, 2 samples each
     assert per_problem("items/x/", verdicts, 2) == {"items/x/0": 0.5, "items/x/2": 1.0}
+
+
+def test_found_items_keep_each_problem_overall_and_in_its_family():
+    """Two problems of two samples each, one math and one logic: the overall and the family
+    readings, each problem under its own index."""
+    math = Problem(id="m", question="q", answer="1", family="math")
+    logic = Problem(id="l", question="q", answer="1", family="logic")
+    flat = [math, math, logic, logic]
+    items = found_items("pass_at_1", [True, False, True, True], flat, 2)
+    assert items == {
+        "items/pass_at_1/0": 0.5,
+        "items/pass_at_1/1": 1.0,
+        "items/math/pass_at_1/0": 0.5,
+        "items/logic/pass_at_1/1": 1.0,
+    }
 
 
 def test_item_values_read_only_their_own_prefix():
