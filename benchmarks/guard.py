@@ -7,9 +7,9 @@ against the stage's own step time.
     python -m benchmarks.guard --state STATE_DIR --run RUN_ID --section r1_zero [--set KEY=VALUE]
     python -m benchmarks.guard --signals 32x16x1500 [16x8x400 ...]
 
-Each report sets the trips beside those of the unpaired reading alone (`overpay` off: the guard
-before the paired reading of guard/paired.py); a stage recorded before the probe kept its
-per-problem values gives the same trips in both.
+Each report sets the trips beside those of the unpaired reading alone (`overpay` and `fall` off:
+the guard before the paired readings of guard/paired.py); a stage recorded before the probe kept
+its per-problem values gives the same trips in both.
 
 The second form goes over every GRPO stage of a finished run's state folder (R1-Zero, stages 3
 and 6, the RL-only twins), with the settings the run was given (`--set`, as to `r1 run`): each
@@ -108,9 +108,9 @@ def replay(config: GRPOConfig, history: list[dict[str, float]]) -> tuple[list[di
 
 
 def unpaired(config: GRPOConfig) -> GRPOConfig:
-    """`config` with `reward_without_skill`'s paired reading off: the guard before it."""
+    """`config` with `reward_without_skill`'s paired readings off: the guard before them."""
     guard = config.guard
-    rule = guard.reward_without_skill.model_copy(update={"overpay": None})
+    rule = guard.reward_without_skill.model_copy(update={"overpay": None, "fall": None})
     return config.model_copy(
         update={"guard": guard.model_copy(update={"reward_without_skill": rule})}
     )
@@ -123,7 +123,7 @@ def said(trips: list[dict]) -> str:
 def widest_gap(config: GRPOConfig, history: list[dict[str, float]]) -> float | None:
     """The widest `gap` (to 0.01) at which `reward_without_skill`'s unpaired reading, its other
     settings as configured, trips at some step of `history`; None where it trips at none (the
-    paired reading has no `gap`: it is left out)."""
+    paired readings have no `gap`: they are left out)."""
     rule, pairs = unpaired(config).guard.reward_without_skill, skill_pairs(config.rewards)
     widest = 0
     for end in range(1, len(history) + 1):

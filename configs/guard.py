@@ -67,12 +67,22 @@ class RewardWithoutSkill(Rule):
         "chance disagreement explains (guard/paired.py): a hole, from the first probe on, taken "
         "up or not; None: not read",
     )
+    fall: float | None = Field(
+        0.1,
+        gt=0,
+        lt=1,
+        description="the held-out pass@1 of a family fell at least this on the same problems "
+        "since an earlier probe of the stage, by more than the probe's sampling explains "
+        "(guard/paired.py), while the family's training pass rate fell less than half as "
+        "far: skill lost after honest gains while the training verifier goes on paying, "
+        "whether or not that verifier is the grader's own; None: not read",
+    )
     alpha: float = Field(
         0.01,
         gt=0,
         lt=1,
-        description="the paired readings' false-alarm rate over a stage, per family, spent over "
-        "its probes",
+        description="each paired reading's false-alarm rate over a stage, per family, spent "
+        "over its probes",
     )
 
 

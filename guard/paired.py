@@ -2,19 +2,26 @@
 problems whose verdicts differ carry information, and a sequential test over a stage's probes
 whose false-alarm rate is a setting.
 
-Where a stage trains with a verifier that is not the grader's own, the probe
-(stages/reasoning_rl.py) records, beside its pass rates, one value per held-out problem in the
-history entry of the step it ran at (never logged as a metric; elsewhere nothing is kept):
+The probe (stages/reasoning_rl.py) records, beside its pass rates, one value per held-out
+problem in the history entry of the step it ran at (never logged as a metric), for the readings
+the guard's `reward_without_skill` reads (`probe_readings`):
 
-- `items/<reading>/<i>` and `items/<family>/<reading>/<i>`: the share of problem `i`'s samples the
-  probe's grader finds right (`reading` is `pass_at_1` or `pass_at_1_lenient`);
+- `items/<family>/<reading>/<i>` (or `items/<reading>/<i>` for a verifier on every family): the
+  share of problem `i`'s samples the probe's grader finds right (`reading` is `pass_at_1` or
+  `pass_at_1_lenient`);
 - `items/paid/<term>/<i>`: the share of the same samples that the stage's training verifier
   `term` pays for, for each verifier term that is not the grader's own (a term that is the
   grader's own pays exactly what it finds).
 
-`verifier_overpays` reads the two on the same completions: the training verifier paying more
-than the grader finds, by a size worth stopping for and beyond what chance disagreement
-explains, is a hole from the first probe on, whether or not it has been taken up.
+Two readings use them:
+
+- `verifier_overpays`, the two on the same completions: the training verifier paying more than
+  the grader finds, by a size worth stopping for and beyond what chance disagreement explains,
+  is a hole from the first probe on, whether or not it has been taken up;
+- `skill_fell`, the grader's verdicts on the same problems at two probes: the held-out skill
+  fallen from its best reading so far, beyond what the probe's sampling explains (skill lost
+  after honest gains, whatever the training verifier; the rule sets it beside the training pass
+  rate, which a hack keeps up).
 """
 
 from __future__ import annotations
@@ -52,13 +59,15 @@ def spent(alpha: float, look: int) -> float:
     return alpha * 6.0 / (math.pi**2 * look**2)
 
 
-def critical(alpha: float, look: int) -> float:
-    """The critical value at the `look`-th probe: sqrt(2 ln(1 / rate)). A sum of differences
-    whose signs are as likely either way (the two readers alike) exceeds this many times the
-    root of its sum of squares with probability at most exp(-x^2 / 2) = the rate, whatever
-    the differences' sizes and however few problems differ (a bound, not the normal
-    approximation, which undercounts false alarms where few problems differ)."""
-    return math.sqrt(2.0 * math.log(1.0 / spent(alpha, look)))
+def critical(alpha: float, look: int, among: int = 1) -> float:
+    """The critical value at the `look`-th probe for each of `among` readings made there:
+    sqrt(2 ln(among / rate)). A sum of differences whose signs are as likely either way (the two
+    readers alike, or the same skill at two probes) exceeds this many times the root of its sum
+    of squares with probability at most exp(-x^2 / 2) = rate / among, whatever the differences'
+    sizes and however few problems differ (a bound, not the normal approximation, which
+    undercounts false alarms where few problems differ); over the `among` readings, at most the
+    rate."""
+    return math.sqrt(2.0 * math.log(among / spent(alpha, look)))
 
 
 @dataclass(frozen=True)
@@ -149,3 +158,63 @@ def verifier_overpays(
         difference,
         bound,
     )
+
+
+@dataclass(frozen=True)
+class Fell:
+    """The grader's held-out pass rate on the same problems fell from `then` at step
+    `then_step` (the probe it fell most from) to `now` at `step`, the `look`-th probe read;
+    `bound` is the fall's upper confidence bound (below 0: fallen, beyond chance)."""
+
+    step: int
+    look: int
+    then_step: int
+    then: float
+    now: float
+    difference: PairedDifference
+    bound: float
+
+
+def skill_fell(
+    history: Sequence[Mapping[str, float]],
+    probe_key: str,
+    fall: float,
+    alpha: float,
+    min_differing: int = 3,
+) -> Fell | None:
+    """Read at a probe (the history's last entry): whether the held-out skill under `probe_key`
+    fell by at least `fall` on the same problems since an earlier probe of the stage, and by
+    more than the probe's sampling explains. Each earlier probe is read against the latest (the
+    best reading so far among them, and so no selection of the best can lend a false alarm):
+    at the k-th probe with per-problem values, k - 1 readings at critical value
+    `critical(alpha, k - 1, k - 1)`, so that over the stage's probes and the readings at each the
+    false-alarm rate is at most `alpha` where the skill has not fallen. The fall reported is the
+    largest of those that clear both bounds."""
+    prefix = items_key(probe_key)
+    entries = probe_entries(history, prefix)
+    if len(entries) < 2 or entries[-1].get("step") != history[-1].get("step"):
+        return None
+    now = item_values(entries[-1], prefix)
+    look = len(entries) - 1
+    x = critical(alpha, look, look)
+    worst: Fell | None = None
+    for earlier in entries[:-1]:
+        then = item_values(earlier, prefix)
+        difference = paired(then, now)
+        if difference is None or difference.differing < min_differing:
+            continue
+        bound = difference.mean + x * difference.spread
+        if bound >= 0 or -difference.mean < fall:
+            continue
+        if worst is None or difference.mean < worst.difference.mean:
+            common = set(then) & set(now)
+            worst = Fell(
+                int(entries[-1]["step"]),
+                look + 1,
+                int(earlier["step"]),
+                fmean(then[i] for i in common),
+                fmean(now[i] for i in common),
+                difference,
+                bound,
+            )
+    return worst

@@ -27,7 +27,7 @@ from configs.guard import (
     RewardWithoutSkill,
 )
 from guard.history import History, Point, first, last_step, recent, series
-from guard.paired import Overpaid, verifier_overpays
+from guard.paired import Fell, Overpaid, skill_fell, verifier_overpays
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,11 @@ def reward_without_skill(
     family's held-out pass@1 (each reading the mean of `smooth` probes; the latest against the
     first, or the best before it: a rise of the one, a fall of the other, or both), and the
     held-out pass@1 did not rise by more than `-probe_fall`. The stage's first and last windows
-    must be apart. Before that, the paired reading of the probe's own completions: a training
-    verifier that pays `overpay` more than the probe's grader finds trips from the first probe
-    on (guard/paired.py)."""
+    must be apart. Before that, the paired readings (guard/paired.py): a training verifier that
+    pays `overpay` more than the probe's grader finds on the probe's own completions trips from
+    the first probe on; and the held-out pass rate fallen by `fall` on the same problems since
+    an earlier probe, while the training pass rate did not fall with it (less than half as
+    far)."""
     now, w = last_step(history), rule.window
     for pair in pairs:
         probes = series(history, pair.probe_key)
@@ -137,9 +139,14 @@ def reward_without_skill(
             over = verifier_overpays(history, pair.term, pair.probe_key, rule.overpay, rule.alpha)
             if over is not None:
                 return overpaid_trip(pair, over, rule)
+        points = series(history, pair.reward_key)
+        if rule.fall is not None:
+            fell = skill_fell(history, pair.probe_key, rule.fall, rule.alpha)
+            trip = fell_trip(pair, fell, points, now, rule) if fell is not None else None
+            if trip is not None:
+                return trip
         if len(probes) < 2:
             continue
-        points = series(history, pair.reward_key)
         if baseline(history, pair.reward_key, w) is None:
             continue
         readings = smoothed(probes, rule.smooth)
@@ -187,6 +194,45 @@ def overpaid_trip(pair: SkillPair, over: Overpaid, rule: RewardWithoutSkill) -> 
             "overpay": _r(d.mean),
             "overpay_se": _r(d.se),
             "overpay_bound": _r(over.bound),
+        },
+        pair.label,
+    )
+
+
+def fell_trip(
+    pair: SkillPair, fell: Fell, points: Sequence[Point], now: int, rule: RewardWithoutSkill
+) -> Trip | None:
+    """`reward_without_skill` for a held-out skill fallen beyond chance (`fell`), where the
+    family's training pass rate (its last `window` steps against the `window` steps up to the
+    probe it fell from) fell less than half as far: the training verifier goes on paying for
+    what the held-out grader no longer finds. None where the training rate fell with it (a
+    collapse, not a hack: `collapse` reads it; half, since its window's mean lags the probe's
+    reading) or has no window to read yet."""
+    assert rule.fall is not None
+    up_to = reward_up_to(points, fell.then_step, rule.window)
+    reward_now = recent(points, now, rule.window)
+    if up_to is None or reward_now is None:
+        return None
+    (reward_then, span), d = up_to, fell.difference
+    if reward_now - reward_then <= d.mean / 2:
+        return None
+    return Trip(
+        "reward_without_skill",
+        now,
+        start_of(now, rule.window),
+        f"{pair.label}: held-out pass@1 fell {fell.then:.3f} -> {fell.now:.3f} on the same "
+        f"{d.n} problems since step {fell.then_step} ({d.mean:+.3f} ± {d.se:.3f}, {d.differing} "
+        f"differ; at most {fell.bound:+.3f} at probe {fell.look} at a false-alarm rate of "
+        f"{rule.alpha:g} a stage; bound {rule.fall:.2f}) while the training pass rate went "
+        f"{reward_then:.3f} -> {reward_now:.3f} ({span} to last {rule.window})",
+        {
+            "probe_then": _r(fell.then),
+            "probe_now": _r(fell.now),
+            "fall": _r(-d.mean),
+            "fall_se": _r(d.se),
+            "fall_bound": _r(-fell.bound),
+            "reward_then": _r(reward_then),
+            "reward_now": _r(reward_now),
         },
         pair.label,
     )

@@ -42,6 +42,27 @@ def skill_pairs(terms: Sequence[RewardTerm]) -> list[SkillPair]:
     return pairs
 
 
+def paired_readings(guard: GuardConfig, terms: Sequence[RewardTerm]) -> tuple[set[str], list[str]]:
+    """What the held-out probe keeps per problem for `reward_without_skill`'s paired readings
+    (guard/paired.py): the held-out readings (`heldout/...` keys) of the stage's verifier pairs,
+    and the training verifier terms that are not the grader's own, whose pay on the probe's
+    completions the `overpay` reading sets beside them. Nothing where the rule or its paired
+    readings are off, or nothing is left to pair."""
+    rule = guard.reward_without_skill
+    if not guard.enabled or rule.action == "off":
+        return set(), []
+    unvetted = [] if rule.overpay is None else unvetted_verifiers(terms)
+    if rule.fall is None and not unvetted:
+        return set(), []
+    return {pair.probe_key for pair in skill_pairs(terms)}, unvetted
+
+
+def unvetted_verifiers(terms: Sequence[RewardTerm]) -> list[str]:
+    """The verifier terms that are not a family's own grader (a holed one, say)."""
+    graders = set(FAMILY_REWARDS.values())
+    return [t.name for t in terms if is_verifier(t.name) and t.name not in graders]
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What this step's trips ask for: `action` is warn, rollback or stop. `trips` holds every

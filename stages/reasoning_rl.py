@@ -4,7 +4,7 @@ problems, from the cold-start model (stage 3) or straight from the base (R1-Zero
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from statistics import fmean as mean
 
@@ -13,13 +13,13 @@ from configs.cluster import ClusterConfig
 from configs.reinforcement import GRPOConfig
 from contracts.reward_names import PREFERENCE
 from evaluation.curves import plot_grpo_curves
-from guard.paired import ITEMS, paid_key
-from guard.watch import is_verifier
+from guard.paired import items_key, paid_key
+from guard.watch import paired_readings
 from models.chat import render_prompt
 from models.loading import load_model, load_tokenizer
 from models.saved import ModelRef, save_model
 from problems.loader import load_problems, write_problems
-from problems.types import FAMILY_REWARDS, Problem, ProblemSet
+from problems.types import Problem, ProblemSet
 from rewards.registry import RewardFn, RewardSet
 from rewards.verifiers import grade_all
 from rl.scoring import score
@@ -38,9 +38,9 @@ GRPO_WORKER = "rl.grpo_worker"
 def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
     """The R1-Zero figures over training (the paper's Figures 2 and 3, small): held-out pass@1,
     strict and lenient, per family, and the mean length of the held-out responses; and, for the
-    guard's paired reading (guard/paired.py), where a training verifier is not the grader's own,
-    each problem's share of samples found right and the share that verifier pays for (where
-    every verifier is the grader's own there is nothing to pair, and nothing is kept)."""
+    guard's paired readings (guard/paired.py, guard/watch.py `paired_readings`), each problem's
+    share of samples found right in the readings the guard reads, and the share that each
+    training verifier that is not the grader's own pays for."""
     probe = config.probe
     problems = [p for p in load_problems(heldout_path) if verifiable(p)][: probe.problems]
     prompts = [render_prompt(tokenizer, p.question) for p in problems]
@@ -48,10 +48,9 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
         probe.temperature, probe.top_p, probe.max_new_tokens or config.max_new_tokens, config.seed
     )
     max_new = probe.max_new_tokens or config.max_new_tokens
-    unvetted = [
-        t for t in config.rewards if is_verifier(t.name) and t.name not in FAMILY_REWARDS.values()
-    ]
-    paying = RewardSet.from_terms(unvetted) if unvetted else None
+    readings, unvetted = paired_readings(config.guard, config.rewards)
+    paying_terms = [t for t in config.rewards if t.name in unvetted]
+    paying = RewardSet.from_terms(paying_terms) if paying_terms else None
 
     def measure(sampler: Sampler) -> dict[str, float]:
         groups = sampler.generate(prompts, probe.samples, params)
@@ -64,8 +63,7 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
             for family in sorted({p.family for p in problems}):
                 mine = [r for r, p in zip(right, flat, strict=True) if p.family == family]
                 figures[f"{family}/{reading}"] = mean(mine)
-            if paying is not None:
-                figures |= found_items(reading, right, flat, probe.samples)
+            figures |= found_items(reading, right, flat, probe.samples, readings)
         if paying is not None:
             scored = score(problems, prompts, groups, paying).per_reward
             for term, values in scored.items():
@@ -78,14 +76,24 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
 
 
 def found_items(
-    reading: str, right: Sequence[bool], flat: Sequence[Problem], samples: int
+    reading: str,
+    right: Sequence[bool],
+    flat: Sequence[Problem],
+    samples: int,
+    wanted: Collection[str],
 ) -> dict[str, float]:
-    """Each problem's share of samples the grader found right under `reading`, over every
-    problem and per family (`items/<reading>/<i>`, `items/<family>/<reading>/<i>`)."""
-    items = per_problem(f"{ITEMS}{reading}/", right, samples)
+    """Each problem's share of samples the grader found right under `reading`, for each
+    held-out reading in `wanted` that is this one: over every problem (`heldout/<reading>` ->
+    `items/<reading>/<i>`) or over a family's (`heldout/<family>/<reading>` ->
+    `items/<family>/<reading>/<i>`), each problem under its index among all."""
+    items = {}
+    if f"heldout/{reading}" in wanted:
+        items |= per_problem(items_key(f"heldout/{reading}"), right, samples)
     for family in sorted({p.family for p in flat}):
-        mine = [r if p.family == family else None for r, p in zip(right, flat, strict=True)]
-        items |= per_problem(f"{ITEMS}{family}/{reading}/", mine, samples)
+        key = f"heldout/{family}/{reading}"
+        if key in wanted:
+            mine = [r if p.family == family else None for r, p in zip(right, flat, strict=True)]
+            items |= per_problem(items_key(key), mine, samples)
     return items
 
 

@@ -41,18 +41,24 @@ def test_per_problem_shares_each_problems_samples_and_leaves_out_what_was_not_re
     assert per_problem("items/x/", verdicts, 2) == {"items/x/0": 0.5, "items/x/2": 1.0}
 
 
-def test_found_items_keep_each_problem_overall_and_in_its_family():
+def test_found_items_keep_each_problem_in_the_readings_the_guard_reads():
     """Two problems of two samples each, one math and one logic: the overall and the family
-    readings, each problem under its own index."""
+    readings asked for, each problem under its own index; a reading not asked for is not kept."""
     math = Problem(id="m", question="q", answer="1", family="math")
     logic = Problem(id="l", question="q", answer="1", family="logic")
     flat = [math, math, logic, logic]
-    items = found_items("pass_at_1", [True, False, True, True], flat, 2)
-    assert items == {
+    right = [True, False, True, True]
+    wanted = {"heldout/pass_at_1", "heldout/math/pass_at_1", "heldout/logic/pass_at_1"}
+    assert found_items("pass_at_1", right, flat, 2, wanted) == {
         "items/pass_at_1/0": 0.5,
         "items/pass_at_1/1": 1.0,
         "items/math/pass_at_1/0": 0.5,
         "items/logic/pass_at_1/1": 1.0,
+    }
+    lenient_math = {"heldout/math/pass_at_1_lenient"}
+    assert found_items("pass_at_1", right, flat, 2, lenient_math) == {}
+    assert found_items("pass_at_1_lenient", right, flat, 2, lenient_math) == {
+        "items/math/pass_at_1_lenient/0": 0.5
     }
 
 

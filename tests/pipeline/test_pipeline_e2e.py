@@ -453,6 +453,26 @@ def test_r1_zero_probes_heldout_pass_at_1_and_length_and_every_stage_reports_eac
         assert f"all_scenarios_rl/{family}/pass_at_1" in parent.data.metrics
 
 
+def test_the_probe_keeps_each_problems_verdicts_for_the_guards_paired_readings(micro_run):
+    """In the trainer's history (and so its checkpoints), never as metrics: at every probe, each
+    held-out problem's share of samples found right, in each reading the guard pairs, whose
+    mean is the family's pass@1 the probe logged."""
+    from benchmarks.guard import stage_history
+    from guard.paired import item_values, items_key
+    from guard.watch import skill_pairs
+
+    state, _ = micro_run
+    (stage_dir,) = (state / "runs" / "r1_zero_rl").iterdir()
+    probes = [h for h in stage_history(stage_dir) if "heldout/pass_at_1" in h]
+    assert [h["step"] for h in probes] == [0, 1, 2]
+    pairs = skill_pairs(load_profile("micro").r1_zero.rewards)
+    read = [(e, p) for e in probes for p in pairs if p.probe_key in e]  # families in the probe
+    assert read
+    for entry, pair in read:
+        items = item_values(entry, items_key(pair.probe_key))
+        assert items and sum(items.values()) / len(items) == pytest.approx(entry[pair.probe_key])
+
+
 def test_r1_zero_flow_runs_grpo_on_the_base(prefect_server, tmp_path, monkeypatch):
     monkeypatch.setenv("R1_STATE_DIR", str(tmp_path / "state"))
     from flows.r1_zero import r1_zero
