@@ -19,7 +19,10 @@ Per run: wall seconds and its ratio to the synchronous run, completion tokens sa
 second, the mean seconds per step the samplers spent drawing a step (generate and version loads,
 summed over workers) and the trainer spent on it besides waiting (scoring, update, handing the
 version over), the trainer's idle share (its time waiting for rollouts, over the wall time; for the
-synchronous run that is its sampling), the samplers' idle share (1 - their generate and load
+synchronous run that is its sampling), the trainer's seconds on the held-out probe (drawing
+it where it draws it, waiting for the workers' draw where they do, and grading it;
+`--modes process-k1-probe-on-trainer` draws it on the trainer beside a sampler process, as
+before the workers drew it), the samplers' idle share (1 - their generate and load
 time over workers x wall), CPU seconds of each side, and held-out pass@1 with the paired
 difference to the synchronous run and its standard error over problems.
 """
@@ -62,6 +65,10 @@ MODES = ("sync", "process-k1", "process-k2", "ray-k1", "ray-k2")
 # the trainer at one torch thread instead of the profile's: with a one-thread sampler process
 # beside it, exactly one thread per core (a measurement of why, not the profile's setting)
 ONE_THREAD = ("sync-t1", "process-k1-t1")
+# the held-out probe drawn by the trainer's own sampler beside a sampler process, as before the
+# workers drew it (probe.on_workers false): what drawing it off the trainer's path changes
+PROBE_ON_TRAINER = ("process-k1-probe-on-trainer",)
+EXTRA = ONE_THREAD + PROBE_ON_TRAINER
 CAP = 3.0  # importance_sampling_cap of the asynchronous runs (TRL's default)
 POLL_S = 0.2
 
@@ -153,8 +160,14 @@ def run_one(
     k = int(mode.split("-k")[1][0]) if "-k" in mode else 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if mode.endswith("-t1") else config.torch_threads or 2)
+    probe = config.r1_zero.probe.model_copy(update={"on_workers": mode not in PROBE_ON_TRAINER})
     grpo = config.r1_zero.model_copy(
-        update={"seed": seed, "max_staleness": k, "importance_sampling_cap": CAP if k else None}
+        update={
+            "seed": seed,
+            "max_staleness": k,
+            "importance_sampling_cap": CAP if k else None,
+            "probe": probe,
+        }
     )
     grpo = type(grpo).model_validate(grpo.model_dump())  # checked as a profile's would be
     cluster = None
@@ -215,7 +228,8 @@ def figures(result: dict[str, Any]) -> dict[str, float]:
     g = profile().r1_zero
     tokens = sum(h["completion/mean_tokens"] * g.prompts_per_step * g.group_size for h in steps)
     waited = sum(h["time/sample_seconds"] for h in steps)
-    sampled = sum(h["time/sampler_seconds"] for h in steps)
+    probes = sum(h.get("time/probe_sampler_seconds", 0.0) for h in result["history"])
+    sampled = sum(h["time/sampler_seconds"] for h in steps) + probes  # the workers' probes too
     cpu = result["cpu"]
     return {
         "wall": wall,
@@ -225,6 +239,7 @@ def figures(result: dict[str, Any]) -> dict[str, float]:
         "trainer_step": sum(h["time/step_seconds"] - h["time/sample_seconds"] for h in steps)
         / len(steps),
         "trainer_idle": waited / wall,
+        "probe_trainer": sum(h.get("time/probe_seconds", 0.0) for h in result["history"]),
         "sampler_idle": 1.0 - sampled / (workers * wall),
         "cpu_trainer": cpu["trainer"],
         "cpu_workers": cpu["workers"],
@@ -241,7 +256,7 @@ def report(out: Path) -> None:
             continue
         base = per_problem(evaluated(out, seed_dir / "sync"), strict=False)
         base_wall = results["sync"]["wall"]
-        for mode in [m for m in MODES + ONE_THREAD if m in results]:
+        for mode in [m for m in MODES + EXTRA if m in results]:
             mine = per_problem(evaluated(out, seed_dir / mode), strict=False)
             diff, se, _ = paired(mine, base) if mode != "sync" else (0.0, 0.0, 0)
             row = figures(results[mode]) | {"seed": seed_dir.name, "mode": mode}
@@ -254,15 +269,16 @@ def report(out: Path) -> None:
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
         "| seed | run | wall s | vs sync | tok/s | sampler s/step | trainer s/step | trainer idle "
-        "| sampler idle | CPU s trainer | CPU s samplers | CPU s other | pass@1 | vs sync (± SE) |"
+        "| probe s on trainer | sampler idle | CPU s trainer | CPU s samplers | CPU s other "
+        "| pass@1 | vs sync (± SE) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         versus = "-" if r["mode"] == "sync" else f"{r['diff']:+.3f} ± {r['se']:.3f}"
         print(
             f"| {r['seed']} | {r['mode']} | {r['wall']:.1f} | {r['ratio']:.3f} "
             f"| {r['tokens_per_s']:.0f} | {r['sampler_step']:.2f} | {r['trainer_step']:.2f} "
-            f"| {r['trainer_idle']:.2f} | {r['sampler_idle']:.2f} "
+            f"| {r['trainer_idle']:.2f} | {r['probe_trainer']:.1f} | {r['sampler_idle']:.2f} "
             f"| {r['cpu_trainer']:.0f} | {r['cpu_workers']:.0f} | {r['cpu_other']:.0f} "
             f"| {r['pass1']:.3f} | {versus} |"
         )
@@ -273,7 +289,7 @@ def main() -> None:
     parser.add_argument("command", choices=["prepare", "time", "report"])
     parser.add_argument("--out", type=Path, required=True, help="problems, models, results")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--modes", nargs="+", choices=MODES + ONE_THREAD, default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=MODES + EXTRA, default=list(MODES))
     parser.add_argument(
         "--threads",
         type=int,

@@ -2,11 +2,13 @@
 and the new thread settings, in one run on this machine.
 
 A job is one stage of the tiny profile, cut short, in a fresh process: `pretrain` (the base's
-pretraining, the bootstrap stage at `--pretrain-epochs`) or `grpo` (R1-Zero's GRPO for
-`--grpo-steps` steps on a base prepared once: sampling, scoring and update). Each runs in three
-scenes: alone; two of the same job at once (both timed, their mean reported); and beside the
+pretraining, the bootstrap stage at `--pretrain-epochs`), `grpo` (R1-Zero's GRPO for
+`--grpo-steps` steps on a base prepared once: sampling, scoring and update), or `sandbox`
+(`--sandbox-rounds` GRPO steps of code candidates verified in the sandbox: 128 programs with
+stdin tests and 128 with call tests a round, benchmarks/sandbox.py's workload). Each runs in
+four scenes: alone; two of the same job at once (both timed, their mean reported); beside the
 default test suite's fast part (`-m "not heavy ..."`, in a loop from a few seconds before the
-job until it ends). The settings:
+job until it ends); and beside a trainer (the pretrain job in a loop, likewise). The settings:
 
 - old: the code and settings before host/threads.py: the project at `--old-rev` (default: the
   revision before host/threads.py was added, exported to `--out`), whose processes wait with
@@ -14,12 +16,13 @@ job until it ends). The settings:
 - new: this checkout: passive waiting after a short spin, the CPUs the process may use (at
   most the profile's 2), the decode loop in lanes of one thread.
 
-The neighbours (the second job, the test suite) run the same code and settings as the job
-timed. Each job prints its wall seconds; the table gives each scene's time and its ratio to the
-same job alone with the same settings, and the new setting's time over the old one's.
+The neighbours (the second job, the test suite, the trainer) run the same code and settings as
+the job timed. Each job prints its wall seconds; the table gives each scene's time and its ratio
+to the same job alone with the same settings, and the new setting's time over the old one's.
 
     python -m benchmarks.sharing --out /tmp/sharing               # every job, scene and setting
     python -m benchmarks.sharing --out /tmp/sharing --jobs grpo --scenes alone pair
+    python -m benchmarks.sharing --out /tmp/sharing --jobs sandbox --scenes alone trainer
 
 Timings depend on what else runs: start it on an otherwise idle machine. One run each.
 """
@@ -39,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-JOBS = ("pretrain", "grpo")
-SCENES = ("alone", "pair", "tests")
+JOBS = ("pretrain", "grpo", "sandbox")
+SCENES = ("alone", "pair", "tests", "trainer")
+SANDBOX_STEP = (16 * 8, 3)  # the sandbox job: a GRPO step's code candidates, tests each
 SETTINGS = ("old", "new")
 PROFILE_THREADS = 2  # the tiny profile's torch_threads
 TEST_SUITE = "not slow and not gpu and not cluster and not heavy"
@@ -105,7 +109,9 @@ def cut_bootstrap(config: Any, epochs: float) -> Any:
     return config.model_copy(update={"train": train})
 
 
-def run_job(kind: str, out: Path, work: Path, pretrain_epochs: float, grpo_steps: int) -> float:
+def run_job(
+    kind: str, out: Path, work: Path, pretrain_epochs: float, grpo_steps: int, sandbox_rounds: int
+) -> float:
     """Run job `kind` in `work`; its wall seconds (the stage alone, imports excluded)."""
     import shutil
 
@@ -124,10 +130,29 @@ def run_job(kind: str, out: Path, work: Path, pretrain_epochs: float, grpo_steps
     if kind == "pretrain":
         cut = cut_bootstrap(config.bootstrap, pretrain_epochs)
         bootstrap.run(cut, problems, work / "stage", NullTracker())
-    else:
+    elif kind == "grpo":
         grpo = config.r1_zero.model_copy(update={"steps": grpo_steps})
         base = ModelRef(out / "base" / "model")
         reasoning_rl.run(grpo, base, problems, work / "stage", NullTracker(), desc="grpo")
+    else:
+        return verify_programs(sandbox_rounds)
+    return time.perf_counter() - began
+
+
+def verify_programs(rounds: int) -> float:
+    """The sandbox job: `rounds` GRPO steps of code candidates verified through the code reward
+    (benchmarks/sandbox.py's workload, stdio and call tests alike), after one warm-up call; its
+    wall seconds."""
+    from benchmarks.sandbox import ours, step
+    from sandbox.runner import default_workers
+
+    workers = default_workers()
+    batches = [step(kind, *SANDBOX_STEP) for kind in ("stdio", "calls")]
+    ours(batches[0][0][:4], batches[0][1][:4], workers)  # the first call probes the guards
+    began = time.perf_counter()
+    for _ in range(rounds):
+        for completions, cases in batches:
+            ours(completions, cases, workers)
     return time.perf_counter() - began
 
 
@@ -140,7 +165,8 @@ def start_job(args: argparse.Namespace, kind: str, setting: str, tag: str) -> su
     # run as a file (-P: its folder not on the path), so the project comes from `tree` alone
     command = [sys.executable, "-P", str(Path(__file__).resolve()), "--out", str(args.out)]
     command += ["--pretrain-epochs", str(args.pretrain_epochs)]
-    command += ["--grpo-steps", str(args.grpo_steps), "job", kind, "--work", str(work)]
+    command += ["--grpo-steps", str(args.grpo_steps), "--sandbox-rounds", str(args.sandbox_rounds)]
+    command += ["job", kind, "--work", str(work)]
     work.parent.mkdir(parents=True, exist_ok=True)
     with open(work.parent / f"{work.name}.log", "w") as log:  # its progress and warnings
         return subprocess.Popen(
@@ -205,8 +231,39 @@ def scene(args: argparse.Namespace, kind: str, scene: str, setting: str) -> floa
                 if process.poll() is None:
                     process.kill()
                     process.wait()
+    if scene == "trainer":
+        with trainer_loop(args, setting):
+            return job_seconds(start_job(args, kind, setting, "trainer"), args.limit)
     with test_suite(args.trees[setting], setting):
         return job_seconds(start_job(args, kind, setting, "tests"), args.limit)
+
+
+@contextmanager
+def trainer_loop(args: argparse.Namespace, setting: str):
+    """The pretrain job in a loop beside the job timed (a trainer on the same machine), in a
+    session of its own, stopped whole."""
+    work = args.out / "work" / f"neighbour-{setting}"
+    command = [sys.executable, "-P", str(Path(__file__).resolve()), "--out", str(args.out)]
+    command += ["--pretrain-epochs", str(args.pretrain_epochs), "job", "pretrain", "--work"]
+    loop = f"while true; do {' '.join(command)} {work}; done"
+    trainer = subprocess.Popen(
+        ["bash", "-c", loop],
+        cwd=args.trees[setting],
+        env=setting_env(setting, args.trees[setting]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(TESTS_HEAD_START_S)  # imported, training
+        yield
+    finally:
+        os.killpg(trainer.pid, signal.SIGTERM)
+        try:
+            trainer.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -251,6 +308,7 @@ def main() -> None:
     parser.add_argument("--pretrain-epochs", type=float, default=0.1, help="the pretrain job's")
     parser.add_argument("--grpo-steps", type=int, default=3, help="the grpo job's steps")
     parser.add_argument("--base-epochs", type=float, default=1.0, help="the grpo job's base")
+    parser.add_argument("--sandbox-rounds", type=int, default=5, help="the sandbox job's steps")
     parser.add_argument("--limit", type=float, default=900.0, help="seconds a job may take")
     parser.add_argument("--old-rev", help="the old setting's revision (default: before host/)")
     sub = parser.add_subparsers(dest="command")
@@ -260,7 +318,14 @@ def main() -> None:
     args = parser.parse_args()
     args.out = args.out.resolve()
     if args.command == "job":
-        seconds = run_job(args.kind, args.out, args.work, args.pretrain_epochs, args.grpo_steps)
+        seconds = run_job(
+            args.kind,
+            args.out,
+            args.work,
+            args.pretrain_epochs,
+            args.grpo_steps,
+            args.sandbox_rounds,
+        )
         print(json.dumps({"seconds": seconds}))
         return
     args.out.mkdir(parents=True, exist_ok=True)

@@ -122,6 +122,13 @@ class ProbeConfig(Strict):
     max_new_tokens: int | None = Field(
         None, ge=1, description="None: the RL config's max_new_tokens"
     )
+    on_workers: bool = Field(
+        True,
+        description="where the stage's rollouts come from sampling workers (a sampler process, "
+        "Ray actors), they draw the probe too, off the trainer's path, and the trainer reads it "
+        "`every` steps after the version it measures (rl/probing.py); false: the trainer's own "
+        "sampler draws it after the step while training waits, as it always does without workers",
+    )
 
 
 def verifier_terms() -> list[RewardTerm]:

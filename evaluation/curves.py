@@ -12,6 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
+from guard.history import PROBE_VERSION  # noqa: E402
+
 History = Sequence[dict[str, float]]
 
 
@@ -33,8 +35,9 @@ def ends(values: Sequence[float]) -> tuple[float, float]:
 
 
 def series(history: History, key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of `key` where the history has it."""
-    points = [(h["step"], h[key]) for h in history if key in h]
+    """(steps, values) of `key` where the history has it; a probe read after the step it
+    measured is placed at that step (its policy version)."""
+    points = [(h.get(PROBE_VERSION, h["step"]), h[key]) for h in history if key in h]
     return [s for s, _ in points], [v for _, v in points]
 
 

@@ -7,6 +7,9 @@ from statistics import fmean
 
 History = Sequence[Mapping[str, float]]
 Point = tuple[int, float]
+# In an entry of a probe read after the step it measured (rl/probing.py): that step, the policy
+# version it probed. The entry's `step` is the step that read it, where the guard reads it.
+PROBE_VERSION = "probe/policy_version"
 
 
 def series(history: History, key: str) -> list[Point]:

@@ -22,11 +22,19 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from configs.reinforcement import GRPOConfig
-from guard.paired import ITEMS
 from models.chat import render_prompt
 from problems.types import Problem
 from rewards.registry import RewardFn, RewardSet, verifier_metrics
 from rl import reference as kl_reference
+from rl.probing import (
+    PROBE_VERSION,
+    HeldoutProbe,
+    InlineProbes,
+    OffPathProbes,
+    ProbeFn,
+    ProbeRunner,
+    Reading,
+)
 from rl.scoring import (
     RankRollouts,
     ScoredGroups,
@@ -52,8 +60,8 @@ log = logging.getLogger(__name__)
 
 MetricsFn = Callable[[dict[str, float], int], None]
 SamplesFn = Callable[[int, list[dict[str, Any]]], None]
-ProbeFn = Callable[[Sampler], dict[str, float]]
 StepHook = Callable[[int, list[dict[str, float]]], None]  # (step, history); may raise to stop
+LOGGED = ("heldout/", "time/probe", "probe/")  # a probe reading's metrics (not its items)
 
 
 @dataclass
@@ -157,6 +165,7 @@ class GRPOTrainer:
             )
         self._history: list[dict[str, float]] = []
         self.probe = probe
+        self.probes: ProbeRunner | None = None  # where the probe runs: set by train()
         self.guard = LossGuard("grpo")  # a non-finite loss stops training, naming the step
         self.update = PolicyUpdate(
             cfg, tokenizer, self.engine, self.collective, self.reference, self.guard
@@ -207,7 +216,8 @@ class GRPOTrainer:
         stops training with NonFiniteLossError before the update, keeping the last checkpoint."""
         cfg = self.cfg
         self.problems = problems
-        if self._colocated or self._probing():
+        self.probes = self._probe_runner()
+        if self._colocated or (self.probes is not None and self.probes.inline):
             self.open_sampler(problems)
         if cfg.general_per_step is None:
             self.order = prompt_order(len(problems), cfg.steps, cfg.prompts_per_step, cfg.seed)
@@ -240,19 +250,16 @@ class GRPOTrainer:
         self.source.begin(resumed_from, self._plan, self.engine.sampling_model(), self._carried)
         if synced := self._sync_sampler():
             self.log_metrics(synced, resumed_from)
-        if resumed_from == 0 and self._probing():
-            before, items = self._probe()
-            self._history.append({"step": 0.0, **before, **items})
-            self.log_metrics(before, 0)
+        if self.probes is not None:
+            self._add_probes(self.probes.start(resumed_from).entries)
 
     def run_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         metrics = self.step(step, [self.problems[i] for i in self.order[step]])
-        items: dict[str, float] = {}
-        if self._probing() and ((step + 1) % cfg.probe.every == 0 or step + 1 == cfg.steps):
-            figures, items = self._probe()
-            metrics |= figures
-        self._history.append({"step": float(step + 1), **metrics, **items})
+        reading = self.probes.after(step + 1) if self.probes is not None else Reading()
+        self._add_probes(reading.entries)
+        metrics |= reading.metrics
+        self._history.append({"step": float(step + 1), **metrics, **reading.items})
         if self.on_step is not None:
             self.on_step(step + 1, self._history)
         if cfg.ref_refresh_every and (step + 1) % cfg.ref_refresh_every == 0 and self.reference:
@@ -286,21 +293,35 @@ class GRPOTrainer:
                 masked,
             )
 
-    def _probing(self) -> bool:
-        return self.probe is not None and self.cfg.probe.every > 0
+    def _probe_runner(self) -> ProbeRunner | None:
+        """Where the probe runs (rl/probing.py): on the sampling workers where rollouts come
+        from them and the probe says what it draws (unless `probe.on_workers` is off), read
+        `probe.every` steps later; else on the trainer's own sampler after the step."""
+        probe, cfg = self.probe, self.cfg.probe
+        if probe is None or cfg.every == 0:
+            return None
+        if (
+            cfg.on_workers
+            and isinstance(probe, HeldoutProbe)
+            and hasattr(self.source, "submit_probe")
+        ):
+            return OffPathProbes(probe, self.source, cfg.every, self.cfg.steps, lag=cfg.every)  # type: ignore[arg-type]
+        return InlineProbes(self._measure, cfg.every, self.cfg.steps)
 
-    def _probe(self) -> tuple[dict[str, float], dict[str, float]]:
-        """The probe's figures for the current policy, as `heldout/<name>` metrics, and its
-        per-problem values (`items/...`, guard/paired.py), kept in the history only."""
+    def _measure(self) -> dict[str, float]:
+        """The probe on the policy as it is, with the trainer's own sampler."""
         assert self.probe is not None
-        began = time.perf_counter()
         self.model.eval()
         with torch.no_grad():
-            figures = self.probe(self._sampler())
-        seconds = {"time/probe_seconds": time.perf_counter() - began}
-        items = {k: v for k, v in figures.items() if k.startswith(ITEMS)}
-        metrics = {f"heldout/{k}": v for k, v in figures.items() if not k.startswith(ITEMS)}
-        return metrics | seconds, items
+            return self.probe(self._sampler())
+
+    def _add_probes(self, entries: list[dict[str, float]]) -> None:
+        """Probe readings as history entries of their own, each logged at the policy version
+        it measured (its per-problem values, `items/...`, kept in the history only)."""
+        for entry in entries:
+            self._history.append(entry)
+            version = int(entry.get(PROBE_VERSION, entry["step"]))
+            self.log_metrics({k: v for k, v in entry.items() if k.startswith(LOGGED)}, version)
 
     def _out_of_time(self, seconds: float) -> bool:
         """Whether the time budget is spent after `seconds`; the ranks stop together, when any

@@ -273,11 +273,13 @@ def train_guarded(
 
 def reach_of(config: GRPOConfig) -> int:
     """How far back (in steps) a trip's window can start: the longest window, a probe interval
-    (the rule reading the probe compares with one at least a window back) and a checkpoint
-    interval; and a rollback's `reach_back` before the window."""
+    (the rule reading the probe compares with one at least a window back), and another where
+    sampling workers may draw the probe (read an interval after the version it measured,
+    rl/probing.py), and a checkpoint interval; and a rollback's `reach_back` before the window."""
     longest = max(rule.window for rule in config.guard.rules().values())
     rollback = config.guard.rollback.reach_back
-    return longest + config.probe.every + config.checkpoint_every + rollback
+    probing = config.probe.every * (2 if config.probe.on_workers else 1)
+    return longest + probing + config.checkpoint_every + rollback
 
 
 def outcome(record: GuardRecord) -> str:

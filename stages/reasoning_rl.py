@@ -22,10 +22,12 @@ from problems.loader import load_problems, write_problems
 from problems.types import Problem, ProblemSet
 from rewards.registry import RewardFn, RewardSet
 from rewards.verifiers import grade_all
+from rl.probing import PROBE_VERSION, HeldoutProbe
 from rl.scoring import score
-from rl.trainer import GRPOTrainer, ProbeFn
-from sampling.factory import Sampler, context_length
-from sampling.interface import SamplingParams
+from rl.sources import DrawRequest
+from rl.trainer import GRPOTrainer
+from sampling.factory import context_length
+from sampling.interface import Completion, SamplingParams
 from stages.evaluate import verifiable
 from stages.fingerprint import fingerprint
 from stages.guarded import GUARD_RECORD, MetricsWatch, train_guarded
@@ -35,25 +37,23 @@ from training.distributed import WorkerSpec, require_deepspeed, run_workers
 GRPO_WORKER = "rl.grpo_worker"
 
 
-def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
+def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> HeldoutProbe:
     """The R1-Zero figures over training (the paper's Figures 2 and 3, small): held-out pass@1,
     strict and lenient, per family, and the mean length of the held-out responses; and, for the
     guard's paired readings (guard/paired.py, guard/watch.py `paired_readings`), each problem's
     share of samples found right in the readings the guard reads, and the share that each
-    training verifier that is not the grader's own pays for."""
+    training verifier that is not the grader's own pays for. What it draws is a request, so
+    that sampling workers can draw it off the trainer's path (rl/probing.py)."""
     probe = config.probe
     problems = [p for p in load_problems(heldout_path) if verifiable(p)][: probe.problems]
     prompts = [render_prompt(tokenizer, p.question) for p in problems]
-    params = SamplingParams(
-        probe.temperature, probe.top_p, probe.max_new_tokens or config.max_new_tokens, config.seed
-    )
     max_new = probe.max_new_tokens or config.max_new_tokens
+    params = SamplingParams(probe.temperature, probe.top_p, max_new, config.seed)
     readings, unvetted = paired_readings(config.guard, config.rewards)
     paying_terms = [t for t in config.rewards if t.name in unvetted]
     paying = RewardSet.from_terms(paying_terms) if paying_terms else None
 
-    def measure(sampler: Sampler) -> dict[str, float]:
-        groups = sampler.generate(prompts, probe.samples, params)
+    def grade(groups: list[list[Completion]]) -> dict[str, float]:
         flat = [p for p, group in zip(problems, groups, strict=True) for _ in group]
         texts = [c.text for group in groups for c in group]
         figures = {"mean_tokens": mean(len(c.token_ids) for g in groups for c in g)}
@@ -71,8 +71,8 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> ProbeFn:
                 figures |= per_problem(paid_key(term), paid, probe.samples)
         return figures
 
-    measure.context_length = context_length(tokenizer, prompts, max_new)  # type: ignore[attr-defined]
-    return measure
+    request = DrawRequest(prompts, probe.samples, params)
+    return HeldoutProbe(request, grade, context_length(tokenizer, prompts, max_new))
 
 
 def found_items(
@@ -196,7 +196,8 @@ def write_probe_summary(history: Sequence[dict[str, float]], path: Path) -> Path
         return None
     first, last = probed[0], probed[-1]
     summary = {key.split("/")[1]: [first[key], last[key]] for key in _PROBED}
-    path.write_text(json.dumps(summary | {"steps": [first["step"], last["step"]]}))
+    steps = [h.get(PROBE_VERSION, h["step"]) for h in (first, last)]  # the versions measured
+    path.write_text(json.dumps(summary | {"steps": steps}))
     return path
 
 

@@ -13,6 +13,10 @@ A checkpoint written before step c keeps the draws of steps c ... c + k - 1 (the
 from versions older than c, which a resumed run does not hold): `carried()` waits for them and
 returns them, and `begin` takes them back. Step c + k and later are drawn again from the
 checkpoint's own weights, exactly as the first run drew them.
+
+The workers draw the trainer's held-out probe too (rl/probing.py): `submit_probe` sends the probe
+of a published version as jobs of their own, `probe_draw` waits for what they drew. A checkpoint
+keeps the probes of versions before its own not yet read, as it keeps draws.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ class PipelinedSource:
         self.next = 0  # the next step to submit
         self.taking = 0  # the next step the trainer takes
         self.latest = -1  # the newest version published
+        self.probe_parts: dict[int, dict[int, DrawResult]] = {}  # version -> chunk -> result
+        self.probe_chunks: dict[int, int] = {}  # probes submitted, not yet drawn whole
+        self.probes: dict[int, tuple[list[list[Completion]], float]] = {}  # drawn, not yet read
 
     def needs(self, step: int) -> int:
         """The policy version step `step` is drawn from."""
@@ -63,7 +70,13 @@ class PipelinedSource:
     ) -> None:
         self.plan, self.taking = plan, first
         self.versions = VersionFolder(self.folder)
-        self.ready = {d.step: d for d in map(draw_from_record, carried or [])}
+        records = carried or []
+        self.ready = {
+            d.step: d for d in map(draw_from_record, (r for r in records if "probe" not in r))
+        }
+        self.probes = {
+            r["version"]: (draw_from_record(r).groups, 0.0) for r in records if "probe" in r
+        }
         wanted = range(first, min(first + self.k, self.steps))
         missing = [s for s in wanted if self.needs(s) < first and s not in self.ready]
         if missing:
@@ -92,7 +105,24 @@ class PipelinedSource:
                 self.workers.submit(job)
             self.chunks[step] = len(jobs)
             self.next += 1
-        self.versions.release(min([self.needs(s) for s in self.chunks] + [self.latest]))
+        needed = [self.needs(s) for s in self.chunks] + list(self.probe_chunks)
+        self.versions.release(min(needed + [self.latest]))
+
+    def submit_probe(self, version: int, request: DrawRequest) -> None:
+        """The probe of published version `version`, as jobs for the workers."""
+        assert self.versions is not None and version in self.versions.versions, version
+        jobs = split(version, request, self.versions.versions[version], self.workers.size)
+        for job in jobs:
+            self.workers.submit(dataclasses.replace(job, probe=True))
+        self.probe_chunks[version] = len(jobs)
+
+    def probe_draw(self, version: int) -> tuple[list[list[Completion]], float]:
+        """The probe of `version`'s groups and the workers' seconds on it, waited for."""
+        if version not in self.probes and version not in self.probe_chunks:
+            raise RuntimeError(f"no probe of policy version {version} was submitted")
+        while version not in self.probes:
+            self._collect(self.workers.result())
+        return self.probes.pop(version)
 
     def take(self, step: int, request: DrawRequest) -> Draw:
         if step != self.taking or step >= self.next:
@@ -104,6 +134,9 @@ class PipelinedSource:
         return dataclasses.replace(self.ready.pop(step), wait_seconds=time.perf_counter() - began)
 
     def _collect(self, result: DrawResult) -> None:
+        if result.probe:
+            self._collect_probe(result)
+            return
         if result.version != self.needs(result.step):
             raise VersionMismatchError(
                 f"step {result.step} was drawn from policy version {result.version}, not "
@@ -119,13 +152,31 @@ class PipelinedSource:
         self.ready[result.step] = Draw(result.step, groups, result.version, 0.0, seconds)
         del self.parts[result.step], self.chunks[result.step]
 
+    def _collect_probe(self, result: DrawResult) -> None:
+        """A probe job's result (its `step` is the version it names)."""
+        if result.version != result.step:
+            raise VersionMismatchError(
+                f"the probe of policy version {result.step} was drawn from version "
+                f"{result.version} (worker pid {result.pid} on {result.node})"
+            )
+        parts = self.probe_parts.setdefault(result.step, {})
+        parts[result.chunk] = result
+        if len(parts) < self.probe_chunks[result.step]:
+            return
+        ordered = [parts[i] for i in range(len(parts))]
+        seconds = sum(r.generate_seconds + r.load_seconds for r in ordered)
+        self.probes[result.step] = ([g for r in ordered for g in r.groups], seconds)
+        del self.probe_parts[result.step], self.probe_chunks[result.step]
+
     def carried(self) -> list[dict[str, Any]]:
         """The draws of the steps after the last trained one that come from versions before
-        the current one, each waited for."""
+        the current one, and the probes of those versions not yet read, each waited for."""
         keep = [s for s in range(self.taking, self.next) if self.needs(s) < self.taking]
-        while any(s not in self.ready for s in keep):
+        probes = sorted(v for v in {*self.probe_chunks, *self.probes} if v < self.taking)
+        while any(s not in self.ready for s in keep) or any(v not in self.probes for v in probes):
             self._collect(self.workers.result())
-        return [draw_record(self.ready[s]) for s in keep]
+        records = [draw_record(self.ready[s]) for s in keep]
+        return records + [probe_record(v, self.probes[v][0]) for v in probes]
 
     def close(self) -> None:
         """End the workers and remove the version files (a model's size each)."""
@@ -155,6 +206,12 @@ def draw_record(draw: Draw) -> dict[str, Any]:
     """A draw as plain data, for a checkpoint."""
     groups = [[dataclasses.asdict(c) for c in group] for group in draw.groups]
     return {"step": draw.step, "version": draw.version, "groups": groups}
+
+
+def probe_record(version: int, groups: list[list[Completion]]) -> dict[str, Any]:
+    """A probe drawn and not yet read, as plain data, for a checkpoint."""
+    plain = [[dataclasses.asdict(c) for c in group] for group in groups]
+    return {"probe": True, "step": version, "version": version, "groups": plain}
 
 
 def draw_from_record(record: dict[str, Any]) -> Draw:

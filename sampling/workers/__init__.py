@@ -32,6 +32,7 @@ class DrawJob:
     n: int
     params: SamplingParams
     version: PolicyVersion
+    probe: bool = False  # the held-out probe of `version` (rl/probing.py), not a step's draw
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class DrawResult:
     load_seconds: float  # its time loading the version's weights before it (0: it held them)
     pid: int
     node: str
+    probe: bool = False  # the job's own
 
 
 class Workers(Protocol):

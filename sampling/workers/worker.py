@@ -72,6 +72,7 @@ class RolloutWorker:
             loaded - began,
             os.getpid(),
             self.node,
+            job.probe,
         )
 
     def load(self, version: PolicyVersion) -> None:

@@ -1,0 +1,149 @@
+"""The held-out probe drawn by the sampling workers (rl/probing.py, rl/sources/pipelined.py): a
+job like any step's draw, naming the policy version it measures, read `every` steps later at a
+step the schedule fixes, with the same figures the trainer's own sampler gives for that version;
+a checkpoint keeps the probes drawn and not yet read, and a resumed run ends as one never
+stopped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from configs.reinforcement import ProbeConfig
+from guard.history import PROBE_VERSION
+from rl.probing import HeldoutProbe, OffPathProbes, probe_steps
+from rl.sources import DrawRequest
+from rl.sources.pipelined import PipelinedSource
+from rl.trainer import GRPOTrainer
+from sampling.interface import SamplingParams
+from tests.rl.test_async_rollouts import InlineWorkers, cfg
+from tests.rl.test_grpo_trainer import Killed
+from tests.tiny_models import PROBLEMS, tiny_model
+
+
+def probe(tokenizer) -> HeldoutProbe:
+    """Three held-out prompts, two samples each, graded by what the samples are (their mean
+    length, and the share that hold a digit), one value a prompt kept as an item."""
+    prompts = [f"What is {i} + 2?" for i in range(3)]
+
+    def grade(groups):
+        flat = [c for g in groups for c in g]
+        digits = [any(ch.isdigit() for ch in c.text) for c in flat]
+        items = {f"items/pass_at_1/{i}": sum(digits[2 * i : 2 * i + 2]) / 2 for i in range(3)}
+        mean = sum(len(c.token_ids) for c in flat) / len(flat)
+        return {"mean_tokens": mean, "pass_at_1": sum(digits) / len(flat)} | items
+
+    request = DrawRequest(prompts, 2, SamplingParams(1.0, 1.0, 8, seed=11))
+    return HeldoutProbe(request, grade)
+
+
+def probed(history) -> dict[int, dict[str, float]]:
+    """Each probe reading by the policy version it measured."""
+    readings = {}
+    for h in history:
+        if "heldout/pass_at_1" in h:
+            figures = {k: v for k, v in h.items() if k.startswith(("heldout/", "items/"))}
+            readings[int(h.get(PROBE_VERSION, h["step"]))] = figures
+    return readings
+
+
+class RecordingWorkers(InlineWorkers):
+    """InlineWorkers that also record which jobs were probes: (step or version, version, probe)."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.jobs: list[tuple[int, int, bool]] = []
+
+    def submit(self, job) -> None:
+        super().submit(job)
+        self.jobs.append((job.step, job.version.number, job.probe))
+
+
+def train_probed(tokenizer, tmp_path, config, workers=None, on_step=None):
+    """GRPO on PROBLEMS with rollouts from `workers` and the probe above: the model, the report,
+    the metrics by step, and the workers."""
+    workers = workers or RecordingWorkers(tokenizer)
+    source = PipelinedSource(workers, tmp_path / "versions", config.max_staleness, config.steps)
+    model, records = tiny_model(tokenizer), []
+
+    def log(metrics, step):
+        records.append((step, metrics))
+        if on_step and not any(k.startswith("heldout/") for k in metrics):
+            on_step(step)
+
+    trainer = GRPOTrainer(
+        model, tokenizer, config, log, show_progress=False, source=source, probe=probe(tokenizer)
+    )
+    try:
+        report = trainer.train(PROBLEMS, tmp_path / "ckpt", "fp")
+    finally:
+        trainer.close()
+    return model, report, records, workers
+
+
+def test_the_schedule_reads_each_probe_every_steps_after_its_version_and_the_last_at_once():
+    assert probe_steps(2, 7) == [0, 2, 4, 6, 7]
+    runner = OffPathProbes(probe_stub(), None, every=2, steps=7, lag=2)  # type: ignore[arg-type]
+    assert [runner.read_at(v) for v in runner.versions] == [2, 4, 6, 7, 7]
+
+
+def probe_stub() -> HeldoutProbe:
+    return HeldoutProbe(DrawRequest(["q"], 1, SamplingParams(1.0, 1.0, 4)), lambda groups: {})
+
+
+def test_the_workers_draw_the_probe_and_it_reads_as_the_trainers_own(tokenizer, tmp_path):
+    """At max_staleness 0 the workers' policy is the colocated trainer's, step by step: every
+    probe they drew, read two steps after its version, holds the figures the trainer's own
+    sampler gives at that version, and the trainer opened no sampler of its own."""
+    config = cfg(0, steps=5, probe=ProbeConfig(every=2))
+    _, report, records, workers = train_probed(tokenizer, tmp_path / "workers", config)
+    assert [v for s, v, is_probe in workers.jobs if is_probe] == [0, 2, 4, 5]
+    read = [(h["step"], h[PROBE_VERSION]) for h in report.history if PROBE_VERSION in h]
+    assert read == [(2, 0), (4, 2), (5, 4), (5, 5)]
+    logged = [(s, m["heldout/pass_at_1"]) for s, m in records if "heldout/pass_at_1" in m]
+    assert [s for s, _ in logged] == [0, 2, 4, 5]  # each at the version it measured
+
+    colocated = GRPOTrainer(
+        tiny_model(tokenizer),
+        tokenizer,
+        config,
+        lambda m, s: None,
+        show_progress=False,
+        probe=probe(tokenizer),
+    )
+    straight = colocated.train(PROBLEMS, tmp_path / "colocated", "fp")
+    colocated.close()
+    assert probed(straight.history) == probed(report.history)
+    assert len(probed(report.history)) == 4
+
+
+def test_a_checkpoint_keeps_the_probes_not_yet_read_and_a_resume_ends_alike(tokenizer, tmp_path):
+    config = cfg(1, steps=7, checkpoint_every=3, probe=ProbeConfig(every=2))
+    straight, want, _, _ = train_probed(tokenizer, tmp_path / "a", config)
+
+    def die(step):
+        if step == 5:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_probed(tokenizer, tmp_path / "b", config, on_step=die)
+    state = torch.load(tmp_path / "b" / "ckpt" / "last" / "state.pt", weights_only=False)
+    kept = [(r["version"], "probe" in r) for r in state["rollouts"]]
+    assert kept == [(2, False), (2, True)]  # step 3's draw (version 2) and version 2's probe
+    resumed, got, _, _ = train_probed(tokenizer, tmp_path / "b", config)
+    assert got.resumed_from == 3
+
+    def plain(history):
+        return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
+
+    assert plain(got.history) == plain(want.history)
+    for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_with_on_workers_off_the_trainer_probes_on_its_own_sampler(tokenizer, tmp_path):
+    config = cfg(1, steps=4, probe=ProbeConfig(every=2, on_workers=False))
+    _, report, _, workers = train_probed(tokenizer, tmp_path, config)
+    assert workers.jobs == [(s, max(0, s - 1), False) for s in range(4)]  # rollouts only
+    assert sorted(probed(report.history)) == [0, 2, 4]
+    assert not any(PROBE_VERSION in h for h in report.history)
