@@ -21,10 +21,11 @@ summed over workers) and the trainer spent on it besides waiting (scoring, updat
 version over), the trainer's idle share (its time waiting for rollouts, over the wall time; for the
 synchronous run that is its sampling), the trainer's seconds on the held-out probe (drawing
 it where it draws it, waiting for the workers' draw where they do, and grading it;
-`--modes process-k1-probe-on-trainer` draws it on the trainer beside a sampler process, as
-before the workers drew it), the samplers' idle share (1 - their generate and load
-time over workers x wall), CPU seconds of each side, and held-out pass@1 with the paired
-difference to the synchronous run and its standard error over problems.
+the worker modes have the workers draw it, `--modes process-k1-probe-on-trainer` the trainer,
+beside a sampler process, as `probe.on_workers` does by default), the samplers' idle share (1 -
+their generate and load time, probes included, over workers x wall), CPU seconds of each side,
+and held-out pass@1 with the paired difference to the synchronous run and its standard error
+over problems.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ MODES = ("sync", "process-k1", "process-k2", "ray-k1", "ray-k2")
 # the trainer at one torch thread instead of the profile's: with a one-thread sampler process
 # beside it, exactly one thread per core (a measurement of why, not the profile's setting)
 ONE_THREAD = ("sync-t1", "process-k1-t1")
-# the held-out probe drawn by the trainer's own sampler beside a sampler process, as before the
-# workers drew it (probe.on_workers false): what drawing it off the trainer's path changes
+# the held-out probe drawn by the trainer's own sampler beside a sampler process (probe.on_workers
+# false, the default); the other worker modes have the workers draw it: what that changes
 PROBE_ON_TRAINER = ("process-k1-probe-on-trainer",)
 EXTRA = ONE_THREAD + PROBE_ON_TRAINER
 CAP = 3.0  # importance_sampling_cap of the asynchronous runs (TRL's default)
@@ -160,7 +161,9 @@ def run_one(
     k = int(mode.split("-k")[1][0]) if "-k" in mode else 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if mode.endswith("-t1") else config.torch_threads or 2)
-    probe = config.r1_zero.probe.model_copy(update={"on_workers": mode not in PROBE_ON_TRAINER})
+    probe = config.r1_zero.probe.model_copy(
+        update={"on_workers": mode.startswith(("process", "ray")) and mode not in PROBE_ON_TRAINER}
+    )
     grpo = config.r1_zero.model_copy(
         update={
             "seed": seed,

@@ -123,11 +123,13 @@ class ProbeConfig(Strict):
         None, ge=1, description="None: the RL config's max_new_tokens"
     )
     on_workers: bool = Field(
-        True,
+        False,
         description="where the stage's rollouts come from sampling workers (a sampler process, "
-        "Ray actors), they draw the probe too, off the trainer's path, and the trainer reads it "
-        "`every` steps after the version it measures (rl/probing.py); false: the trainer's own "
-        "sampler draws it after the step while training waits, as it always does without workers",
+        "Ray actors), they draw the probe too, a slice a step behind each step's draw, and the "
+        "trainer reads it `every` steps after the version it measures (rl/probing.py); for "
+        "workers with room to spare (a device of their own). false: the trainer's own sampler "
+        "draws it after the step while training waits, as without workers; faster where the "
+        "workers share the trainer's cores (docs/guard.md)",
     )
 
 

@@ -76,6 +76,10 @@ class ProbeRunner(Protocol):
         """After step `step`'s update (policy version `step`)."""
         ...
 
+    def flush(self, step: int) -> None:
+        """Before a checkpoint written after step `step`."""
+        ...
+
 
 def probe_steps(every: int, steps: int) -> list[int]:
     """The policy versions a stage probes: before training, every `every` steps, and its last."""
@@ -109,6 +113,9 @@ class InlineProbes:
         metrics, items = self._run()
         return Reading(metrics, items)
 
+    def flush(self, step: int) -> None:
+        """Nothing: every probe here is read when it is drawn."""
+
     def _run(self) -> tuple[dict[str, float], dict[str, float]]:
         began = time.perf_counter()
         metrics, items = split_figures(self.measure())
@@ -118,7 +125,9 @@ class InlineProbes:
 class ProbingSource(Protocol):
     """A rollout source that draws probes too (rl/sources/pipelined.py)."""
 
-    def submit_probe(self, version: int, request: DrawRequest) -> None: ...
+    def submit_probe(self, version: int, request: DrawRequest, part: int, parts: int) -> None:
+        """Part `part` of `parts` of the probe of `version` (its prompts in even slices)."""
+        ...
 
     def probe_draw(self, version: int) -> tuple[Groups, float]:
         """The probe of `version`'s groups and the workers' seconds on it, waited for."""
@@ -127,7 +136,10 @@ class ProbingSource(Protocol):
 
 class OffPathProbes:
     """The probe drawn by the sampling workers of `source`, read `lag` steps after the version
-    it measures (module docstring)."""
+    it measures (module docstring). It is sent a slice a step over those `lag` steps, each slice
+    behind that step's draw in the workers' queue, so that it fills the time they would wait
+    for the trainer instead of holding up the next step's rollouts; a checkpoint first sends
+    the slices still unsent of the probes it must keep (`flush`)."""
 
     inline = False
 
@@ -136,21 +148,26 @@ class OffPathProbes:
     ):
         self.probe, self.source, self.lag, self.steps = probe, source, max(1, lag), steps
         self.versions = probe_steps(every, steps)
+        self.first = 0  # the step training (re)started from: older probes come from the checkpoint
+        self.flushed: set[int] = set()  # probes sent whole ahead of a checkpoint
 
     def read_at(self, version: int) -> int:
         """The step after which the probe of `version` is read."""
         return min(version + self.lag, self.steps)
 
+    def parts(self, version: int) -> int:
+        """The slices the probe of `version` is sent in: one a step until it is read."""
+        return max(1, min(self.read_at(version) - version, len(self.probe.request.prompts)))
+
     def start(self, resumed_from: int) -> Reading:
-        """Submit the probe of the version training starts from, where one is due (a resumed
-        run's checkpoint keeps the probes of older versions not yet read)."""
-        if resumed_from in self.versions:
-            self.source.submit_probe(resumed_from, self.probe.request)
+        """Send the first slice of the probe of the version training starts from, where one is
+        due (a resumed run's checkpoint keeps the probes of older versions not yet read)."""
+        self.first = resumed_from
+        self._send(resumed_from)
         return Reading()
 
     def after(self, step: int) -> Reading:
-        if step in self.versions:
-            self.source.submit_probe(step, self.probe.request)
+        self._send(step)
         reading = Reading()
         began = time.perf_counter()
         for version in (v for v in self.versions if v <= step and self.read_at(v) == step):
@@ -161,3 +178,24 @@ class OffPathProbes:
         if reading.entries:
             reading.metrics["time/probe_seconds"] = time.perf_counter() - began
         return reading
+
+    def flush(self, step: int) -> None:
+        """Before a checkpoint written after step `step`: send every slice not yet sent of the
+        probes of versions before it that are read after it (a resumed run has not their
+        weights, so the checkpoint must keep them drawn whole)."""
+        for version in self._mine():
+            parts = self.parts(version)
+            if version < step < self.read_at(version):
+                for part in range(step - version + 1, parts):
+                    self.source.submit_probe(version, self.probe.request, part, parts)
+                self.flushed.add(version)
+
+    def _send(self, step: int) -> None:
+        """The slice of each probe due at `step`: slice `step - v` of the probe of version v."""
+        for version in self._mine():
+            part, parts = step - version, self.parts(version)
+            if 0 <= part < parts and version not in self.flushed:
+                self.source.submit_probe(version, self.probe.request, part, parts)
+
+    def _mine(self) -> list[int]:
+        return [v for v in self.versions if v >= self.first]

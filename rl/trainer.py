@@ -166,6 +166,7 @@ class GRPOTrainer:
         self._history: list[dict[str, float]] = []
         self.probe = probe
         self.probes: ProbeRunner | None = None  # where the probe runs: set by train()
+        self._done = 0  # steps trained, as of the last step run
         self.guard = LossGuard("grpo")  # a non-finite loss stops training, naming the step
         self.update = PolicyUpdate(
             cfg, tokenizer, self.engine, self.collective, self.reference, self.guard
@@ -248,6 +249,7 @@ class GRPOTrainer:
         """Bring the sampler to the engine's weights (a resume may have changed them), and probe
         the held-out pass@1 before the first step; the rollout source starts drawing."""
         self.source.begin(resumed_from, self._plan, self.engine.sampling_model(), self._carried)
+        self._done = resumed_from
         if synced := self._sync_sampler():
             self.log_metrics(synced, resumed_from)
         if self.probes is not None:
@@ -256,6 +258,7 @@ class GRPOTrainer:
     def run_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         metrics = self.step(step, [self.problems[i] for i in self.order[step]])
+        self._done = step + 1
         reading = self.probes.after(step + 1) if self.probes is not None else Reading()
         self._add_probes(reading.entries)
         metrics |= reading.metrics
@@ -272,6 +275,8 @@ class GRPOTrainer:
         weights = None
         if self.reference is not None and self.cfg.ref_refresh_every:
             weights = kl_reference.state(self.reference)
+        if self.probes is not None:
+            self.probes.flush(self._done)  # probes the checkpoint keeps, drawn whole
         state = {"reference": weights, "history": list(self._history)}
         return state | {"rollouts": self.source.carried()}
 

@@ -14,9 +14,9 @@ from versions older than c, which a resumed run does not hold): `carried()` wait
 returns them, and `begin` takes them back. Step c + k and later are drawn again from the
 checkpoint's own weights, exactly as the first run drew them.
 
-The workers draw the trainer's held-out probe too (rl/probing.py): `submit_probe` sends the probe
-of a published version as jobs of their own, `probe_draw` waits for what they drew. A checkpoint
-keeps the probes of versions before its own not yet read, as it keeps draws.
+The workers draw the trainer's held-out probe too (rl/probing.py): `submit_probe` sends a part of
+the probe of a published version as a job of its own, `probe_draw` waits for what they drew. A
+checkpoint keeps the probes of versions before its own not yet read, as it keeps draws.
 """
 
 from __future__ import annotations
@@ -108,13 +108,28 @@ class PipelinedSource:
         needed = [self.needs(s) for s in self.chunks] + list(self.probe_chunks)
         self.versions.release(min(needed + [self.latest]))
 
-    def submit_probe(self, version: int, request: DrawRequest) -> None:
-        """The probe of published version `version`, as jobs for the workers."""
+    def submit_probe(self, version: int, request: DrawRequest, part: int, parts: int) -> None:
+        """Part `part` of `parts` of the probe of published version `version` (its prompts in
+        `parts` slices as even as can be, each a job of its own, so that a probe can be sent a
+        slice a step, between the steps' draws); its version is kept until every part is drawn."""
         assert self.versions is not None and version in self.versions.versions, version
-        jobs = split(version, request, self.versions.versions[version], self.workers.size)
-        for job in jobs:
-            self.workers.submit(dataclasses.replace(job, probe=True))
-        self.probe_chunks[version] = len(jobs)
+        assert 0 <= part < parts <= len(request.prompts), (part, parts)
+        n = len(request.prompts)
+        start, end = part * n // parts, (part + 1) * n // parts
+        params = dataclasses.replace(
+            request.params, prompt_offset=request.params.prompt_offset + start
+        )
+        job = DrawJob(
+            version,
+            part,
+            request.prompts[start:end],
+            request.n,
+            params,
+            self.versions.versions[version],
+            probe=True,
+        )
+        self.workers.submit(job)
+        self.probe_chunks[version] = parts
 
     def probe_draw(self, version: int) -> tuple[list[list[Completion]], float]:
         """The probe of `version`'s groups and the workers' seconds on it, waited for."""

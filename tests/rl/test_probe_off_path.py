@@ -53,10 +53,13 @@ class RecordingWorkers(InlineWorkers):
     def __init__(self, tokenizer):
         super().__init__(tokenizer)
         self.jobs: list[tuple[int, int, bool]] = []
+        self.slices: list[tuple[int, int, int]] = []  # a probe job's version, part, prompts
 
     def submit(self, job) -> None:
         super().submit(job)
         self.jobs.append((job.step, job.version.number, job.probe))
+        if job.probe:
+            self.slices.append((job.step, job.chunk, len(job.prompts)))
 
 
 def train_probed(tokenizer, tmp_path, config, workers=None, on_step=None):
@@ -95,9 +98,13 @@ def test_the_workers_draw_the_probe_and_it_reads_as_the_trainers_own(tokenizer, 
     """At max_staleness 0 the workers' policy is the colocated trainer's, step by step: every
     probe they drew, read two steps after its version, holds the figures the trainer's own
     sampler gives at that version, and the trainer opened no sampler of its own."""
-    config = cfg(0, steps=5, probe=ProbeConfig(every=2))
+    config = cfg(0, steps=5, probe=ProbeConfig(every=2, on_workers=True))
     _, report, records, workers = train_probed(tokenizer, tmp_path / "workers", config)
-    assert [v for s, v, is_probe in workers.jobs if is_probe] == [0, 2, 4, 5]
+    # each probe sent a slice a step until it is read (its 3 prompts in 1 and 2), each behind
+    # that step's draw; the probes read at the last step whole
+    assert workers.slices == [(0, 0, 1), (0, 1, 2), (2, 0, 1), (2, 1, 2), (4, 0, 3), (5, 0, 3)]
+    probe_at = [i for i, (_, _, is_probe) in enumerate(workers.jobs) if is_probe]
+    assert probe_at == [1, 3, 5, 7, 9, 10]  # draw, probe slice, draw, ..., the last two at the end
     read = [(h["step"], h[PROBE_VERSION]) for h in report.history if PROBE_VERSION in h]
     assert read == [(2, 0), (4, 2), (5, 4), (5, 5)]
     logged = [(s, m["heldout/pass_at_1"]) for s, m in records if "heldout/pass_at_1" in m]
@@ -117,21 +124,33 @@ def test_the_workers_draw_the_probe_and_it_reads_as_the_trainers_own(tokenizer, 
     assert len(probed(report.history)) == 4
 
 
-def test_a_checkpoint_keeps_the_probes_not_yet_read_and_a_resume_ends_alike(tokenizer, tmp_path):
-    config = cfg(1, steps=7, checkpoint_every=3, probe=ProbeConfig(every=2))
+@pytest.mark.parametrize(
+    ("every", "steps", "die_at", "kept_probes"),
+    [
+        (2, 7, 5, [2]),  # the probe of version 2, both slices sent by step 3: drawn whole
+        (4, 9, 7, [4]),  # version 4's fourth slice, due at step 7, sent ahead of the checkpoint
+    ],
+)
+def test_a_checkpoint_keeps_the_probes_not_yet_read_and_a_resume_ends_alike(
+    tokenizer, tmp_path, every, steps, die_at, kept_probes
+):
+    probe_on_workers = ProbeConfig(every=every, on_workers=True)
+    config = cfg(1, steps=steps, checkpoint_every=3, probe=probe_on_workers)
     straight, want, _, _ = train_probed(tokenizer, tmp_path / "a", config)
 
     def die(step):
-        if step == 5:
+        if step == die_at:
             raise Killed
 
     with pytest.raises(Killed):
         train_probed(tokenizer, tmp_path / "b", config, on_step=die)
     state = torch.load(tmp_path / "b" / "ckpt" / "last" / "state.pt", weights_only=False)
-    kept = [(r["version"], "probe" in r) for r in state["rollouts"]]
-    assert kept == [(2, False), (2, True)]  # step 3's draw (version 2) and version 2's probe
-    resumed, got, _, _ = train_probed(tokenizer, tmp_path / "b", config)
-    assert got.resumed_from == 3
+    checkpoint = die_at - die_at % 3 if die_at % 3 else die_at - 3
+    assert [r["version"] for r in state["rollouts"] if "probe" in r] == kept_probes
+    assert [r["step"] for r in state["rollouts"] if "probe" not in r] == [checkpoint]
+    resumed, got, _, workers = train_probed(tokenizer, tmp_path / "b", config)
+    assert got.resumed_from == checkpoint
+    assert not any(v in kept_probes for v, _, _ in workers.slices)  # not drawn again
 
     def plain(history):
         return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
@@ -141,8 +160,8 @@ def test_a_checkpoint_keeps_the_probes_not_yet_read_and_a_resume_ends_alike(toke
         assert torch.equal(a, b)
 
 
-def test_with_on_workers_off_the_trainer_probes_on_its_own_sampler(tokenizer, tmp_path):
-    config = cfg(1, steps=4, probe=ProbeConfig(every=2, on_workers=False))
+def test_by_default_the_trainer_probes_on_its_own_sampler_beside_workers(tokenizer, tmp_path):
+    config = cfg(1, steps=4, probe=ProbeConfig(every=2))
     _, report, _, workers = train_probed(tokenizer, tmp_path, config)
     assert workers.jobs == [(s, max(0, s - 1), False) for s in range(4)]  # rollouts only
     assert sorted(probed(report.history)) == [0, 2, 4]
