@@ -300,7 +300,7 @@ class GRPOTrainer:
 
     def _probe_runner(self) -> ProbeRunner | None:
         """Where the probe runs (rl/probing.py): on the sampling workers where rollouts come
-        from them and the probe says what it draws (unless `probe.on_workers` is off), read
+        from them, `probe.on_workers` asks for it and the probe says what it draws, read
         `probe.every` steps later; else on the trainer's own sampler after the step."""
         probe, cfg = self.probe, self.cfg.probe
         if probe is None or cfg.every == 0:
