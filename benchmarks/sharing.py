@@ -193,12 +193,10 @@ def job_seconds(process: subprocess.Popen, limit: float) -> float:
 
 
 @contextmanager
-def test_suite(tree: Path, setting: str):
-    """The default suite's fast part in a loop, in a session of its own (stopped whole)."""
-    loop = (
-        f"while true; do {sys.executable} -m pytest -q -p no:cacheprovider -m '{TEST_SUITE}'; done"
-    )
-    suite = subprocess.Popen(
+def background(loop: str, tree: Path, setting: str):
+    """`loop` (a shell loop) running beside the block, from `tree` with `setting`'s environment,
+    in a session of its own, stopped whole after it; it gets a head start to be under way."""
+    process = subprocess.Popen(
         ["bash", "-c", loop],
         cwd=tree,
         env=setting_env(setting, tree),
@@ -210,12 +208,26 @@ def test_suite(tree: Path, setting: str):
         time.sleep(TESTS_HEAD_START_S)
         yield
     finally:
-        os.killpg(suite.pid, signal.SIGTERM)
+        os.killpg(process.pid, signal.SIGTERM)
         try:
-            suite.wait(timeout=20)
+            process.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            os.killpg(suite.pid, signal.SIGKILL)
-            suite.wait()
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def test_suite_loop() -> str:
+    """The default suite's fast part in a loop."""
+    pytest = f"{sys.executable} -m pytest -q -p no:cacheprovider -m '{TEST_SUITE}'"
+    return f"while true; do {pytest}; done"
+
+
+def trainer_loop(args: argparse.Namespace, setting: str) -> str:
+    """The pretrain job in a loop: a trainer on the same machine."""
+    work = args.out / "work" / f"neighbour-{setting}"
+    command = [sys.executable, "-P", str(Path(__file__).resolve()), "--out", str(args.out)]
+    command += ["--pretrain-epochs", str(args.pretrain_epochs), "job", "pretrain"]
+    return f"while true; do {' '.join(command)} --work {work}; done"
 
 
 def scene(args: argparse.Namespace, kind: str, scene: str, setting: str) -> float:
@@ -231,39 +243,9 @@ def scene(args: argparse.Namespace, kind: str, scene: str, setting: str) -> floa
                 if process.poll() is None:
                     process.kill()
                     process.wait()
-    if scene == "trainer":
-        with trainer_loop(args, setting):
-            return job_seconds(start_job(args, kind, setting, "trainer"), args.limit)
-    with test_suite(args.trees[setting], setting):
-        return job_seconds(start_job(args, kind, setting, "tests"), args.limit)
-
-
-@contextmanager
-def trainer_loop(args: argparse.Namespace, setting: str):
-    """The pretrain job in a loop beside the job timed (a trainer on the same machine), in a
-    session of its own, stopped whole."""
-    work = args.out / "work" / f"neighbour-{setting}"
-    command = [sys.executable, "-P", str(Path(__file__).resolve()), "--out", str(args.out)]
-    command += ["--pretrain-epochs", str(args.pretrain_epochs), "job", "pretrain", "--work"]
-    loop = f"while true; do {' '.join(command)} {work}; done"
-    trainer = subprocess.Popen(
-        ["bash", "-c", loop],
-        cwd=args.trees[setting],
-        env=setting_env(setting, args.trees[setting]),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        time.sleep(TESTS_HEAD_START_S)  # imported, training
-        yield
-    finally:
-        os.killpg(trainer.pid, signal.SIGTERM)
-        try:
-            trainer.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(trainer.pid, signal.SIGKILL)
-            trainer.wait()
+    loop = trainer_loop(args, setting) if scene == "trainer" else test_suite_loop()
+    with background(loop, args.trees[setting], setting):
+        return job_seconds(start_job(args, kind, setting, scene), args.limit)
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -157,15 +157,12 @@ class PipelinedSource:
                 f"step {result.step} was drawn from policy version {result.version}, not "
                 f"{self.needs(result.step)} (worker pid {result.pid} on {result.node})"
             )
-        parts = self.parts.setdefault(result.step, {})
-        parts[result.chunk] = result
-        if len(parts) < self.chunks[result.step]:
+        ordered = gathered(self.parts, result, self.chunks[result.step])
+        if ordered is None:
             return
-        ordered = [parts[i] for i in range(len(parts))]
-        seconds = sum(r.generate_seconds + r.load_seconds for r in ordered)
         groups = [group for r in ordered for group in r.groups]
-        self.ready[result.step] = Draw(result.step, groups, result.version, 0.0, seconds)
-        del self.parts[result.step], self.chunks[result.step]
+        self.ready[result.step] = Draw(result.step, groups, result.version, 0.0, seconds(ordered))
+        del self.chunks[result.step]
 
     def _collect_probe(self, result: DrawResult) -> None:
         """A probe job's result (its `step` is the version it names)."""
@@ -174,14 +171,11 @@ class PipelinedSource:
                 f"the probe of policy version {result.step} was drawn from version "
                 f"{result.version} (worker pid {result.pid} on {result.node})"
             )
-        parts = self.probe_parts.setdefault(result.step, {})
-        parts[result.chunk] = result
-        if len(parts) < self.probe_chunks[result.step]:
+        ordered = gathered(self.probe_parts, result, self.probe_chunks[result.step])
+        if ordered is None:
             return
-        ordered = [parts[i] for i in range(len(parts))]
-        seconds = sum(r.generate_seconds + r.load_seconds for r in ordered)
-        self.probes[result.step] = ([g for r in ordered for g in r.groups], seconds)
-        del self.probe_parts[result.step], self.probe_chunks[result.step]
+        self.probes[result.step] = ([g for r in ordered for g in r.groups], seconds(ordered))
+        del self.probe_chunks[result.step]
 
     def carried(self) -> list[dict[str, Any]]:
         """The draws of the steps after the last trained one that come from versions before
@@ -197,6 +191,24 @@ class PipelinedSource:
         """End the workers and remove the version files (a model's size each)."""
         self.workers.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def gathered(
+    parts: dict[int, dict[int, DrawResult]], result: DrawResult, total: int
+) -> list[DrawResult] | None:
+    """`result` kept among its job's parts (by step, then chunk); once all `total` are in, every
+    part in chunk order (and the job's entry forgotten), else None."""
+    mine = parts.setdefault(result.step, {})
+    mine[result.chunk] = result
+    if len(mine) < total:
+        return None
+    del parts[result.step]
+    return [mine[i] for i in range(total)]
+
+
+def seconds(parts: list[DrawResult]) -> float:
+    """The workers' time on a job's parts: generating and loading versions."""
+    return sum(r.generate_seconds + r.load_seconds for r in parts)
 
 
 def split(step: int, request: DrawRequest, version: Any, workers: int) -> list[DrawJob]:
