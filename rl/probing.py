@@ -4,7 +4,8 @@ trainer's path or off it.
 - On the path (`InlineProbes`): after a probe step's update the trainer's own sampler draws the
   probe's completions from the policy as it is, and training waits. Synchronous GRPO, and any
   probe that is only a function of a sampler.
-- Off it (`OffPathProbes`): where rollouts come from sampling workers (rl/sources/pipelined.py),
+- Off it (`OffPathProbes`, where `probe.on_workers` asks; off by default, docs/guard.md): where
+  rollouts come from sampling workers (rl/sources/pipelined.py),
   the probe of the policy after step s is a job for the workers like any step's draw, naming
   policy version s, and the trainer grades what they drew `lag` steps later, at step s + lag
   (at the stage's last step at the latest), waiting only where it has not landed. The step
