@@ -144,8 +144,28 @@ class DecodeStep:
         return self.head(self.norm(hidden))[:, -1]  # (A, V)
 
 
+# What a DeepSpeed engine hooks onto the whole model it wraps: its forward's prologue and
+# epilogue (timers, the FLOPs profiler, fp16 input casts, ZeRO-3's parameter discovery). Over
+# whole weights (ZeRO-1/2) none of it changes a decode step's logits, so the step may skip them.
+_ENGINE_HOOKS = ("_module_forward_pre_hook", "_module_forward_post_hook")
+
+
+def _engine_hook(hook: object) -> bool:
+    function = getattr(hook, "__func__", hook)
+    module = getattr(function, "__module__", "") or ""
+    return module.startswith("deepspeed.") and function.__name__ in _ENGINE_HOOKS
+
+
 def _hooked(module: torch.nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks) or hasattr(module, "_hf_hook")
+    """Whether a forward of `module` runs code the decode step would skip: any hook but a
+    DeepSpeed engine's own (`_ENGINE_HOOKS`), or accelerate's."""
+    hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+    return any(not _engine_hook(h) for h in hooks) or hasattr(module, "_hf_hook")
+
+
+def _partitioned(model: torch.nn.Module) -> bool:
+    """Whether ZeRO-3 holds the model's weights in shards (its parameters carry `ds_id`)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
 def decode_step_for(model: PreTrainedModel, cache: DynamicCache) -> DecodeStep | None:
@@ -153,11 +173,12 @@ def decode_step_for(model: PreTrainedModel, cache: DynamicCache) -> DecodeStep |
 
     That needs a Qwen2 or Llama model decoding on our matmul attention (`sampling.attention`)
     whose every layer attends to the whole cache (a growing one), on SiLU, without Llama's
-    tensor-parallel projection split, and with no hooks on its modules: what hooks do
-    (accelerate's offloading, ZeRO-3 gathering partitioned weights, a user's probe) happens
-    only in the model's forward.
+    tensor-parallel projection split, with its weights whole, and with no hooks on its
+    modules but a DeepSpeed engine's own: what other hooks do (accelerate's offloading, ZeRO-3
+    gathering partitioned weights, a user's probe) happens only in the model's forward. So a
+    policy trained under ZeRO-1/2 samples through the step from the engine's module itself.
     """
-    if any(_hooked(module) for module in model.modules()):
+    if _partitioned(model) or any(_hooked(module) for module in model.modules()):
         return None
     config = model.config
     if config.model_type not in SUPPORTED or config.hidden_act != "silu":

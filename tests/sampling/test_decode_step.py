@@ -89,5 +89,8 @@ def test_models_it_cannot_reproduce_decode_through_their_forward(tokenizer):
         hook = model.model.layers[1].mlp.register_forward_hook(lambda *args: None)
         assert decode_step_for(model, growing_cache(model.config)) is None  # it would skip it
         hook.remove()
+        next(model.parameters()).ds_id = 0  # a ZeRO-3 shard: the step would read a slice
+        assert decode_step_for(model, growing_cache(model.config)) is None
+        del next(model.parameters()).ds_id
         model.config.hidden_act = "gelu"
         assert decode_step_for(model, growing_cache(model.config)) is None

@@ -1,0 +1,45 @@
+"""A policy trained under DeepSpeed ZeRO-2 samples from the engine's module through the plain-ops
+decode step (sampling/decode_step.py), as a bare model does: the engine's own forward hooks
+(timers, profiler, input casts) do not change a step's logits, so they do not force every token
+through transformers' forward. Same tokens as the bare model; the wrapped model's forward runs
+only for the prompts' prefill."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training import distributed
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    not distributed.deepspeed_installed(),
+    reason="deepspeed is not installed (the `dev` extra installs it)",
+)
+
+
+def _run(stage: int) -> dict:
+    env = os.environ | {"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.sampling.engine_sampling_driver", str(stage)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def test_zero2_engine_module_samples_through_the_plain_step():
+    run = _run(2)
+    assert run["bare_lean"] and all(run["bare_lean"])
+    assert run["engine_lean"] and all(run["engine_lean"])  # was False: DeepSpeed's hooks
+    assert run["engine"] == run["bare"]
+    assert len({tuple(t) for t in run["engine"]}) > 1  # the rows really sampled
+    # one forward of the wrapped model per decode call (the prefill), not one per token
+    assert run["engine_forwards"] == len(run["engine_lean"])
