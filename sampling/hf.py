@@ -61,15 +61,18 @@ class HFSampler:
         plain_step: bool = True,
         lockstep: LockStep | None = None,
         materialize: Materialize | None = None,
+        static: bool | None = None,
     ):
         """`lockstep`: this rank decodes a ZeRO-3 model in step with the others
         (sampling/decode.py). `materialize`: for each generate call, a whole model to decode
         with instead (a ZeRO-3 model gathered once, training/whole_copy.py), or None when
-        `model` itself must be used."""
+        `model` itself must be used. `static`: decode over a static cache (CUDA graphs on a
+        GPU; by default there, sampling/static_decode.py)."""
         self.model = model.eval()
         self.lockstep = lockstep
         self.materialize = materialize
         self.plain_step = plain_step  # decode steps in plain tensor ops (sampling/decode_step.py)
+        self.static = static
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.show_progress = show_progress
@@ -148,6 +151,7 @@ class HFSampler:
             keys=keys,
             plain_step=self.plain_step,
             lockstep=lockstep,
+            static=self.static,
         )
 
     def _completion(self, done: Decoded) -> Completion:
