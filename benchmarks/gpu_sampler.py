@@ -176,14 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.shape} on {name}: {args.prompts} prompts x {args.n} samples, "
           f"up to {args.max_new_tokens} tokens", flush=True)  # fmt: skip
     runs = []
-    for way in args.ways:
+    for way in args.ways:  # the results written after each way: a run cut short keeps them
         runs.append(run_way(way, model, tokenizer, args))
         print(report(runs).splitlines()[-1], flush=True)
+        if args.out is not None:
+            rows = [asdict(r) | {"tokens_per_s": r.rate} for r in runs]
+            args.out.write_text(json.dumps(rows, indent=1))
     print(report(runs), flush=True)
-    if args.out is not None:
-        args.out.write_text(
-            json.dumps([asdict(r) | {"tokens_per_s": r.rate} for r in runs], indent=1)
-        )
     return 0 if all(r.ok for r in runs) else 1
 
 
