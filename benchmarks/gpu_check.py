@@ -1,32 +1,43 @@
 """The GPU path checked on a bare GPU machine: no network, no vLLM, no checkpoint.
 
     python -m benchmarks.gpu_check                      # Qwen2.5-0.5B's shape, on CUDA
+    python -m benchmarks.gpu_check --shape qwen2.5-0.5b qwen2.5-1.5b \
+        --zero-stage 2 --phases sft peer                # both shapes: SFT beside the peer
     python -m benchmarks.gpu_check --shape tiny --device cpu   # the script itself, here
 
-A model of Qwen2.5-0.5B's shape (24 layers, d=896, 14 heads over 2 KV heads, MLP 4,864, a
-151,936-token vocabulary, tied embeddings) with random weights, and a word-level tokenizer of
-the same vocabulary made here, go through what a GPU run of the recipe does, in one process
-(rank 0 of 1), for each ZeRO stage asked (`--zero-stage 2 3`; ZeRO-3 with gradient
-checkpointing unless `--no-zero3-checkpointing`):
+For each shape of `--shape` in turn (benchmarks/gpu_shapes.py: Qwen2.5-0.5B's, 24 layers, d=896,
+14 heads over 2 KV heads, MLP 4,864; Qwen2.5-1.5B's, the profile's policy, 28 layers, d=1536, 12
+heads over 2, MLP 8,960; both a 151,936-token vocabulary and tied embeddings), models with random
+weights and a word-level tokenizer of the same vocabulary made here go through what a GPU run of
+the recipe does, in one process (rank 0 of 1), for each ZeRO stage asked (`--zero-stage 2 3`;
+ZeRO-3 with gradient checkpointing unless `--no-zero3-checkpointing`):
 1. SFT steps in bf16 (training.supervised.SFTStepper: packed rows through the varlen attention
-   kernel, the loss's logits in chunks, micro-batches the memory model sizes), at each shape of
-   `--sft-shapes`;
+   kernel, the loss's logits in chunks, micro-batches the memory model sizes), at each case of
+   `--sft-shapes` (by default the shape's own: 32 x 512 for 0.5B, 16 x 512 for 1.5B, and rows of
+   lengths drawn like GSM8K's traces, 100-512 tokens, about as many tokens a step: `var512`);
 2. our HF sampler generating from the policy (under ZeRO-3 from a whole copy gathered once);
 3. GRPO steps (rl.trainer.GRPOTrainer: sampling, scoring, the micro-batched update with a
    frozen bf16 reference, beta > 0), the reward a word-parity score that varies within each
    group; the update is timed apart from sampling.
 Beside them, in the same run (benchmarks/gpu_peers.py): the packed-attention kernels on one
-micro-batch, and the peer, a plain transformers SFT loop (SDPA, bf16 weights, fused AdamW, padded
-rows) at the same shapes. With `--compile`, the ZeRO-2 SFT steps again with compiled layers.
-Each phase runs on an engine of its own over a fresh model, closed after it (a step that fails
-inside its backward pass leaves ZeRO's buckets holding gradients), and says how much device
+micro-batch, and the peer, a plain transformers SFT loop (SDPA, bf16 weights, fused AdamW, rows
+padded to the longest of their batch) on the same rows in the same batches. With `--compile`, the
+ZeRO-2 SFT steps again with compiled layers. `--phases` picks among sft, peer, attention, sampler
+and grpo. Each phase runs on an engine of its own over a fresh model, closed after it (a step that
+fails inside its backward pass leaves ZeRO's buckets holding gradients), and says how much device
 memory an earlier phase still held when it began (0.00 GiB is the aim).
 For each it prints tokens/s and MFU with the FLOPs it counted (benchmarks/throughput.py: 6N a
-trained token, 2N a generated or prefilled one, the LM head in N, causal attention on top) and,
-for the training steps, the peak of torch's allocator (`torch.cuda.max_memory_allocated`)
-against the memory model's prediction (training/memory.py), with the allocator's largest live
-blocks at the peak of one more, recorded step. It exits 1 when a phase fails or a peak is more
-than `--tolerance` off the prediction, and writes everything to `--out` (JSON).
+trained token, 2N a generated or prefilled one, the LM head in N, causal attention on top); for
+SFT, ours and the peer's alike, the headline counts only the positions that carry loss (loss
+tokens/s; MFU with the head's FLOPs only there), then the figures over all positions; for the
+training steps, the peak of torch's allocator (`torch.cuda.max_memory_allocated`) against the
+memory model's prediction (training/memory.py), with the allocator's largest live blocks at the
+peak of one more, recorded step, and for SFT's steps and the peer's the device's busy time in one
+more step under torch's profiler against a timed step's wall time (benchmarks/gpu_profile.py:
+host-bound or device-bound). Per shape it then prints our SFT beside the peer, case by case, with
+the ratio of their loss tokens/s. It exits 1 when a phase fails or a peak is more than
+`--tolerance` off the prediction, and writes everything to `--out` (JSON, by shape; rewritten as
+each shape ends).
 """
 
 from __future__ import annotations
@@ -49,33 +60,31 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from benchmarks.gpu_peers import attention_bench, plain_loop  # noqa: E402
+from benchmarks.gpu_peers import LoopRow, attention_bench, plain_loop  # noqa: E402
 from benchmarks.gpu_phases import Phase, Setting, grpo_phase, sample_phase, sft_phase  # noqa: E402
-from benchmarks.throughput import flop_parameters, peak_tflops  # noqa: E402
+from benchmarks.gpu_report import comparison_lines, peer_line, phase_line  # noqa: E402
+from benchmarks.gpu_shapes import (  # noqa: E402
+    SHAPES,
+    SFTCase,
+    case_examples,
+    parse_case,
+    peer_budget,
+    shape_cases,
+    step_batches,
+)
+from benchmarks.throughput import flop_parameters, head_parameters, peak_tflops  # noqa: E402
 from configs.supervised import ModelConfig  # noqa: E402
 from models.chat import CHAT_TEMPLATE, IM_END, PAD, SPECIAL_TOKENS  # noqa: E402
 from models.loading import build_model  # noqa: E402
 from training.engines import DeepSpeedEngine  # noqa: E402
+from training.examples import Example  # noqa: E402
 from training.memory import GiB, ModelShape  # noqa: E402
 from training.varlen import NAMES  # noqa: E402
 
 LEFT_OVER = 256 * 2**20  # device bytes still held when a phase starts that are worth a note
 
-SHAPES: dict[str, tuple[ModelConfig, int]] = {
-    "qwen2.5-0.5b": (
-        ModelConfig(
-            architecture="qwen2", hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
-            intermediate_size=4864, max_position_embeddings=32768,
-        ),
-        151936,
-    ),
-    "tiny": (
-        ModelConfig(
-            hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128
-        ),
-        4096,
-    ),
-}  # fmt: skip
+PHASES = ("sft", "peer", "attention", "sampler", "grpo")
+EXTRA_STEPS = 3  # SFT's rows beyond the timed steps': a warm-up, a profiled and a recorded step
 
 
 def word_tokenizer(vocab_size: int):
@@ -202,7 +211,8 @@ def own_engine(
     held = held_bytes(device)
     engine = None
     try:
-        model = build_model(spec, vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+        with device:  # the random weights drawn where they train (a 1.5B draw on CPU is slow)
+            model = build_model(spec, vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
         engine = DeepSpeedEngine(model, 1e-5, 1.0, setting.engine(), world=1)
         del model
         phase = run(engine)
@@ -223,17 +233,20 @@ def own_engine(
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    p.add_argument("--shape", nargs="+", choices=sorted(SHAPES), default=["qwen2.5-0.5b"],
+                   help="one or more: each runs in turn on fresh models")  # fmt: skip
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--zero-stage", type=int, nargs="+", choices=(2, 3), default=[2, 3])
     p.add_argument("--gradient-checkpointing", action="store_true", help="under ZeRO-2 too")
     p.add_argument("--no-zero3-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true", help="also: ZeRO-2 SFT, compiled layers")
     p.add_argument("--sft-steps", type=int, default=4)
-    p.add_argument("--sft-shapes", nargs="+", default=["32x512", "8x2048"], help="ROWSxTOKENS")
+    p.add_argument("--sft-shapes", nargs="+", default=None,
+                   help="ROWSxTOKENS or varMAX[@TOKENS] (rows of drawn lengths up to MAX); by "
+                        "default each shape's own (benchmarks/gpu_shapes.py)")  # fmt: skip
     p.add_argument("--micro-batch-tokens", default="auto", help="tokens, or auto")
     p.add_argument("--logits-chunk-mb", type=float, default=1024.0)
-    p.add_argument("--phases", nargs="+", default=["sft", "sampler", "grpo"])
+    p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     p.add_argument("--no-peer", action="store_true", help="skip the plain transformers loop")
     p.add_argument("--no-attention", action="store_true", help="skip the attention kernels")
     p.add_argument("--prompts", type=int, default=64)
@@ -249,7 +262,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.micro_batch_tokens != "auto":
         args.micro_batch_tokens = int(args.micro_batch_tokens)
-    args.sft_shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.sft_shapes]
+    args.shape = list(dict.fromkeys(args.shape))
+    skipped = {"peer"} if args.no_peer else set()
+    skipped |= {"attention"} if args.no_attention else set()
+    args.phases = [phase for phase in args.phases if phase not in skipped]
+    try:
+        for text in args.sft_shapes or []:
+            parse_case(text, None)
+    except ValueError as error:
+        p.error(str(error))
     return args
 
 
@@ -275,44 +296,36 @@ def settings(args: argparse.Namespace) -> list[Setting]:
                 args.device, stage, checkpointing, args.micro_batch_tokens, args.logits_chunk_mb
             )  # fmt: skip
         )
+    if args.compile:
+        out.append(
+            Setting(args.device, 2, False, args.micro_batch_tokens, args.logits_chunk_mb, True)
+        )
     return out
 
 
-def mfu_text(flops: float, seconds: float, peak: float | None) -> str:
-    if peak is None or not seconds:
-        return "-"
-    return f"{flops / seconds / 1e12 / peak:.1%}"
+class ShapeRun:
+    """One shape of the run: its model, FLOP counts, SFT cases and their rows."""
+
+    def __init__(self, name: str, steps: int, sft_shapes: list[str] | None):
+        self.name = name
+        self.spec, self.vocab = SHAPES[name]
+        self.tokenizer = word_tokenizer(self.vocab)
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        with torch.device("meta"):  # the shape and the counts only: no weights made
+            model = build_model(self.spec, self.vocab, pad, eos, 0)
+        self.shape = ModelShape.from_config(model.config.to_dict())
+        self.n_flop, self.n_head = flop_parameters(model), head_parameters(model)
+        self.config = model.config
+        self.cases: list[SFTCase] = shape_cases(name, sft_shapes)
+        self.examples: dict[str, list[Example]] = {
+            case.name: case_examples(case, self.vocab, steps + EXTRA_STEPS) for case in self.cases
+        }
+
+    def batches(self, case: SFTCase) -> list[list[Example]]:
+        return step_batches(self.examples[case.name], case.rows)
 
 
-def phase_line(phase: Phase, peak: float | None) -> str:
-    rate = phase.tokens / phase.seconds if phase.seconds else 0.0
-    memory = "-"
-    if phase.peak_bytes is not None:
-        memory = f"{phase.peak_bytes / GiB:.2f} GiB"
-        if phase.predicted_bytes:
-            ratio = phase.peak_bytes / phase.predicted_bytes
-            memory += f" (model {phase.predicted_bytes / GiB:.2f}, {ratio:.3f}x)"
-    status = "ok" if phase.ok else "FAILED"
-    mfu = mfu_text(phase.flops, phase.seconds, peak)
-    line = (
-        f"{phase.name:34} {status:6} {rate:10,.0f} tok/s  MFU {mfu:>6}"
-        f"  {phase.flops / max(phase.tokens, 1) / 1e9:6.2f} GFLOP/tok  peak {memory}"
-        f"  held before {phase.held_before / GiB:.2f} GiB"
-    )
-    if "update_seconds" in phase.parts:
-        parts = phase.parts
-        update_rate = parts["update_tokens"] / max(parts["update_seconds"], 1e-9)
-        update_mfu = mfu_text(parts["update_flops"], parts["update_seconds"], peak)
-        line += (
-            f"\n{'':34}        update: {update_rate:,.0f} tok/s, MFU {update_mfu} "
-            f"({parts['update_seconds']:.2f} s of {phase.seconds:.2f} s; sampling "
-            f"{parts['sample_seconds']:.2f} s; the guard's text signals "
-            f"{parts.get('signals_seconds', 0.0):.3f} s)"
-        )
-    return line + (f"\n{'':34}        {phase.note}" if phase.note else "")
-
-
-def run_phases(args, spec, vocab, tokenizer, shape, n_flop, peak) -> list[Phase]:
+def run_phases(args, run: ShapeRun, peak: float | None) -> list[Phase]:
     phases: list[Phase] = []
 
     def report(phase: Phase) -> None:
@@ -334,55 +347,84 @@ def run_phases(args, spec, vocab, tokenizer, shape, n_flop, peak) -> list[Phase]
     def diag(phase: Phase, step: Callable[[], object]) -> None:
         diagnose(device, phase, step)
 
-    def on_engine(setting: Setting, name: str, run: Callable[[DeepSpeedEngine], Phase]) -> None:
-        report(own_engine(setting, name, run, spec, vocab, tokenizer))
+    def on_engine(setting: Setting, name: str, go: Callable[[DeepSpeedEngine], Phase]) -> None:
+        report(own_engine(setting, name, go, run.spec, run.vocab, run.tokenizer))
 
-    runs = settings(args)
-    if args.compile:
-        runs.append(
-            Setting(args.device, 2, False, args.micro_batch_tokens, args.logits_chunk_mb, True)
-        )
-    for s in runs:
-        for rows, length in args.sft_shapes if "sft" in args.phases else []:
-            on_engine(s, "sft", lambda e, s=s, r=rows, n=length: sft_phase(
-                s, shape, e, tokenizer, n_flop, r, n, args.sft_steps, diag))  # fmt: skip
+    for s in settings(args):
+        for case in run.cases if "sft" in args.phases else []:
+            on_engine(s, "sft", lambda e, s=s, c=case: sft_phase(
+                s, run.shape, e, run.tokenizer, run.n_flop, run.n_head, c,
+                run.examples[c.name], args.sft_steps, diag))  # fmt: skip
         if s.compile:
             continue
         if "sampler" in args.phases:
             on_engine(s, "hf sampler", lambda e, s=s: sample_phase(
-                s, e.module, tokenizer, n_flop, args))  # fmt: skip
+                s, e.module, run.tokenizer, run.n_flop, args))  # fmt: skip
         if "grpo" in args.phases:
             on_engine(s, "grpo", lambda e, s=s: grpo_phase(
-                s, shape, e, tokenizer, spec, n_flop, args, diag))  # fmt: skip
+                s, run.shape, e, run.tokenizer, run.spec, run.n_flop, args, diag))  # fmt: skip
     return phases
 
 
-def peers(args, spec, vocab, n_flop, peak, model_config) -> dict:
+def attention_rows(args, run: ShapeRun) -> list[dict]:
+    """The packed-attention kernels on one step's rows of each case (a variable case's rows
+    have no one length to pad to: the padded kernel is left out there)."""
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    out: dict = {"attention": [], "plain_loop": []}
-    if not args.no_attention:
-        for rows, length in args.sft_shapes:
-            kernels = ("per_sequence", "varlen", "flex", "padded")
-            if args.device != "cuda":
-                kernels = ("per_sequence", "padded")
-            for row in attention_bench(model_config, [length] * rows, device, dtype,
-                                       kernels=kernels):  # fmt: skip
-                out["attention"].append({"shape": f"{rows}x{length}", **asdict(row)})
-                state = "ok" if row.ok else "FAILED " + row.error.strip().splitlines()[-1]
-                print(f"attention {rows}x{length} {row.name:18} {row.milliseconds:8.2f} ms "
-                      f"{row.tflops:7.1f} TFLOP/s  out err {row.max_output_error:.1e}  "
-                      f"grad err {row.gradient_error:.1e}  {state}", flush=True)  # fmt: skip
-    if not args.no_peer:
-        for rows, length in args.sft_shapes:
-            row = plain_loop(spec, vocab, device, rows, length, args.sft_steps, n_flop)
-            out["plain_loop"].append(asdict(row))
-            rate = row.tokens / row.seconds if row.seconds else 0.0
-            memory = f"{row.peak_bytes / GiB:.2f} GiB" if row.peak_bytes else "-"
+    out = []
+    for case in run.cases:
+        kernels = ("per_sequence", "varlen", "flex", "padded")
+        if args.device != "cuda":
+            kernels = ("per_sequence", "padded")
+        if case.variable:
+            kernels = tuple(k for k in kernels if k != "padded")
+        lengths = [len(e.input_ids) for e in run.batches(case)[1]]
+        for row in attention_bench(run.config, lengths, device, dtype, kernels=kernels):
+            out.append({"shape": case.name, **asdict(row)})
             state = "ok" if row.ok else "FAILED " + row.error.strip().splitlines()[-1]
-            mfu = mfu_text(row.flops, row.seconds, peak)
-            print(f"{row.name:34} {state:6} {rate:10,.0f} tok/s  MFU {mfu:>6}  peak {memory}")
+            print(f"attention {case.name:8} {row.name:18} {row.milliseconds:8.2f} ms "
+                  f"{row.tflops:7.1f} TFLOP/s  out err {row.max_output_error:.1e}  "
+                  f"grad err {row.gradient_error:.1e}  {state}", flush=True)  # fmt: skip
     return out
+
+
+def peer_rows(args, run: ShapeRun, peak: float | None) -> list[LoopRow]:
+    """The plain loop on each case's batches, the ones our SFT steps train on."""
+    device = torch.device(args.device)
+    budget = peer_budget(run.cases)
+    rows = []
+    for case in run.cases:
+        row = plain_loop(run.spec, run.vocab, device, case, run.batches(case), args.sft_steps,
+                         budget, run.n_flop, run.n_head)  # fmt: skip
+        rows.append(row)
+        print(peer_line(row, peak), flush=True)
+    return rows
+
+
+def run_shape(args, name: str, peak: float | None) -> dict:
+    """Every phase asked of shape `name`, each on fresh models; what it printed, as a dict."""
+    run = ShapeRun(name, args.sft_steps, args.sft_shapes)
+    cases = ", ".join(f"{c.name} ({c.rows} rows, {c.tokens:,} tokens a step)" for c in run.cases)
+    print(f"== {name}: {run.shape.parameters / 1e6:.1f}M parameters, vocabulary {run.vocab}; "
+          f"FLOPs: N = {run.n_flop / 1e6:.1f}M (the tied head once, {run.n_head / 1e6:.1f}M), "
+          f"peak {peak} TFLOP/s; SFT cases {cases}", flush=True)  # fmt: skip
+    attention = attention_rows(args, run) if "attention" in args.phases else []
+    peers = peer_rows(args, run, peak) if "peer" in args.phases else []
+    broken = [r for r in attention if r["name"] == NAMES["varlen"] and not r["ok"]]
+    if broken and "R1_PACKED_ATTENTION" not in os.environ:
+        os.environ["R1_PACKED_ATTENTION"] = "per_sequence"
+        print("the varlen kernel failed above: the phases run the per-sequence kernel")
+    phases = run_phases(args, run, peak)
+    if "sft" in args.phases and peers:
+        names = [case.name for case in run.cases]
+        for line in comparison_lines(name, names, phases, peers, peak):
+            print(line, flush=True)
+    return {
+        "parameters": run.shape.parameters, "n_flop": run.n_flop, "n_head": run.n_head,
+        "cases": [asdict(c) for c in run.cases],
+        "peers": {"attention": attention, "plain_loop": [asdict(r) for r in peers]},
+        "phases": [asdict(p) for p in phases],
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,27 +435,15 @@ def main(argv: list[str] | None = None) -> int:
     info = environment()
     print(" ".join(f"{k}={v}" for k, v in info.items()))
     start_rank(args.device)
-    spec, vocab = SHAPES[args.shape]
-    tokenizer = word_tokenizer(vocab)
-    model = build_model(spec, vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
-    shape = ModelShape.from_config(model.config.to_dict())
-    n_flop, model_config = flop_parameters(model), model.config
-    del model
     peak = args.peak_tflops or peak_tflops(info.get("device", ""))
-    print(f"model: {shape.parameters / 1e6:.1f}M parameters ({args.shape}), vocabulary {vocab}; "
-          f"FLOPs: N = {n_flop / 1e6:.1f}M (the tied head once), peak {peak} TFLOP/s")  # fmt: skip
-    yardsticks = peers(args, spec, vocab, n_flop, peak, model_config)
-    broken = [r for r in yardsticks["attention"] if r["name"] == NAMES["varlen"] and not r["ok"]]
-    if broken and "R1_PACKED_ATTENTION" not in os.environ:
-        os.environ["R1_PACKED_ATTENTION"] = "per_sequence"
-        print("the varlen kernel failed above: the phases run the per-sequence kernel")
-    phases = run_phases(args, spec, vocab, tokenizer, shape, n_flop, peak)
-    if args.out:
-        args.out.write_text(json.dumps(
-            {"environment": info, "peers": yardsticks, "phases": [asdict(p) for p in phases]},
-            indent=1,
-        ))  # fmt: skip
-    return 0 if all(p.ok for p in phases) else 1
+    shapes: dict[str, dict] = {}
+    for name in args.shape:
+        shapes[name] = run_shape(args, name, peak)
+        if args.out:  # after each shape: a run cut short keeps what it measured
+            args.out.write_text(json.dumps(
+                {"environment": info, "peak_tflops": peak, "shapes": shapes}, indent=1
+            ))  # fmt: skip
+    return 0 if all(p["ok"] for s in shapes.values() for p in s["phases"]) else 1
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ side, and the plainest SFT loop a user could write, run on the same device in th
   FlexAttention with a document mask) and, as the padded loop pays it, one SDPA call over
   padded rows; each kernel's output and gradients against the per-sequence kernel's.
 - `plain_loop`: transformers with SDPA, bf16 weights, fused AdamW, padded batches, no packing,
-  no DeepSpeed: the peer our SFT step is measured against.
+  no DeepSpeed: the peer our SFT step is measured against, on the same rows in the same batches
+  (benchmarks/gpu_shapes.py), counted the same way.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from benchmarks.throughput import attention_flops, training_flops
+from benchmarks.gpu_profile import profile_step
+from benchmarks.gpu_shapes import SFTCase, count_batches, loss_positions
+from benchmarks.throughput import attention_flops
 from models.loading import build_model
+from training.batches import collate
+from training.examples import Example
 from training.varlen import NAMES, flex_attention, per_sequence_attention, varlen_attention
 
 
@@ -137,23 +142,33 @@ def _relative(a: torch.Tensor, b: torch.Tensor, norm: bool = True) -> float:
 class LoopRow:
     name: str
     ok: bool = False
-    tokens: int = 0
+    tokens: int = 0  # content positions (padding not counted)
     seconds: float = 0.0
     flops: float = 0.0
     peak_bytes: int | None = None
     note: str = ""
     error: str = ""
     extra: dict = field(default_factory=dict)
+    steps: int = 0
+    loss_tokens: int = 0  # positions that carry loss
+    loss_flops: float = 0.0  # the FLOPs counted over them (benchmarks/throughput.py)
+    padded_positions: int = 0  # positions the padded rows ran, padding included
+    profile: dict = field(default_factory=dict)  # one step under the profiler (gpu_profile.py)
 
 
 def plain_loop(
-    spec, vocab: int, device: torch.device, rows: int, length: int, steps: int, n_flop: int
-) -> LoopRow:
-    """Plain transformers SFT steps: bf16 weights, SDPA over padded rows (all of `length`
-    tokens, the first 64 of each unlabelled), fused AdamW, no DeepSpeed."""
-    row = LoopRow(f"plain loop {rows} x {length}")
+    spec, vocab: int, device: torch.device, case: SFTCase, batches: list[list[Example]],
+    steps: int, budget: int, n_flop: int, n_head: int,
+) -> LoopRow:  # fmt: skip
+    """Plain transformers SFT steps (bf16 weights, SDPA over rows right-padded to the longest of
+    their micro-batch, fused AdamW, no DeepSpeed) on `batches` as our SFT phase takes them: the
+    first a warm-up, the next `steps` timed, the one after them under the profiler. A step runs
+    as one batch when its padded rows hold at most `budget` positions, else as gradient-
+    accumulation micro-batches of equal rows within it (as a user sizes a plain loop to the
+    card), the loss over the whole step's targets."""
+    row = LoopRow(f"plain loop {case.name}")
     try:
-        _run_plain_loop(row, spec, vocab, device, rows, length, steps, n_flop)
+        _run_plain_loop(row, spec, vocab, device, batches, steps, budget, n_flop, n_head)
         row.ok = True
     except Exception:
         row.error = traceback.format_exc(limit=4)
@@ -163,28 +178,82 @@ def plain_loop(
     return row
 
 
-def _run_plain_loop(row, spec, vocab, device, rows, length, steps, n_flop) -> None:
-    model = build_model(spec, vocab, 0, 1, 0).to(device=device, dtype=torch.bfloat16)
+def micro_rows(batch: list[Example], budget: int) -> list[list[Example]]:
+    """`batch` cut into the fewest runs of near-equal numbers of consecutive rows whose padded
+    rows hold at most `budget` positions each (a row longer than `budget` runs alone)."""
+    longest = max(len(e.input_ids) for e in batch)
+    parts = min(len(batch), max(1, -(-len(batch) * longest // budget)))
+    while parts < len(batch) and any(
+        len(part) * max(len(e.input_ids) for e in part) > budget for part in _split(batch, parts)
+    ):
+        parts += 1
+    return _split(batch, parts)
+
+
+def _split(batch: list[Example], parts: int) -> list[list[Example]]:
+    size, extra = divmod(len(batch), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (i < extra)
+        out.append(batch[start:end])
+        start = end
+    return out
+
+
+def _padded_inputs(rows: list[Example], pad_id: int, device: torch.device) -> dict:
+    """One row per example, right-padded to the longest; the attention mask only where a row
+    is padded (transformers drops an all-ones mask for the causal kernel anyway)."""
+    inputs = collate(rows, pad_id)
+    if bool(inputs["attention_mask"].all()):
+        del inputs["attention_mask"]
+    return {key: value.to(device) for key, value in inputs.items()}
+
+
+def _run_plain_loop(
+    row: LoopRow, spec, vocab: int, device: torch.device, batches: list[list[Example]],
+    steps: int, budget: int, n_flop: int, n_head: int,
+) -> None:  # fmt: skip
+    with torch.device(device):  # the weights made where they train
+        model = build_model(spec, vocab, 0, 1, 0).to(dtype=torch.bfloat16)
     model.set_attn_implementation("sdpa")
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda" or None)
-    generator = torch.Generator().manual_seed(0)
+    padded = [0]
 
-    def step() -> None:
-        ids = torch.randint(8, vocab, (rows, length), generator=generator).to(device)
-        labels = ids.clone()
-        labels[:, :64] = -100
-        model(input_ids=ids, labels=labels, use_cache=False).loss.backward()
+    def step(batch: list[Example]) -> None:
+        targets = sum(loss_positions(e) for e in batch)
+        for part in micro_rows(batch, budget):
+            inputs = _padded_inputs(part, 0, device)
+            padded[0] += inputs["input_ids"].numel()
+            model(**inputs, num_items_in_batch=targets, use_cache=False).loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    step()
+    step(batches[0])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    row.seconds = _timed(device, step, steps) * steps
-    row.tokens = rows * length * steps
-    row.flops = steps * training_flops(n_flop, model.config, [length] * rows)
+    padded[0] = 0
+    row.seconds = _timed_once(device, lambda: [step(b) for b in batches[1 : steps + 1]])
     if device.type == "cuda":
         row.peak_bytes = int(torch.cuda.max_memory_allocated())
-    row.note = f"{steps} steps; SDPA, bf16 weights, fused AdamW, padded rows"
+    row.padded_positions = padded[0]
+    row.profile = profile_step(device, lambda: step(batches[steps + 1]))
+    count = count_batches(batches[1 : steps + 1], n_flop, n_head, model.config)
+    row.steps, row.tokens, row.flops = steps, count.tokens, count.flops
+    row.loss_tokens, row.loss_flops = count.loss_tokens, count.loss_flops
+    pads = 1 - count.tokens / max(1, padded[0])
+    row.note = (
+        f"{steps} steps; SDPA, bf16 weights, fused AdamW, padded rows ({pads:.0%} of "
+        f"{padded[0] // steps:,} positions a step padding)"
+    )
+
+
+def _timed_once(device: torch.device, run: Callable[[], object]) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    began = time.perf_counter()
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - began

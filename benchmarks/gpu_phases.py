@@ -4,7 +4,8 @@ through rl.trainer.GRPOTrainer, with the update timed apart from sampling.
 
 Each phase returns a Phase: tokens, seconds and the FLOPs it counted (benchmarks/throughput.py:
 6N a trained token, 2N a prefilled or generated one, attention on top), the allocator's peak and
-the memory model's prediction for the same micro-batch.
+the memory model's prediction for the same micro-batch. SFT's also counts the positions that carry
+loss and the FLOPs over them, and the device's busy time in one profiled step.
 """
 
 from __future__ import annotations
@@ -16,16 +17,19 @@ from dataclasses import dataclass, field
 
 import torch
 
+from benchmarks.gpu_profile import profile_step
+from benchmarks.gpu_shapes import SFTCase, count_batches, sft_config
 from benchmarks.throughput import attention_flops, training_flops
 from configs.reinforcement import GRPOConfig, RewardTerm
-from configs.supervised import EngineConfig, ModelConfig, TrainConfig
+from configs.supervised import EngineConfig, ModelConfig
 from contracts.reward_names import PREFERENCE
 from models.chat import render_prompt
 from models.loading import build_model
 from problems.types import Problem
 from training.examples import Example
-from training.memory import ModelShape, Placement, step_estimate
+from training.memory import ModelShape, Placement, Step, step_estimate
 from training.memory_fit import micro_step
+from training.micro import micro_batches
 
 
 @dataclass
@@ -42,6 +46,10 @@ class Phase:
     error: str = ""
     top_blocks: list[str] = field(default_factory=list)
     parts: dict[str, float] = field(default_factory=dict)  # sub-timings: the GRPO update's
+    steps: int = 0  # timed steps (SFT)
+    loss_tokens: int = 0  # positions that carry loss (SFT; 0 where not counted)
+    loss_flops: float = 0.0  # the FLOPs counted over them (benchmarks/throughput.py)
+    profile: dict = field(default_factory=dict)  # one step under the profiler (gpu_profile.py)
 
 
 @dataclass(frozen=True)
@@ -108,24 +116,19 @@ Diagnose = Callable[[Phase, Callable[[], object]], None]
 
 
 def sft_phase(
-    setting: Setting, shape: ModelShape, engine, tokenizer, n_flop: int, batch: int, length: int,
-    steps: int, diagnose: Diagnose,
+    setting: Setting, shape: ModelShape, engine, tokenizer, n_flop: int, n_head: int,
+    case: SFTCase, examples: list[Example], steps: int, diagnose: Diagnose,
 ) -> Phase:  # fmt: skip
-    """`steps` timed SFT steps of `batch` random rows of `length` tokens (the first 64 of each
-    unlabelled), after one warm-up step; then one recorded step."""
+    """`steps` timed SFT steps of `case` on `examples` (benchmarks/gpu_shapes.py: a warm-up
+    step's, the timed ones', a profiled step's and a recorded step's rows), after the warm-up;
+    then the profiled step and the recorded one."""
     from training.collective import TorchCollective
     from training.supervised import SFTStepper
 
-    phase = Phase(f"sft {batch}x{length} ({setting.label})")
-    gen = torch.Generator().manual_seed(0)
-    examples = []
-    for _ in range(batch * (steps + 2)):  # warm-up, timed, recorded
-        ids = torch.randint(8, shape.vocab, (length,), generator=gen).tolist()
-        examples.append(Example(ids, [-100] * 64 + ids[64:]))
-    cfg = TrainConfig(batch_size=batch, epochs=1, warmup_steps=0, learning_rate=1e-5)
+    phase = Phase(f"sft {case.name} ({setting.label})")
     stepper = SFTStepper(
-        engine, examples, cfg, tokenizer.pad_token_id, "gpu-check sft", TorchCollective(),
-        memory=setting.engine(),
+        engine, examples, sft_config(case.rows), tokenizer.pad_token_id, "gpu-check sft",
+        TorchCollective(), memory=setting.engine(),
     )  # fmt: skip
     stepper.start(0)
     stepper.run_step(0)  # warm-up: kernels, the allocator, AdamW's moments
@@ -133,16 +136,34 @@ def sft_phase(
     reset_peak(device)
     seconds, _ = timed(device, lambda: [stepper.run_step(i) for i in range(1, steps + 1)])
     phase.peak_bytes = read_peak(device)
-    diagnose(phase, lambda: stepper.run_step(steps + 1))
-    rows = max(1, min(batch, stepper.micro_batch_tokens // length))
-    step = micro_step("sft", length, length, batch, rows, setting.engine().logits_budget)
+    phase.profile = profile_step(device, lambda: stepper.run_step(steps + 1))
+    diagnose(phase, lambda: stepper.run_step(steps + 2))  # last: it may fail inside backward
+    batches = [[examples[i] for i in stepper.order[s]] for s in range(1, steps + 1)]
+    step = _worst_micro_batch(batches, stepper.micro_batch_tokens, setting)
     if not setting.compile:  # compiled layers fuse away activations the model counts
         phase.predicted_bytes = step_estimate(shape, setting.placement(False), step).peak
-    config = engine.module.config
-    phase.seconds, phase.tokens = seconds, steps * batch * length
-    phase.flops = steps * training_flops(n_flop, config, [length] * batch)
-    phase.note = f"{steps} steps, micro-batches of {rows} rows ({step.micro_batches} a step)"
+    count = count_batches(batches, n_flop, n_head, engine.module.config)
+    phase.seconds, phase.steps = seconds, steps
+    phase.tokens, phase.flops = count.tokens, count.flops
+    phase.loss_tokens, phase.loss_flops = count.loss_tokens, count.loss_flops
+    phase.note = (
+        f"{steps} steps of {case.rows} rows, {count.tokens / steps:,.0f} tokens each; "
+        f"micro-batches of up to {step.tokens:,} tokens ({step.micro_batches} a step)"
+    )
     return phase
+
+
+def _worst_micro_batch(batches: list[list[Example]], budget: int, setting: Setting) -> Step:
+    """The largest micro-batch SFTStepper packs from `batches` within `budget` tokens, and the
+    most micro-batches a step: what the memory model predicts the peak of."""
+    worst, most = 1, 1
+    for batch in batches:
+        lengths = [len(e.input_ids) for e in batch]
+        groups = micro_batches(lengths, budget)
+        worst = max([worst, *(sum(lengths[i] for i in g) for g in groups)])
+        most = max(most, len(groups))
+    budget_elements = setting.engine().logits_budget
+    return Step(worst, worst, "sft", logits_budget=budget_elements, micro_batches=most)
 
 
 @contextlib.contextmanager
