@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-DEVICE_KINDS = {"kernel", "gpu_memcpy", "gpu_memset"}  # kineto's activity types of device work
-CPU_KINDS = {"cpu_op"}
 DEVICE_BOUND = 0.9  # busy share of the wall time above which a step is called device-bound
 
 
@@ -42,20 +41,15 @@ def _activities(device: torch.device, with_cpu: bool) -> list[ProfilerActivity]:
 
 
 def _intervals(prof: profile, device: torch.device) -> list[tuple[int, int]]:
-    """(start, end) in ns of the device's work (CPU: torch's operators) in `prof`'s trace."""
-    events = prof.profiler.kineto_results.events()
-    if device.type != "cuda":
-        kinds, wanted = CPU_KINDS, torch.autograd.DeviceType.CPU
-    else:
-        kinds, wanted = DEVICE_KINDS, torch.autograd.DeviceType.CUDA
-    chosen = [e for e in events if e.device_type() == wanted and e.activity_type() in kinds]
-    if not chosen and device.type == "cuda":  # activity names of another kineto: all but marks
-        chosen = [
-            e for e in events
-            if e.device_type() == wanted and not e.is_user_annotation()
-            and "annotation" not in e.activity_type() and "sync" not in e.activity_type()
-        ]  # fmt: skip
-    return [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in chosen]
+    """(start, end) in ns of the device's work (CPU: torch's operators) in `prof`'s trace,
+    read through the profiler's public events (kineto's own event objects differ between torch
+    releases: 2.11's have no `activity_type`)."""
+    wanted = DeviceType.CUDA if device.type == "cuda" else DeviceType.CPU
+    return [
+        (int(e.time_range.start * 1e3), int(e.time_range.end * 1e3))
+        for e in prof.events()
+        if e.device_type == wanted and e.time_range.end > e.time_range.start
+    ]
 
 
 def union_ns(intervals: list[tuple[int, int]]) -> int:

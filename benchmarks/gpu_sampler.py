@@ -5,7 +5,7 @@
 
 A random model of the shape (bf16 on a GPU) and the check's word-level tokenizer
 (benchmarks/gpu_check.py) sample `--prompts` prompts x `--n` samples of up to `--max-new-tokens`
-tokens at temperature 1, top_p 1, in one call of every row, each way:
+tokens at `--temperature` and `--top-p` (1 and 1: GRPO's draw), in one call of every row, each way:
 - `forward`: our decode loop through transformers' forward (what a policy under a DeepSpeed
   engine decoded through before the plain-ops step ran there);
 - `lean`: the plain-ops step over the growing, compacting cache;
@@ -14,7 +14,8 @@ tokens at temperature 1, top_p 1, in one call of every row, each way:
   (transformers' own auto-compile; `top_k` off so that it samples the whole vocabulary as ours).
 Each is called once to warm up (compiling, capturing) and once timed; the warm-up's seconds are
 printed too. Tokens are the generated ones up to and including a stop token. It prints tokens/s
-per way and each against the peer, and writes them to `--out` (JSON).
+per way and each against the peer (with `--profile`, one more call of each under torch's
+profiler: the device's busy time against the wall time), and writes them to `--out` (JSON).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from benchmarks.gpu_check import SHAPES, word_tokenizer  # noqa: E402
+from benchmarks.gpu_profile import profile_step, profile_text  # noqa: E402
 from models.chat import render_prompt  # noqa: E402
 from models.loading import build_model  # noqa: E402
 from sampling.hf import HFSampler, stop_token_ids  # noqa: E402
@@ -50,6 +52,7 @@ class Run:
     warmup_seconds: float = 0.0
     tokens: int = 0
     error: str = ""
+    profile: dict | None = None  # one more call under the profiler (--profile)
 
     @property
     def rate(self) -> float:
@@ -77,7 +80,8 @@ def prompts_for(tokenizer, count: int, words: int = 48) -> list[str]:
     ]
 
 
-def ours(model, tokenizer, prompts: Sequence[str], n: int, max_new: int, way: str):
+def ours(model, tokenizer, prompts: Sequence[str], n: int, max_new: int, way: str,
+         sampling: tuple[float, float] = (1.0, 1.0)):  # fmt: skip
     """One call of our sampler over every row, decoding the `way` asked."""
     sampler = HFSampler(
         model, tokenizer, batch_size=len(prompts) * n, show_progress=False,
@@ -85,13 +89,14 @@ def ours(model, tokenizer, prompts: Sequence[str], n: int, max_new: int, way: st
     )  # fmt: skip
 
     def call(tokens: int = max_new) -> int:
-        out = sampler.generate(prompts, n, SamplingParams(1.0, 1.0, tokens, seed=0))
+        out = sampler.generate(prompts, n, SamplingParams(*sampling, tokens, seed=0))
         return sum(len(c.token_ids) for group in out for c in group)
 
     return call
 
 
-def peer(model, tokenizer, prompts: Sequence[str], n: int, max_new: int):
+def peer(model, tokenizer, prompts: Sequence[str], n: int, max_new: int,
+         sampling: tuple[float, float] = (1.0, 1.0)):  # fmt: skip
     """transformers' generate over a static cache, its decode forward compiled (on a GPU)."""
     encoded = tokenizer(list(prompts), add_special_tokens=False, return_tensors="pt",
                         padding=True, padding_side="left").to(model.device)  # fmt: skip
@@ -100,7 +105,8 @@ def peer(model, tokenizer, prompts: Sequence[str], n: int, max_new: int):
     def call() -> int:
         with torch.inference_mode():
             out = model.generate(
-                **encoded, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                **encoded, do_sample=sampling[0] > 0, temperature=sampling[0] or None,
+                top_p=sampling[1], top_k=0,
                 max_new_tokens=max_new, min_new_tokens=0, num_return_sequences=n,
                 cache_implementation="static", pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=stops,
@@ -121,15 +127,18 @@ def generated_lengths(new: torch.Tensor, stops: Sequence[int]) -> torch.Tensor:
 def run_way(way: str, model, tokenizer, args) -> Run:
     run = Run(way)
     prompts = prompts_for(tokenizer, args.prompts)
+    sampling = (args.temperature, args.top_p)
     device = model.device
     try:
         if way == "peer":
-            call = peer(model, tokenizer, prompts, args.n, args.max_new_tokens)
+            call = peer(model, tokenizer, prompts, args.n, args.max_new_tokens, sampling)
         else:
-            call = ours(model, tokenizer, prompts, args.n, args.max_new_tokens, way)
+            call = ours(model, tokenizer, prompts, args.n, args.max_new_tokens, way, sampling)
         run.warmup_seconds, _ = _timed(device, call)
         run.seconds, run.tokens = _timed(device, call)
         run.ok = True
+        if args.profile:
+            run.profile = profile_step(device, call)
     except Exception as err:  # noqa: BLE001 - one way failing must not hide the others
         run.error = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=6)}"
     if device.type == "cuda":
@@ -159,6 +168,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0, help="below 1: the draw reads back")
+    parser.add_argument("--profile", action="store_true", help="each way once more, profiled")
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args(argv)
@@ -179,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for way in args.ways:  # the results written after each way: a run cut short keeps them
         runs.append(run_way(way, model, tokenizer, args))
         print(report(runs).splitlines()[-1], flush=True)
+        if runs[-1].profile is not None:
+            print(f"         {profile_text(runs[-1].profile, runs[-1].seconds)}", flush=True)
         if args.out is not None:
             rows = [asdict(r) | {"tokens_per_s": r.rate} for r in runs]
             args.out.write_text(json.dumps(rows, indent=1))

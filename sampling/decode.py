@@ -32,7 +32,7 @@ from sampling.attention import NAME as MATMUL_DECODE
 from sampling.attention import matmul_decoding
 from sampling.decode_step import DecodeStep, decode_step_for
 from sampling.kv_cache import GrowingLayer, growing_cache
-from sampling.static_decode import StaticCache, StaticStepper, static_decode
+from sampling.static_decode import StaticDecoder, StaticState, static_decode
 from sampling.streams import uniforms
 
 # Most likely tokens searched first for the top-p nucleus (see `nucleus`).
@@ -355,17 +355,19 @@ def _decode_static(
 ) -> list[Decoded]:
     """`decode`'s steps over a static cache (sampling/static_decode.py), CUDA graphs on a GPU."""
     width = run.mask.shape[1] - max_new_tokens
-    static = StaticCache.from_prefill(
-        prefilled, run.mask[:, :width], run.positions, width + max_new_tokens, model.dtype
+    device = model.device
+    out = _Outputs.empty(len(run.rows), max_new_tokens, pad_id, device)
+    state = StaticState.from_prefill(
+        prefilled, run.mask[:, :width], run.positions, width + max_new_tokens, keys.to(device), out
     )
-    stepper = StaticStepper(lean, static, graphs=model.device.type == "cuda")
-    out = _Outputs.empty(len(run.rows), max_new_tokens, pad_id, model.device)
-    stop = torch.tensor(list(stop_ids), dtype=torch.long, device=model.device)
-    keys = keys.to(model.device)
     temperature, top_p = sampling
 
-    def choose(step_logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return choose_tokens(step_logits, temperature, top_p, uniforms(keys, step))
+    def choose(step_logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return choose_tokens(step_logits, temperature, top_p, u)
 
-    static_decode(stepper, logits, choose, out, stop, pad_id, max_new_tokens)
+    stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
+    on_gpu = device.type == "cuda"
+    fused = temperature == 0 or top_p >= 1  # the nucleus's width is read back to the host
+    decoder = StaticDecoder(lean, state, choose, stop, pad_id, graphs=on_gpu, fused=fused)
+    static_decode(decoder, logits, max_new_tokens)
     return out.decoded()

@@ -6,15 +6,17 @@ the growing, compacting cache (sampling/kv_cache.py) changes every tensor's shap
 to the next, so the launches cannot be recorded once and replayed. Here every row keeps its
 place for the whole call (finished rows go on decoding, their outputs ignored), each layer's
 keys and values live in one buffer of the call's whole length written at a column index held on
-the device, and a step reads a fixed span of columns (`SPAN` at a time, the rest masked): one
-CUDA graph per span, captured the first time the decode reaches it and replayed after. Nothing
-reads a value back to the host each token: finished rows are tracked on the device, and whether
-all are done is asked every `CHECK_EVERY` steps. Sampling itself (sampling/decode.py
-`choose_tokens`) runs as plain ops between replays; with top_p < 1 it asks once a step whether
-every row's nucleus lies among the most likely candidates.
+the device, and a step reads a fixed span of columns (`SPAN` at a time, the rest masked). A
+token's whole step (the model's step, the draw, the record of the row's token and logprob) is
+one CUDA graph per span, captured the first time the decode reaches the span and replayed after:
+its inputs (the step number, the column, the tokens) live on the device and the graph moves them
+on. Nothing is read back to the host each token: finished rows are tracked on the device and
+whether all are done is asked every `CHECK_EVERY` steps. With top_p < 1 the draw asks the host
+whether every row's nucleus lies among the most likely candidates (sampling/decode.py `nucleus`),
+so there only the model's step is a graph and the draw runs as ops after it.
 
-The same loop runs without graphs (on CPU, in the tests): the same tokens as `decode` where the
-logits agree, which they do up to the summation order of the masked columns' zeros.
+The same loop runs without graphs (on CPU, in the tests): the same tokens as the growing cache's
+loop where the logits agree, which they do up to the summation order of the masked columns.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Protocol
 import torch
 
 from sampling.decode_step import DecodeStep
+from sampling.streams import uniforms
 
 # Columns a step's attention reads at a time: a graph per span, so a call of W prompt columns
 # and T new tokens captures ceil((W + T) / SPAN) graphs at most, and a step reads at most SPAN - 1
@@ -34,94 +37,7 @@ SPAN = 64
 # Steps between the checks of whether every row is done (the one read back to the host).
 CHECK_EVERY = 16
 
-
-class _StaticLayer:
-    """One layer's keys and values (B, KV, capacity, D); `update` writes the step's column at
-    `column` (a device tensor) and returns the first `span` columns."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, column: torch.Tensor):
-        self.keys, self.values, self.column, self.span = keys, values, column, keys.shape[2]
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys.index_copy_(2, self.column, k)
-        self.values.index_copy_(2, self.column, v)
-        return self.keys[:, :, : self.span], self.values[:, :, : self.span]
-
-
-@dataclass
-class StaticCache:
-    """What a static decode step reads and writes: the cache, the step's inputs, its mask."""
-
-    layers: list[_StaticLayer]
-    tokens: torch.Tensor  # (B,) the tokens fed next
-    positions: torch.Tensor  # (B,) their position ids
-    column: torch.Tensor  # (1,) the cache column they are written to
-    mask: torch.Tensor  # (B, 1, 1, capacity) additive: 0 where a row attends
-
-    @classmethod
-    def from_prefill(cls, prefilled, prompt_mask: torch.Tensor, positions: torch.Tensor,
-                     capacity: int, dtype: torch.dtype) -> StaticCache:  # fmt: skip
-        """Buffers of `capacity` columns holding the prefilled cache's (growing layers, rows
-        already one per decoded row) and the mask of its prompt columns `prompt_mask` (B, W)."""
-        rows, width = prompt_mask.shape
-        column = torch.full((1,), width, dtype=torch.long, device=prompt_mask.device)
-        layers = []
-        for layer in prefilled.layers:
-            k, v = layer.keys, layer.values  # (B, KV, W, D)
-            keys = k.new_zeros(rows, k.shape[1], capacity, k.shape[3])
-            values = v.new_zeros(rows, v.shape[1], capacity, v.shape[3])
-            keys[:, :, :width], values[:, :, :width] = k, v
-            layers.append(_StaticLayer(keys, values, column))
-        mask = torch.full((rows, 1, 1, capacity), torch.finfo(dtype).min, dtype=dtype,
-                          device=prompt_mask.device)  # fmt: skip
-        mask[:, 0, 0, :width].masked_fill_(prompt_mask.bool(), 0)
-        return cls(layers, positions.clone(), positions.clone(), column, mask)
-
-    def spanned(self, span: int) -> StaticCache:
-        """A view of the same buffers whose steps read the first `span` columns."""
-        layers = [_StaticLayer(x.keys, x.values, self.column) for x in self.layers]
-        for layer in layers:
-            layer.span = span
-        return StaticCache(layers, self.tokens, self.positions, self.column,
-                           self.mask[..., :span])  # fmt: skip
-
-
-class StaticStepper:
-    """The next logits (B, V) for `cache.tokens` at `cache.positions`, written at `cache.column`:
-    each span's step captured as a CUDA graph on its first use when `graphs`, else run as ops."""
-
-    def __init__(self, step: DecodeStep, cache: StaticCache, graphs: bool):
-        self.step, self.cache, self.graphs = step, cache, graphs
-        self._captured: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._pool = torch.cuda.graph_pool_handle() if graphs else None
-
-    def __call__(self, length: int) -> torch.Tensor:
-        """The step's logits, its attention reading at least `length` columns."""
-        capacity = self.cache.mask.shape[-1]
-        span = min(capacity, -(-length // SPAN) * SPAN)
-        if not self.graphs:
-            return self._run(self.cache.spanned(span))
-        if span not in self._captured:
-            self._captured[span] = self._capture(self.cache.spanned(span))
-        graph, logits = self._captured[span]
-        graph.replay()
-        return logits
-
-    def _run(self, view: StaticCache) -> torch.Tensor:
-        return self.step(view.tokens, view.positions, view.mask, view)  # type: ignore[arg-type]
-
-    def _capture(self, view: StaticCache) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Warm up on a side stream (the column written is the step's own, written again by the
-        replay with the same values), then record one step."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._run(view)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._run(view)
-        return graph, logits
+Choose = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Outputs(Protocol):
@@ -134,41 +50,159 @@ class Outputs(Protocol):
     stopped: torch.Tensor
 
 
-def record_step(out: Outputs, step: int, tokens: torch.Tensor, logprobs: torch.Tensor,
+class _StaticLayer:
+    """One layer's keys and values (B, KV, capacity, D); `update` writes the step's column at
+    `column` (a device tensor) and returns the first `span` columns."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, column: torch.Tensor, span: int):
+        self.keys, self.values, self.column, self.span = keys, values, column, span
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys.index_copy_(2, self.column, k)
+        self.values.index_copy_(2, self.column, v)
+        return self.keys[:, :, : self.span], self.values[:, :, : self.span]
+
+
+@dataclass
+class StaticState:
+    """Everything a token's step reads and moves on, on the device: the cache's buffers, the
+    tokens fed next and their positions, the cache column they are written to, the step number,
+    the additive mask (B, 1, 1, capacity), the rows' random-stream keys and the outputs."""
+
+    keys_values: list[tuple[torch.Tensor, torch.Tensor]]
+    tokens: torch.Tensor  # (B,)
+    positions: torch.Tensor  # (B,)
+    column: torch.Tensor  # (1,)
+    step: torch.Tensor  # (1,)
+    mask: torch.Tensor  # (B, 1, 1, capacity)
+    row_keys: torch.Tensor  # (B,)
+    out: Outputs
+
+    @classmethod
+    def from_prefill(
+        cls, prefilled, prompt_mask: torch.Tensor, positions: torch.Tensor, capacity: int,
+        row_keys: torch.Tensor, out: Outputs,
+    ) -> StaticState:  # fmt: skip
+        """Buffers of `capacity` columns holding the prefilled cache's (growing layers, one row
+        per decoded row) and the mask of its prompt columns `prompt_mask` (B, W)."""
+        rows, width = prompt_mask.shape
+        device = prompt_mask.device
+        keys_values = []
+        for layer in prefilled.layers:
+            k, v = layer.keys, layer.values  # (B, KV, W, D)
+            keys = k.new_zeros(rows, k.shape[1], capacity, k.shape[3])
+            values = v.new_zeros(rows, v.shape[1], capacity, v.shape[3])
+            keys[:, :, :width], values[:, :, :width] = k, v
+            keys_values.append((keys, values))
+        dtype = keys_values[0][0].dtype
+        mask = torch.full(
+            (rows, 1, 1, capacity), torch.finfo(dtype).min, dtype=dtype, device=device
+        )
+        mask[:, 0, 0, :width].masked_fill_(prompt_mask.bool(), 0)
+        column = torch.full((1,), width - 1, dtype=torch.long, device=device)
+        step = torch.zeros(1, dtype=torch.long, device=device)
+        tokens = torch.zeros_like(positions)  # the first draw writes them
+        return cls(keys_values, tokens, positions - 1, column, step, mask, row_keys, out)
+
+    def layers(self, span: int) -> list[_StaticLayer]:
+        return [_StaticLayer(k, v, self.column, span) for k, v in self.keys_values]
+
+
+def record_step(out: Outputs, step: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor,
                 stop: torch.Tensor, pad_id: int) -> None:  # fmt: skip
-    """Column `step` of every row, nothing read back to the host: a row already stopped keeps
-    its pad; a row that samples a stop token now ends with it."""
+    """Column `step` (a (1,) tensor) of every row, nothing read back to the host: a row already
+    stopped keeps its pad; a row that samples a stop token now ends with it."""
     done = out.stopped
-    out.tokens[:, step] = torch.where(done, pad_id, tokens)
-    out.logprobs[:, step] = torch.where(done, 0.0, logprobs)
-    ends = ~done & torch.isin(tokens, stop)
-    out.lengths.masked_fill_(ends, step + 1)
+    out.tokens.index_copy_(1, step, torch.where(done, pad_id, tokens)[:, None])
+    out.logprobs.index_copy_(1, step, torch.where(done, 0.0, logprobs)[:, None].to(out.logprobs))
+    ends = ~done & (tokens[:, None] == stop[None, :]).any(dim=1)
+    out.lengths.copy_(torch.where(ends, step + 1, out.lengths))
     out.stopped |= ends
 
 
-def static_decode(
-    stepper: StaticStepper,
-    first_logits: torch.Tensor,
-    choose: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
-    out: Outputs,
-    stop: torch.Tensor,
-    pad_id: int,
-    max_new_tokens: int,
-) -> None:
-    """Fill `out` with up to `max_new_tokens` tokens a row: `choose(logits, step)` samples,
-    `stepper` decodes the sampled tokens (every row, finished ones too)."""
-    cache = stepper.cache
-    width = int(cache.column.item())
-    logits = first_logits
-    for step in range(max_new_tokens):
-        tokens, logprobs = choose(logits, step)
-        record_step(out, step, tokens, logprobs, stop, pad_id)
-        if step + 1 == max_new_tokens:
+class StaticDecoder:
+    """A token's step over `state`: feed the tokens chosen last (the model's step), then choose
+    and record the next (`choose(logits, uniforms)`). With `graphs`, each span's step is a CUDA
+    graph, the choice in it when `fused` (no read-back in it), else after it as plain ops."""
+
+    def __init__(self, step: DecodeStep, state: StaticState, choose: Choose, stop: torch.Tensor,
+                 pad_id: int, graphs: bool, fused: bool) -> None:  # fmt: skip
+        self.model_step, self.state, self.choose = step, state, choose
+        self.stop, self.pad_id, self.graphs, self.fused = stop, pad_id, graphs, fused
+        self._captured: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = torch.cuda.graph_pool_handle() if graphs else None
+
+    def choose_and_record(self, logits: torch.Tensor) -> None:
+        """Draw the next tokens from `logits` at the current step, record them, feed them next."""
+        s = self.state
+        tokens, logprobs = self.choose(logits, uniforms(s.row_keys, s.step))
+        record_step(s.out, s.step, tokens, logprobs, self.stop, self.pad_id)
+        s.tokens.copy_(tokens)
+        s.step += 1
+
+    def feed(self, span: int) -> torch.Tensor:
+        """The model's step on the tokens fed next: written at the next column, attending to
+        the first `span` columns; the logits of what follows them."""
+        s = self.state
+        s.column += 1
+        s.positions += 1
+        s.mask.index_fill_(3, s.column, 0)
+        mask = s.mask[..., :span]
+        return self.model_step(s.tokens, s.positions, mask, _Layers(s.layers(span)))  # type: ignore[arg-type]
+
+    def __call__(self, length: int) -> None:
+        """One token's step, its attention reading at least `length` columns."""
+        span = min(self.state.mask.shape[-1], -(-length // SPAN) * SPAN)
+        if not self.graphs:
+            self._body(span)
+            return
+        if span not in self._captured:
+            self._captured[span] = self._capture(span)
+        graph, logits = self._captured[span]
+        graph.replay()
+        if not self.fused:
+            self.choose_and_record(logits)
+
+    def _body(self, span: int) -> torch.Tensor:
+        logits = self.feed(span)
+        if self.fused or not self.graphs:
+            self.choose_and_record(logits)
+        return logits
+
+    def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Warm up on a side stream, then record one step. The warm-up moves the state on, so
+        what it moves is put back first; what it writes (a cache column, a mask column, an
+        output column) the replay writes again."""
+        s = self.state
+        moved = [s.tokens, s.positions, s.column, s.step, s.out.lengths, s.out.stopped]
+        saved = [t.clone() for t in moved]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._body(span)
+        torch.cuda.current_stream().wait_stream(side)
+        for tensor, value in zip(moved, saved, strict=True):
+            tensor.copy_(value)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self._body(span)
+        return graph, logits
+
+
+@dataclass
+class _Layers:
+    """What the plain-ops step reads as its cache: `layers[i].update(k, v)`."""
+
+    layers: list[_StaticLayer]
+
+
+def static_decode(decoder: StaticDecoder, first_logits: torch.Tensor, max_new_tokens: int) -> None:
+    """Fill the decoder's outputs with up to `max_new_tokens` tokens a row (every row decodes
+    each step, finished ones too); stop early once every row is done, asked every
+    CHECK_EVERY steps."""
+    width = int(decoder.state.column.item()) + 1
+    decoder.choose_and_record(first_logits)
+    for step in range(1, max_new_tokens):
+        if step % CHECK_EVERY == 0 and bool(decoder.state.out.stopped.all()):
             break
-        if (step + 1) % CHECK_EVERY == 0 and bool(out.stopped.all()):
-            break
-        cache.tokens.copy_(tokens)
-        cache.mask[:, 0, 0, width + step] = 0
-        logits = stepper(width + step + 1)
-        cache.positions += 1
-        cache.column += 1
+        decoder(width + step)

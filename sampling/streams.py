@@ -34,7 +34,10 @@ def row_keys(seed: int, prompt_indices: torch.Tensor, sample_indices: torch.Tens
     return pcg_hash((keyed + pcg_hash(sample_indices.to(torch.int64))) & MASK32)
 
 
-def uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
-    """One uniform in [0, 1) per key (A,) at decode step `step`, as float64 (A, 1)."""
-    salt = pcg_hash(torch.tensor(step & MASK32, dtype=torch.int64))
+def uniforms(keys: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """One uniform in [0, 1) per key (A,) at decode step `step`, as float64 (A, 1). `step` may
+    be a one-element int64 tensor on the keys' device (a CUDA graph's input)."""
+    if not isinstance(step, torch.Tensor):
+        step = torch.tensor(step, dtype=torch.int64)
+    salt = pcg_hash(step & MASK32)
     return (pcg_hash(keys ^ salt).to(torch.float64) * _TO_UNIT)[:, None]

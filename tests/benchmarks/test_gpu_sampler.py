@@ -11,12 +11,13 @@ from benchmarks import gpu_sampler
 def test_every_way_samples_on_cpu(tmp_path, capsys):
     out = tmp_path / "sampler.json"
     argv = ["--device", "cpu", "--shape", "tiny", "--prompts", "4", "--n", "2",
-            "--max-new-tokens", "12", "--out", str(out)]  # fmt: skip
+            "--max-new-tokens", "12", "--profile", "--out", str(out)]  # fmt: skip
     assert gpu_sampler.main(argv) == 0
     runs = {r["way"]: r for r in json.loads(out.read_text())}
     assert set(runs) == set(gpu_sampler.WAYS)
     for run in runs.values():
         assert run["ok"] and 0 < run["tokens"] <= 4 * 2 * 12, run
+        assert run["profile"]["events"] > 0 and not run["profile"]["error"], run
     assert "x peer" in capsys.readouterr().out
 
 

@@ -66,9 +66,9 @@ def test_a_call_whose_rows_all_stop_ends_at_the_next_check(tokenizer, monkeypatc
     args = (model, prompts, rows, 1.0, 1.0, 200, [tokenizer.eos_token_id],
             tokenizer.pad_token_id, keys)  # fmt: skip
     steps = []
-    original = static_decode.StaticStepper.__call__
+    original = static_decode.StaticDecoder.__call__
     monkeypatch.setattr(
-        static_decode.StaticStepper, "__call__",
+        static_decode.StaticDecoder, "__call__",
         lambda self, length: steps.append(length) or original(self, length),
     )  # fmt: skip
     static, growing = decode(*args, static=True), decode(*args, static=False)
