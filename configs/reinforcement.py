@@ -275,8 +275,11 @@ class GRPOConfig(Strict):
                 f"engine: prompts_per_step {self.prompts_per_step} does not split evenly over "
                 f"{engine.processes} processes; make it a multiple of engine.processes"
             )
-        if engine.kind == "deepspeed" and self.probe.every:
-            raise ValueError("probe: held-out probing runs with engine.kind single only")
+        if engine.kind == "deepspeed" and self.probe.every and engine.processes > 1:
+            raise ValueError(
+                f"probe: held-out probing runs in one process (engine.kind single, or deepspeed "
+                f"with processes 1), not over {engine.processes}: set probe.every 0"
+            )
         rolling = [n for n, r in self.guard.rules().items() if r.action == "rollback"]
         if engine.kind == "deepspeed" and self.guard.enabled and rolling:
             raise ValueError(

@@ -25,6 +25,7 @@ from math_verify import parse, verify
 
 from contracts.answer_format import answer_block
 from problems.answers import final_answer_text
+from problems.types import Problem
 
 # math-verify enforces its timeouts with SIGALRM, which only the main thread may use; elsewhere
 # (Prefect runs tasks in worker threads) the timeouts are off and it says so on every call.
@@ -131,3 +132,8 @@ def accuracy_reward(
         correct = grade(completion, gold, strict).correct
         rewards.append(None if correct is None else float(correct))
     return rewards
+
+
+def verifiable(problem: Problem) -> bool:
+    """Whether the problem's verifier can judge an answer to it (a math gold answer parses)."""
+    return problem.family != "math" or gold_is_verifiable(problem.answer)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 
 from configs.reinforcement import GRPOConfig
 from contracts.reward_names import PREFERENCE
+from guard.paired import ITEMS
 from models.loading import load_model, load_tokenizer
 from problems.loader import load_problems
 from rewards.registry import RewardFn
@@ -40,6 +42,7 @@ from training.sft_worker import (
 log = logging.getLogger("rl.grpo_worker")
 
 REWARD_MODEL = "reward_model"  # spec.extras: the preference reward model's folder, if any
+HELDOUT = "heldout"  # spec.extras: the held-out problems the probe draws from, if it probes
 
 
 def runtime_rewards(spec: WorkerSpec) -> dict[str, RewardFn]:
@@ -49,6 +52,39 @@ def runtime_rewards(spec: WorkerSpec) -> dict[str, RewardFn]:
     from preference.reward import PreferenceReward
 
     return {PREFERENCE: PreferenceReward(spec.extras[REWARD_MODEL])}
+
+
+def probes_here(config: GRPOConfig, world: int) -> bool:
+    """Whether DeepSpeed workers run the stage's held-out probe: with one rank (one GPU), the
+    trainer's own, as a single process does. Over several ranks each would draw the whole probe
+    (or, under ZeRO-3, every rank in step), so they do not probe: the stage says so."""
+    return config.probe.every > 0 and world == 1
+
+
+def worker_probe(spec: WorkerSpec, config: GRPOConfig, tokenizer, world: int):
+    """The held-out probe the stage asked for (rl/heldout.py), when this world runs it."""
+    if HELDOUT not in spec.extras or not probes_here(config, world):
+        return None
+    from rl.heldout import heldout_probe
+
+    return heldout_probe(config, Path(spec.extras[HELDOUT]), tokenizer)
+
+
+class ItemsForwarder:
+    """The trainer's step hook in rank 0 of a probing world: the probe's per-problem items
+    (`items/...`, which the trainer keeps in its history, not in what it logs) of every history
+    entry not yet sent, written to the metrics file for the stage's guard to pair its readings
+    on (stages/guarded.py `MetricsWatch`), each under the step of its entry."""
+
+    def __init__(self, log: Callable[[dict[str, float], int], None]) -> None:
+        self.log, self.sent = log, 0
+
+    def __call__(self, step: int, history: list[dict[str, float]]) -> None:
+        for entry in history[self.sent :]:
+            items = {k: v for k, v in entry.items() if k.startswith(ITEMS)}
+            if items:
+                self.log(items, int(entry["step"]))
+        self.sent = len(history)
 
 
 def sample_writer(out_dir: Path):
@@ -92,7 +128,13 @@ def run(spec: WorkerSpec) -> None:
         collective=TorchCollective(),
         reference=reference,
         policy_path=spec.base,
+        probe=worker_probe(spec, config, tokenizer, world),
     )
+    if metrics is not None and trainer.probe is not None:
+        trainer.on_step = ItemsForwarder(metrics.log)
+    elif config.probe.every and rank == 0:
+        log.warning("%s: no held-out probe over %d ranks (rl/grpo_worker.py probes_here)",
+                    spec.desc, world)  # fmt: skip
     zero = config.engine.zero_stage
     log.info("%s: ZeRO-%d, %d ranks, %d steps", spec.desc, zero, world, config.steps)
     try:

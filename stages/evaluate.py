@@ -22,7 +22,7 @@ from models.loading import load_tokenizer
 from models.saved import ModelRef
 from problems.loader import load_problems
 from problems.types import Problem, ProblemSet
-from rewards.accuracy import gold_is_verifiable
+from rewards.accuracy import verifiable
 from rewards.language import is_language_consistent
 from rewards.registry import RewardFn
 from rewards.verifiers import grade_all
@@ -61,11 +61,6 @@ def general_score(
         "general_score_sem": sem,
         "general_format_rate": sum(is_well_formed(t) for t in texts) / len(texts),
     }
-
-
-def verifiable(problem: Problem) -> bool:
-    """Whether the problem's verifier can judge an answer to it (a math gold answer parses)."""
-    return problem.family != "math" or gold_is_verifiable(problem.answer)
 
 
 def run(

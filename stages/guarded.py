@@ -31,6 +31,7 @@ import torch
 
 from configs.reinforcement import GRPOConfig
 from evaluation.curves import plot_guard_trip
+from guard.paired import ITEMS
 from guard.rules import Trip
 from guard.stop import GuardStop
 from guard.watch import Guard, Verdict
@@ -350,20 +351,30 @@ class MetricsWatch:
     kept as it is (it may lie inside the rule's window: no rollback here). Rank 0's verdict
     counts are the ones read."""
 
-    def __init__(self, config: GRPOConfig, tracker: Tracker, desc: str, folder: Path):
-        self.guard = Guard(config.guard, config.rewards, probed=False, kl=config.beta > 0)
+    def __init__(
+        self, config: GRPOConfig, tracker: Tracker, desc: str, folder: Path, probed: bool = False
+    ):
+        """`probed`: rank 0 runs the held-out probe; its readings come with the steps' metrics
+        (the one before training on a line of its own) and its per-problem items on lines of
+        their own (rl/grpo_worker.py `ItemsForwarder`), kept for the guard, not logged."""
+        self.guard = Guard(config.guard, config.rewards, probed=probed, kl=config.beta > 0)
         self.record = GuardRecord(
             rules=[n for n in config.guard.rules() if self.guard.active(n)], idle=self.guard.idle()
         )
         self.tracker, self.desc, self.folder = tracker, desc, folder
         self.history: list[dict[str, float]] = []
+        self._items: dict[int, dict[str, float]] = {}  # items that came before their step's line
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
-        self.tracker.log_metrics(metrics, step)
-        if "reward/mean" not in metrics:  # a resume's or a sync's line, not a step's
+        items = {k: v for k, v in metrics.items() if k.startswith(ITEMS)}
+        logged = {k: v for k, v in metrics.items() if k not in items}
+        if logged:
+            self.tracker.log_metrics(logged, step)
+        if "reward/mean" not in metrics:  # a probe's, a resume's or a sync's line, not a step's
+            self._keep(metrics, step)
             return
         began = time.perf_counter()
-        self.history.append({"step": float(step), **metrics})
+        self.history.append({"step": float(step), **metrics, **self._items.pop(step, {})})
         verdict = self.guard.verdict(self.guard.check(self.history), 0)
         self.record.seconds += time.perf_counter() - began
         self.record.outcome = "warned" if self.record.trips else "clean"
@@ -377,3 +388,16 @@ class MetricsWatch:
         self.record.save(self.folder)
         if verdict is not None and verdict.action == "stop":
             raise GuardStop(self.desc, verdict.records(), -1, str(self.folder))
+
+    def _keep(self, metrics: dict[str, float], step: int) -> None:
+        """A probe's reading before training, an entry of its own in the history the guard
+        reads; or a reading's items, which join their step's entry: the one there already (the
+        reading before training), else the step's line, which comes after them."""
+        if any(k.startswith(ITEMS) for k in metrics):
+            entry = next((h for h in reversed(self.history) if h["step"] == step), None)
+            if entry is not None:
+                entry.update(metrics)
+            else:
+                self._items.setdefault(step, {}).update(metrics)
+        elif any(k.startswith("heldout/") for k in metrics):
+            self.history.append({"step": float(step), **metrics})

@@ -4,109 +4,29 @@ problems, from the cold-start model (stage 3) or straight from the base (R1-Zero
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from statistics import fmean as mean
 
 from cluster.placement import rollout_source, training_nodes
 from configs.cluster import ClusterConfig
 from configs.reinforcement import GRPOConfig
 from contracts.reward_names import PREFERENCE
 from evaluation.curves import plot_grpo_curves
-from guard.paired import items_key, paid_key
-from guard.watch import paired_readings
-from models.chat import render_prompt
 from models.loading import load_model, load_tokenizer
 from models.saved import ModelRef, save_model
 from problems.loader import load_problems, write_problems
 from problems.types import Problem, ProblemSet
-from rewards.registry import RewardFn, RewardSet
-from rewards.verifiers import grade_all
-from rl.probing import PROBE_VERSION, HeldoutProbe
-from rl.scoring import score
-from rl.sources import DrawRequest
+from rewards.registry import RewardFn
+from rl.grpo_worker import HELDOUT, probes_here
+from rl.heldout import heldout_probe
+from rl.probing import PROBE_VERSION
 from rl.trainer import GRPOTrainer
-from sampling.factory import context_length
-from sampling.interface import Completion, SamplingParams
-from stages.evaluate import verifiable
 from stages.fingerprint import fingerprint
 from stages.guarded import GUARD_RECORD, MetricsWatch, train_guarded
 from stages.tracker import Tracker
 from training.distributed import WorkerSpec, require_deepspeed, run_workers
 
 GRPO_WORKER = "rl.grpo_worker"
-
-
-def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> HeldoutProbe:
-    """The R1-Zero figures over training (the paper's Figures 2 and 3, small): held-out pass@1,
-    strict and lenient, per family, and the mean length of the held-out responses; and, for the
-    guard's paired readings (guard/paired.py, guard/watch.py `paired_readings`), each problem's
-    share of samples found right in the readings the guard reads, and the share that each
-    training verifier that is not the grader's own pays for. What it draws is a request, so
-    that sampling workers can draw it off the trainer's path (rl/probing.py)."""
-    probe = config.probe
-    problems = [p for p in load_problems(heldout_path) if verifiable(p)][: probe.problems]
-    prompts = [render_prompt(tokenizer, p.question) for p in problems]
-    max_new = probe.max_new_tokens or config.max_new_tokens
-    params = SamplingParams(probe.temperature, probe.top_p, max_new, config.seed)
-    readings, unvetted = paired_readings(config.guard, config.rewards)
-    paying_terms = [t for t in config.rewards if t.name in unvetted]
-    paying = RewardSet.from_terms(paying_terms) if paying_terms else None
-
-    def grade(groups: list[list[Completion]]) -> dict[str, float]:
-        flat = [p for p, group in zip(problems, groups, strict=True) for _ in group]
-        texts = [c.text for group in groups for c in group]
-        figures = {"mean_tokens": mean(len(c.token_ids) for g in groups for c in g)}
-        for reading, strict in (("pass_at_1", True), ("pass_at_1_lenient", False)):
-            right = [g.correct is True for g in grade_all(flat, texts, strict=strict)]
-            figures[reading] = mean(right)
-            for family in sorted({p.family for p in problems}):
-                mine = [r for r, p in zip(right, flat, strict=True) if p.family == family]
-                figures[f"{family}/{reading}"] = mean(mine)
-            figures |= found_items(reading, right, flat, probe.samples, readings)
-        if paying is not None:
-            scored = score(problems, prompts, groups, paying).per_reward
-            for term, values in scored.items():
-                paid = [None if v is None else v >= 1.0 for v in values]
-                figures |= per_problem(paid_key(term), paid, probe.samples)
-        return figures
-
-    request = DrawRequest(prompts, probe.samples, params)
-    return HeldoutProbe(request, grade, context_length(tokenizer, prompts, max_new))
-
-
-def found_items(
-    reading: str,
-    right: Sequence[bool],
-    flat: Sequence[Problem],
-    samples: int,
-    wanted: Collection[str],
-) -> dict[str, float]:
-    """Each problem's share of samples the grader found right under `reading`, for each
-    held-out reading in `wanted` that is this one: over every problem (`heldout/<reading>` ->
-    `items/<reading>/<i>`) or over a family's (`heldout/<family>/<reading>` ->
-    `items/<family>/<reading>/<i>`), each problem under its index among all."""
-    items = {}
-    if f"heldout/{reading}" in wanted:
-        items |= per_problem(items_key(f"heldout/{reading}"), right, samples)
-    for family in sorted({p.family for p in flat}):
-        key = f"heldout/{family}/{reading}"
-        if key in wanted:
-            mine = [r if p.family == family else None for r, p in zip(right, flat, strict=True)]
-            items |= per_problem(items_key(key), mine, samples)
-    return items
-
-
-def per_problem(prefix: str, verdicts: Sequence[bool | None], samples: int) -> dict[str, float]:
-    """`prefix<i>`: the share of problem i's `samples` verdicts that are true (verdicts in problem
-    order, `samples` each); a problem whose verdicts are all None (not read) is left out."""
-    shares = {}
-    for i in range(len(verdicts) // samples):
-        mine = verdicts[i * samples : (i + 1) * samples]
-        if all(v is None for v in mine):
-            continue
-        shares[f"{prefix}{i}"] = sum(v is True for v in mine) / samples
-    return shares
 
 
 def run(
@@ -128,8 +48,9 @@ def run(
     ckpt_fingerprint = fingerprint(config, policy.path, problems.train_path)
     if config.engine.kind == "deepspeed":
         return run_deepspeed(
-            config, policy, train, out_dir, tracker, desc, extra_rewards, ckpt_fingerprint, cluster
-        )
+            config, policy, train, out_dir, tracker, desc, extra_rewards, ckpt_fingerprint, cluster,
+            problems.heldout_path,
+        )  # fmt: skip
     tokenizer = load_tokenizer(policy.path)
     samples_dir = out_dir / "samples"
     samples_dir.mkdir(parents=True, exist_ok=True)
@@ -211,13 +132,21 @@ def run_deepspeed(
     extra_rewards: dict[str, RewardFn] | None,
     ckpt_fingerprint: str,
     cluster: ClusterConfig | None = None,
+    heldout: Path | None = None,
 ) -> ModelRef:
     """The same GRPO in `config.engine.processes` DeepSpeed worker processes (rl.grpo_worker),
     each sampling and training on its share of every step's prompts; the model lands where `run`
-    saves it, and a stopped run resumes from its last committed checkpoint."""
+    saves it, and a stopped run resumes from its last committed checkpoint. One worker (one GPU)
+    runs the held-out probe on `heldout` as a single process does, and the stage's guard reads
+    it; several do not probe (rl/grpo_worker.py `probes_here`)."""
     require_deepspeed()
     out_dir = out_dir.resolve()  # the workers may start in another folder
     run_dir = out_dir / "deepspeed"
+    extras = worker_rewards(extra_rewards)
+    probed = heldout is not None and probes_here(config, config.engine.processes)
+    if probed:
+        assert heldout is not None
+        extras[HELDOUT] = str(heldout.resolve())
     spec = WorkerSpec(
         desc=desc,
         base=str(policy.path.resolve()),
@@ -227,9 +156,9 @@ def run_deepspeed(
         run_dir=str(run_dir),
         fingerprint=ckpt_fingerprint,
         module=GRPO_WORKER,
-        extras=worker_rewards(extra_rewards),
+        extras=extras,
     )
-    watch = MetricsWatch(config, tracker, desc, run_dir)
+    watch = MetricsWatch(config, tracker, desc, run_dir, probed=probed)
     try:
         result = run_workers(spec, config.engine, watch, training_nodes(cluster))
     finally:

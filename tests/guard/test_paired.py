@@ -23,7 +23,7 @@ from guard.paired import (
 )
 from guard.rules import SkillPair
 from problems.types import Problem
-from stages.reasoning_rl import found_items, per_problem
+from rl.heldout import found_items, per_problem
 
 HOLED = SkillPair("math", "reward/accuracy_digits/mean", "heldout/math/pass_at_1")
 

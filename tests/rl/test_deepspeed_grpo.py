@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from configs.reinforcement import GRPOConfig
+from configs.reinforcement import GRPOConfig, RewardTerm
 from configs.supervised import EngineConfig
 from models.loading import load_model
 from models.saved import ModelRef, save_model
@@ -239,3 +239,32 @@ def test_a_zero3_reference_refreshes_and_resumes_with_real_weights(world):
     trained = load_model(ref.path).state_dict()
     for name, weight in load_model(single_model.path).state_dict().items():
         assert torch.allclose(trained[name], weight, atol=RESUMED_WEIGHT_ATOL), name
+
+
+@pytest.mark.heavy
+@needs_deepspeed
+def test_one_deepspeed_worker_probes_and_the_stage_guard_reads_it(world):
+    """One worker (one GPU) runs the held-out probe as a single process does: its readings reach
+    the stage's tracker at the probe's steps, its per-problem items reach the guard and not the
+    tracker, and the guard's rule that reads the probe is not idle."""
+    from stages.guarded import GuardRecord
+
+    class Everything(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[tuple[int | None, dict[str, float]]] = []
+
+        def log_metrics(self, metrics, step=None):
+            super().log_metrics(metrics, step)
+            self.lines.append((step, dict(metrics)))
+
+    engine = EngineConfig(kind="deepspeed", processes=1, zero_stage=2)
+    paid = [RewardTerm(name="accuracy", families=["math"]), RewardTerm(name="tag_count")]
+    cfg = config(None, engine=engine, beta=0.0, probe={"every": 2, "problems": 4}, rewards=paid)
+    recorder, _ = run_stage(world, cfg, "probed", Everything())
+    probed = sorted(s for s, m in recorder.lines if "heldout/pass_at_1" in m)
+    assert probed == [0, 2, 4]
+    assert not any(k.startswith("items/") for _, m in recorder.lines for k in m)
+    record = GuardRecord.load(world["root"] / "probed" / "deepspeed")
+    assert "reward_without_skill" in record.rules
+    assert "reward_without_skill" not in record.idle

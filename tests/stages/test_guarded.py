@@ -334,3 +334,27 @@ def test_a_deepspeed_stop_names_every_rule_that_tripped_at_its_step(tmp_path):
     assert "at step 20: rule repetition: " in message and "; rule language_mixing: " in message
     record = GuardRecord.load(tmp_path)
     assert record.stop_rules == stopped.value.rules == ["repetition", "language_mixing"]
+
+
+def test_a_probing_deepspeed_stage_keeps_readings_and_items_for_the_guard(tmp_path):
+    """Lines in the order one probing worker writes them: the reading before training, its
+    items (sent after step 1), step 1's items, then step 1's metrics with its reading. Items
+    join their step's entry in the guard's history; the tracker gets no item."""
+    from stages.guarded import MetricsWatch
+
+    cfg = grpo_config(
+        rewards=[RewardTerm(name="accuracy", families=["math"])], probe={"every": 1}
+    )  # fmt: skip
+    tracker = Tracker()
+    watch = MetricsWatch(cfg, tracker, "rl", tmp_path, probed=True)
+    assert "reward_without_skill" not in watch.guard.idle()
+    watch({"heldout/pass_at_1": 0.5}, 0)
+    watch({"items/pass_at_1/0": 1.0, "items/pass_at_1/1": 0.0}, 0)
+    watch({"items/pass_at_1/0": 0.0, "items/pass_at_1/1": 0.0}, 1)
+    watch({"reward/mean": 0.2, "heldout/pass_at_1": 0.0}, 1)
+    assert watch.history == [
+        {"step": 0.0, "heldout/pass_at_1": 0.5, "items/pass_at_1/0": 1.0, "items/pass_at_1/1": 0.0},
+        {"step": 1.0, "reward/mean": 0.2, "heldout/pass_at_1": 0.0,
+         "items/pass_at_1/0": 0.0, "items/pass_at_1/1": 0.0},
+    ]  # fmt: skip
+    assert not any(k.startswith("items/") for _, m in tracker.metrics for k in m)
