@@ -195,6 +195,12 @@ class PipelineConfig(Strict):
         "use fewer CPUs (its affinity, its cgroup's quota, OMP_NUM_THREADS). null: as many as "
         "those CPUs (host/threads.py)",
     )
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="where the run's own process trains and samples: the single engine's "
+        "training, the hf sampler (evaluation, rejection, traces, probes), GRPO in one process. "
+        "DeepSpeed workers use their rank's GPU; the reward model and graders stay on the CPU",
+    )
     data: DataConfig = DataConfig()
     bootstrap: BootstrapConfig = BootstrapConfig()
     curation: CurationConfig = CurationConfig()

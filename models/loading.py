@@ -28,6 +28,32 @@ class ModelNotFoundError(FileNotFoundError):
     """A model or tokenizer path that does not hold one; nothing is fetched from a hub."""
 
 
+class DeviceError(RuntimeError):
+    """A profile's `device` that this machine does not have."""
+
+
+# Where this process's own models train and sample (the profile's `device`, set once by the
+# flow: tasks/pipeline.py): the single engine's training, the hf sampler, GRPO in one process.
+# DeepSpeed's workers take their rank's GPU themselves.
+_DEVICE = {"name": "cpu"}
+
+
+def use_device(name: str) -> None:
+    """Put this process's models on `name` ("cpu" or "cuda") from now on."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(
+            "the profile says device: cuda, but torch sees no CUDA device here "
+            f"(torch {torch.__version__}); run it on a GPU machine or set device: cpu"
+        )
+    if name not in ("cpu", "cuda"):
+        raise DeviceError(f"device {name!r}: expected cpu or cuda")
+    _DEVICE["name"] = name
+
+
+def model_device() -> torch.device:
+    return torch.device(_DEVICE["name"])
+
+
 def decoder_config(
     spec: ModelConfig, vocab_size: int, pad_token_id: int, **extra: object
 ) -> PretrainedConfig:

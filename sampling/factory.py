@@ -95,9 +95,10 @@ def open_sampler(
     limits. The caller closes it."""
     if config.backend == "vllm":
         return make_sampler("vllm", model_path=model_path, config=config)
-    from models.loading import load_model
+    from models.loading import load_model, model_device
 
-    return make_sampler("hf", load_model(model_path), tokenizer, batch_size=batch_size)
+    model = load_model(model_path).to(model_device())
+    return make_sampler("hf", model, tokenizer, batch_size=batch_size)
 
 
 def policy_sampler(

@@ -18,7 +18,7 @@ from configs.reinforcement import GRPOConfig
 from configs.schema import DistillConfig
 from configs.supervised import SFTConfig
 from models.chat import render_prompt
-from models.loading import load_model, load_tokenizer
+from models.loading import load_model, load_tokenizer, model_device
 from models.saved import ModelRef, save_model
 from problems.loader import load_problems
 from problems.types import ProblemSet
@@ -72,7 +72,8 @@ def on_policy(
     tracker: Tracker,
 ) -> ModelRef:
     tokenizer = load_tokenizer(student.path)
-    model, teacher_model = load_model(student.path), load_model(teacher.path)
+    device = model_device()
+    model, teacher_model = load_model(student.path).to(device), load_model(teacher.path).to(device)
     prompts = [render_prompt(tokenizer, p.question) for p in load_problems(problems.train_path)]
     distiller = OnPolicyDistiller(
         model, teacher_model, tokenizer, config.on_policy, tracker.log_metrics

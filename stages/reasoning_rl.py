@@ -12,7 +12,7 @@ from configs.cluster import ClusterConfig
 from configs.reinforcement import GRPOConfig
 from contracts.reward_names import PREFERENCE
 from evaluation.curves import plot_grpo_curves
-from models.loading import load_model, load_tokenizer
+from models.loading import load_model, load_tokenizer, model_device
 from models.saved import ModelRef, save_model
 from problems.loader import load_problems, write_problems
 from problems.types import Problem, ProblemSet
@@ -69,7 +69,7 @@ def run(
         source = rollout_source(adjusted, policy.path, out_dir, cluster)
         try:
             return GRPOTrainer(
-                load_model(policy.path),
+                load_model(policy.path).to(model_device()),
                 tokenizer,
                 adjusted,
                 tracker.log_metrics,

@@ -27,6 +27,7 @@ from evaluation.report import (
     table_dict,
 )
 from host.threads import process_threads, usable_cpus, wait_vars
+from models.loading import use_device
 from problems.fit import check_data_fit
 from storage.paths import StatePaths
 from storage.pipeline_runs import end_leftover_children
@@ -71,8 +72,10 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
     if config.cluster.uses_ray:
         check_room(config.cluster)
     torch.set_num_threads(process_threads(config.torch_threads))
+    use_device(config.device)
     waits = " ".join(f"{k}={v}" for k, v in wait_vars().items())
-    log.info("torch threads %d (CPUs usable %d); %s", torch.get_num_threads(), usable_cpus(), waits)
+    log.info("torch threads %d (CPUs usable %d); %s; models on %s", torch.get_num_threads(),
+             usable_cpus(), waits, config.device)  # fmt: skip
     paths = StatePaths.from_env()
     check_tracking_store(paths)
     paths.ensure()

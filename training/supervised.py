@@ -12,6 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from configs.supervised import EngineConfig, TrainConfig
+from models.loading import model_device
 from training.batches import batch_inputs, batch_order, lr_lambda, step_count
 from training.collective import Collective, Solo
 from training.distributed import rank_share, target_count
@@ -150,9 +151,11 @@ def train(
 ) -> TrainReport:
     """Train `model` in place on `examples` (AdamW, linear warm-up then cosine decay); resume
     from `ckpt_dir` if it holds this run's state. `engine_config` gives the step's memory
-    settings (micro-batch tokens, gradient checkpointing)."""
+    settings (micro-batch tokens, gradient checkpointing). The model moves to the process's
+    device first (models/loading.py `use_device`)."""
     if not examples:
         raise ValueError(f"{desc}: no training examples")
+    model.to(model_device())
     memory = engine_config or EngineConfig()
     steps = step_count(len(examples), cfg)
     engine = LocalEngine(
