@@ -187,8 +187,9 @@ class EngineConfig(Strict):
     )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",
-        description="bf16: DeepSpeed's bf16 mixed precision (bf16 weights and activations, fp32 "
-        "master weights in the optimizer), for GPUs; fp32: what the CPU tests compare",
+        description="bf16: bf16 weights and activations, fp32 master weights in the optimizer "
+        "(DeepSpeed's bf16 mixed precision; in one process, training/mixed.py), for GPUs; fp32: "
+        "what the CPU tests compare",
     )
     launcher: Literal["torchrun", "deepspeed"] = "torchrun"
     master_port: int | None = Field(

@@ -16,13 +16,14 @@ from models.loading import model_device
 from training.batches import batch_inputs, batch_order, lr_lambda, step_count
 from training.collective import Collective, Solo
 from training.distributed import rank_share, target_count
-from training.engines import LocalEngine, UpdateEngine
+from training.engines import LocalEngine, UpdateEngine, enable_gradient_checkpointing
 from training.examples import Example
 from training.finite import LossGuard
 from training.logits import causal_lm_loss
 from training.loop import LoopPlan, MetricsFn, run_loop
 from training.memory_fit import micro_batch_tokens
 from training.micro import micro_batches, padded_plan
+from training.mixed import MixedPrecisionEngine
 from training.varlen import packed_attention
 
 
@@ -158,16 +159,28 @@ def train(
     model.to(model_device())
     memory = engine_config or EngineConfig()
     steps = step_count(len(examples), cfg)
-    engine = LocalEngine(
-        model,
-        cfg.learning_rate,
-        cfg.max_grad_norm,
-        cfg.weight_decay,
-        lr_lambda(cfg, steps),
-        gradient_checkpointing=memory.gradient_checkpointing,
-    )
+    engine = local_engine(model, cfg, lr_lambda(cfg, steps), memory)
     stepper = SFTStepper(engine, examples, cfg, pad_id, desc, memory=memory)
     report = run_loop(stepper, sft_plan(cfg, steps, desc), ckpt_dir, fingerprint, log_metrics)
+    if isinstance(engine, MixedPrecisionEngine):
+        engine.full_precision()  # the stage saves the master weights
     final_loss = report.last.get("train/loss", float("nan"))
     rate = stepper.tokens / max(report.seconds, 1e-9)
     return TrainReport(report.steps, report.resumed_from, final_loss, rate, report.seconds)
+
+
+def local_engine(
+    model: PreTrainedModel, cfg: TrainConfig, schedule, memory: EngineConfig
+) -> LocalEngine | MixedPrecisionEngine:
+    """This process's engine: fp32 AdamW on the model's own weights, or, with `precision: bf16`,
+    bf16 weights with fp32 master weights (training/mixed.py)."""
+    if memory.precision == "bf16":
+        if memory.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        return MixedPrecisionEngine(
+            model, cfg.learning_rate, cfg.max_grad_norm, cfg.weight_decay, schedule
+        )
+    return LocalEngine(
+        model, cfg.learning_rate, cfg.max_grad_norm, cfg.weight_decay, schedule,
+        gradient_checkpointing=memory.gradient_checkpointing,
+    )  # fmt: skip
