@@ -79,11 +79,12 @@ from models.loading import build_model  # noqa: E402
 from training.engines import DeepSpeedEngine  # noqa: E402
 from training.examples import Example  # noqa: E402
 from training.memory import GiB, ModelShape  # noqa: E402
+from training.mixed import MixedPrecisionEngine  # noqa: E402
 from training.varlen import NAMES  # noqa: E402
 
 LEFT_OVER = 256 * 2**20  # device bytes still held when a phase starts that are worth a note
 
-PHASES = ("sft", "peer", "attention", "sampler", "grpo")
+PHASES = ("sft", "peer", "attention", "sampler", "grpo", "mixed")
 EXTRA_STEPS = 3  # SFT's rows beyond the timed steps': a warm-up, a profiled and a recorded step
 
 
@@ -213,7 +214,11 @@ def own_engine(
     try:
         with device:  # the random weights drawn where they train (a 1.5B draw on CPU is slow)
             model = build_model(spec, vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
-        engine = DeepSpeedEngine(model, 1e-5, 1.0, setting.engine(), world=1)
+        if setting.mixed:
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+            engine = MixedPrecisionEngine(model, 1e-5, 1.0, dtype=dtype)
+        else:
+            engine = DeepSpeedEngine(model, 1e-5, 1.0, setting.engine(), world=1)
         del model
         phase = run(engine)
         phase.ok = True
@@ -221,7 +226,7 @@ def own_engine(
         phase = Phase(f"{name} ({setting.label})", error=traceback.format_exc())
         print(phase.error, file=sys.stderr)
     finally:
-        if engine is not None:
+        if engine is not None and hasattr(engine, "close"):
             engine.close()
         del engine
         gc.collect()
@@ -246,7 +251,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "default each shape's own (benchmarks/gpu_shapes.py)")  # fmt: skip
     p.add_argument("--micro-batch-tokens", default="auto", help="tokens, or auto")
     p.add_argument("--logits-chunk-mb", type=float, default=1024.0)
-    p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    p.add_argument(
+        "--phases", nargs="+", choices=PHASES, default=[p for p in PHASES if p != "mixed"]
+    )  # mixed: on request
     p.add_argument("--no-peer", action="store_true", help="skip the plain transformers loop")
     p.add_argument("--no-attention", action="store_true", help="skip the attention kernels")
     p.add_argument("--prompts", type=int, default=64)
@@ -300,6 +307,10 @@ def settings(args: argparse.Namespace) -> list[Setting]:
         out.append(
             Setting(args.device, 2, False, args.micro_batch_tokens, args.logits_chunk_mb, True)
         )
+    if "mixed" in args.phases:  # SFT on one process's engine beside ZeRO's (training/mixed.py)
+        mixed = Setting(args.device, 2, args.gradient_checkpointing, args.micro_batch_tokens,
+                        args.logits_chunk_mb, mixed=True)  # fmt: skip
+        out.append(mixed)
     return out
 
 
@@ -351,11 +362,11 @@ def run_phases(args, run: ShapeRun, peak: float | None) -> list[Phase]:
         report(own_engine(setting, name, go, run.spec, run.vocab, run.tokenizer))
 
     for s in settings(args):
-        for case in run.cases if "sft" in args.phases else []:
+        for case in run.cases if "sft" in args.phases or s.mixed else []:
             on_engine(s, "sft", lambda e, s=s, c=case: sft_phase(
                 s, run.shape, e, run.tokenizer, run.n_flop, run.n_head, c,
                 run.examples[c.name], args.sft_steps, diag))  # fmt: skip
-        if s.compile:
+        if s.compile or s.mixed:
             continue
         if "sampler" in args.phases:
             on_engine(s, "hf sampler", lambda e, s=s: sample_phase(

@@ -170,7 +170,7 @@ def test_two_shapes_fixed_and_variable_cases_beside_the_peer_profiled(tmp_path):
     out = tmp_path / "gpu_check.json"
     env = os.environ | {"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     args = [
-        "--device", "cpu", "--shape", "tiny", "tiny-deeper", "--phases", "sft", "peer",
+        "--device", "cpu", "--shape", "tiny", "tiny-deeper", "--phases", "sft", "peer", "mixed",
         "--zero-stage", "2", "--sft-steps", "1", "--micro-batch-tokens", "200", "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(
@@ -183,8 +183,10 @@ def test_two_shapes_fixed_and_variable_cases_beside_the_peer_profiled(tmp_path):
     for result in shapes.values():
         assert [c["variable"] for c in result["cases"]] == [False, True]
         peers = result["peers"]["plain_loop"]
-        assert [p["name"] for p in result["phases"]] == ["sft 4x96 (zero-2)", "sft var96 (zero-2)"]
-        for ours, peer in zip(result["phases"], peers, strict=True):
+        names = [p["name"] for p in result["phases"]]
+        assert names == [f"sft {case} ({engine})" for engine in ("zero-2", "one process, mixed")
+                         for case in ("4x96", "var96")]  # fmt: skip
+        for ours, peer in zip(result["phases"][:2], peers, strict=True):
             assert ours["ok"] and peer["ok"], (ours["error"], peer["error"])
             for key in ("tokens", "loss_tokens", "flops", "loss_flops"):
                 assert ours[key] == peer[key], key  # the same rows, counted alike
@@ -193,6 +195,8 @@ def test_two_shapes_fixed_and_variable_cases_beside_the_peer_profiled(tmp_path):
             for profile in (ours["profile"], peer["profile"]):
                 assert not profile["error"] and profile["events"] > 0
                 assert 0 < profile["busy_seconds"] <= profile["kernel_seconds"]
+        for zero, mixed in zip(result["phases"][:2], result["phases"][2:], strict=True):
+            assert mixed["ok"] and mixed["loss_tokens"] == zero["loss_tokens"], mixed["error"]
         fixed, variable = peers
         assert fixed["padded_positions"] == fixed["tokens"]
         assert variable["padded_positions"] > variable["tokens"]  # padded to the longest
