@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,18 @@ def _format_errors(source: str, err: ValidationError) -> str:
         where = ".".join(str(part) for part in e["loc"]) or "(top level)"
         lines.append(f"  {where}: {e['msg']}")
     return "\n".join(lines)
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `changes` laid over it section by section (a profile's YAML over another's):
+    a mapping in both is merged, anything else (a value, a list) is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
 
 
 def validate(data: dict[str, Any], source: str = "config") -> PipelineConfig:

@@ -116,14 +116,18 @@ class LocalEngine:
         if gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.max_grad_norm = max_grad_norm
-        on_cuda = next(model.parameters()).is_cuda
+        params = self._optimized()
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=learning_rate, weight_decay=weight_decay,
-            fused=True if on_cuda else None,  # one kernel over the parameters on a GPU
+            params, lr=learning_rate, weight_decay=weight_decay,
+            fused=True if params[0].is_cuda else None,  # one kernel over the parameters on a GPU
         )  # fmt: skip
         self.scheduler = (
             torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule) if schedule else None
         )
+
+    def _optimized(self) -> list[torch.nn.Parameter]:
+        """What AdamW updates: the model's own parameters."""
+        return list(self._model.parameters())
 
     @property
     def forward_model(self) -> torch.nn.Module:

@@ -20,12 +20,11 @@ from typing import Any
 import torch
 
 from training.checkpoints import load_checkpoint, save_checkpoint
+from training.engines import LocalEngine, Schedule
 from training.finite import LossGuard
 
-Schedule = Any  # a LambdaLR multiplier: step -> factor
 
-
-class MixedPrecisionEngine:
+class MixedPrecisionEngine(LocalEngine):
     """AdamW on fp32 master weights of a model that runs in `dtype` (bf16)."""
 
     def __init__(
@@ -36,28 +35,17 @@ class MixedPrecisionEngine:
         weight_decay: float = 0.0,
         schedule: Schedule | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        gradient_checkpointing: bool = False,
     ):
-        self._model = model
-        self.max_grad_norm = max_grad_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.masters = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
         model.to(dtype)
-        on_cuda = self.masters[0].is_cuda if self.masters else False
-        self.optimizer = torch.optim.AdamW(
-            self.masters, lr=learning_rate, weight_decay=weight_decay,
-            fused=True if on_cuda else None,
-        )  # fmt: skip
-        self.scheduler = (
-            torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule) if schedule else None
+        super().__init__(
+            model, learning_rate, max_grad_norm, weight_decay, schedule, gradient_checkpointing
         )
 
-    @property
-    def forward_model(self) -> torch.nn.Module:
-        return self._model
-
-    @property
-    def module(self) -> torch.nn.Module:
-        return self._model
+    def _optimized(self) -> list[torch.nn.Parameter]:
+        return self.masters
 
     def backward(self, loss: torch.Tensor) -> None:
         """The pass's bf16 gradients added into the masters' fp32 gradients, then dropped."""
@@ -90,17 +78,6 @@ class MixedPrecisionEngine:
         with torch.no_grad():
             torch._foreach_copy_([p.data for p in self.params], [m.data for m in self.masters])
         return norm
-
-    def learning_rate(self) -> float:
-        if self.scheduler is not None:
-            return self.scheduler.get_last_lr()[0]
-        return self.optimizer.param_groups[0]["lr"]
-
-    def sampling_model(self) -> torch.nn.Module:
-        return self._model
-
-    def after_update(self) -> None:
-        return None
 
     def full_precision(self) -> torch.nn.Module:
         """The model in fp32 with the master weights (what a stage saves), after training."""

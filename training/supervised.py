@@ -16,7 +16,7 @@ from models.loading import model_device
 from training.batches import batch_inputs, batch_order, lr_lambda, step_count
 from training.collective import Collective, Solo
 from training.distributed import rank_share, target_count
-from training.engines import LocalEngine, UpdateEngine, enable_gradient_checkpointing
+from training.engines import LocalEngine, UpdateEngine
 from training.examples import Example
 from training.finite import LossGuard
 from training.logits import causal_lm_loss
@@ -174,13 +174,8 @@ def local_engine(
 ) -> LocalEngine | MixedPrecisionEngine:
     """This process's engine: fp32 AdamW on the model's own weights, or, with `precision: bf16`,
     bf16 weights with fp32 master weights (training/mixed.py)."""
-    if memory.precision == "bf16":
-        if memory.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
-        return MixedPrecisionEngine(
-            model, cfg.learning_rate, cfg.max_grad_norm, cfg.weight_decay, schedule
-        )
-    return LocalEngine(
+    kind = MixedPrecisionEngine if memory.precision == "bf16" else LocalEngine
+    return kind(
         model, cfg.learning_rate, cfg.max_grad_norm, cfg.weight_decay, schedule,
         gradient_checkpointing=memory.gradient_checkpointing,
     )  # fmt: skip

@@ -8,7 +8,6 @@ DuckDB file. Without the downloads, `r1 run` and the flow stop at once, naming e
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -23,7 +22,7 @@ from datasets import load_from_disk
 from mlflow import MlflowClient
 
 from configs.preflight import MissingInputsError
-from configs.profiles import PROFILES_DIR, validate
+from configs.profiles import PROFILES_DIR, merged, validate
 from configs.schema import PipelineConfig
 from models.chat import end_of_turn
 from models.loading import load_tokenizer
@@ -102,21 +101,10 @@ CPU_SETTINGS = {
 }
 
 
-def merge(base: dict, changes: dict) -> dict:
-    """`base` with `changes` laid over it, section by section."""
-    out = copy.deepcopy(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def gpu_profile(inputs: dict[str, Path], cpu: bool = True) -> PipelineConfig:
     """configs/gpu-qwen.yaml pointed at `inputs` (as `--set` would), on CPU settings or not."""
     data = yaml.safe_load(GPU_PROFILE.read_text(encoding="utf-8"))
-    data = merge(data, CPU_SETTINGS) if cpu else data
+    data = merged(data, CPU_SETTINGS) if cpu else data
     data["bootstrap"]["path"] = str(inputs["policy"])
     data["data"]["files"] |= {
         "train_path": str(inputs["train"]),

@@ -5,14 +5,12 @@ in a DeepSpeed worker as on the GPU, the GRPO stages' held-out probe read by the
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import yaml
 from mlflow import MlflowClient
 
-from configs.profiles import PROFILES_DIR, validate
+from configs.profiles import PROFILES_DIR, merged, validate
 from models.loading import DeviceError, model_device, use_device
 from training import distributed
 
@@ -23,16 +21,6 @@ DEEPSPEED_STAGES = (
     "cold_start_sft", "r1_zero_rl", "reasoning_rl", "mixed_sft", "all_scenarios_rl",
     "student_qwen", "student_llama", "rl_only_qwen", "rl_only_llama",
 )  # fmt: skip
-
-
-def merge(base: dict, changes: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def profile_data() -> dict:
@@ -62,7 +50,7 @@ def test_a_gpu_profile_without_a_gpu_is_refused_by_name():
 def cpu_cut() -> dict:
     """gpu-tiny at the micro profile's sizes and steps, on the CPU: its engines stay DeepSpeed
     (fp32, which the CPU runs), one worker each."""
-    data = merge(profile_data(), yaml.safe_load(MICRO.read_text(encoding="utf-8")))
+    data = merged(profile_data(), yaml.safe_load(MICRO.read_text(encoding="utf-8")))
     data |= {"name": "r1-gpu-tiny-cut", "device": "cpu", "torch_threads": 1}
     data["all_scenarios_rl"]["general_per_step"] = 1  # micro's steps are of 2 prompts
     engines = [data[s] for s in ("cold_start_sft", "mixed_sft", *GRPO_STAGES)]
