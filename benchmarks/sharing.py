@@ -13,8 +13,12 @@ job until it ends); and beside a trainer (the pretrain job in a loop, likewise).
 - old: the code and settings before host/threads.py: the project at `--old-rev` (default: the
   revision before host/threads.py was added, exported to `--out`), whose processes wait with
   libgomp's default spin and run the profile's 2 threads, its decode loop included;
-- new: this checkout: passive waiting after a short spin, the CPUs the process may use (at
-  most the profile's 2), the decode loop in lanes of one thread.
+- new: this checkout with its defaults: each job's process keeps libgomp's spin and governs it
+  (host/waiting.py: the short spin while other work keeps its CPUs busy), the CPUs the process
+  may use (at most the profile's 2), calls of 512 rows or more decoded in lanes of one thread.
+
+`--old-rev REV` sets any revision against this checkout (its processes settle as that
+revision did: f2c5eb0, for one, waits passively after a short spin, fixed).
 
 The neighbours (the second job, the test suite, the trainer) run the same code and settings as
 the job timed. Each job prints its wall seconds; the table gives each scene's time and its ratio
@@ -54,13 +58,13 @@ TESTS_HEAD_START_S = 8.0  # the suite is under way (collected, importing) before
 def setting_env(setting: str, tree: Path) -> dict[str, str]:
     """The environment of every process of a scene under `setting`, the project's code from
     `tree`."""
-    from host.threads import SPIN_ENV, THREADS_ENV, WAIT_POLICY_ENV, process_threads, thread_vars
+    from host.threads import FALLBACK_ENV, SPIN_ENV, THREADS_ENV, WAIT_POLICY_ENV, process_threads
 
     env = dict(os.environ) | {"TQDM_DISABLE": "1", "PYTHONPATH": str(tree)}
-    for key in (WAIT_POLICY_ENV, SPIN_ENV, THREADS_ENV):
-        env.pop(key, None)
+    for key in (WAIT_POLICY_ENV, SPIN_ENV, THREADS_ENV, FALLBACK_ENV):
+        env.pop(key, None)  # as a user's shell: each revision's processes settle their own
     if setting == "new":
-        env |= thread_vars(process_threads(PROFILE_THREADS), {})
+        env[THREADS_ENV] = str(process_threads(PROFILE_THREADS))
     return env
 
 
@@ -157,6 +161,16 @@ def verify_programs(rounds: int) -> float:
 
 
 # ---- the scenes ----------------------------------------------------------------------------
+
+
+def settle_revision() -> None:
+    """A job's process settles how its threads wait as its revision's entry points do (none
+    did before host/threads.py)."""
+    try:
+        from host.threads import settle_process
+    except ImportError:
+        return
+    settle_process()
 
 
 def start_job(args: argparse.Namespace, kind: str, setting: str, tag: str) -> subprocess.Popen:
@@ -300,6 +314,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out = args.out.resolve()
     if args.command == "job":
+        settle_revision()
         seconds = run_job(
             args.kind,
             args.out,

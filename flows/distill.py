@@ -3,6 +3,11 @@ profile's students, each with its RL-only twin, as the last stage of `r1-pipelin
 
 from __future__ import annotations
 
+from host.threads import settle_process
+
+# before torch loads, in a deployment's flow-run process too: how its threads wait (host/threads.py)
+settle_process()
+
 from collections.abc import Callable
 
 from prefect import flow

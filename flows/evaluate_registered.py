@@ -15,6 +15,11 @@ no verdict: the run ends Completed, naming the settings that differ from the lat
 
 from __future__ import annotations
 
+from host.threads import settle_process
+
+# before torch loads, in a deployment's flow-run process too: how its threads wait (host/threads.py)
+settle_process()
+
 from prefect import flow
 
 from configs.profiles import load_profile

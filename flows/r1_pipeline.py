@@ -8,6 +8,11 @@ all scenarios; 7 distillation into each student, with its RL-only twin.
 
 from __future__ import annotations
 
+from host.threads import settle_process
+
+# before torch loads, in a deployment's flow-run process too: how its threads wait (host/threads.py)
+settle_process()
+
 from prefect import flow
 
 from configs.profiles import load_profile

@@ -3,6 +3,11 @@ R1-Zero rewards name the reward model's score also trains that, on its general d
 
 from __future__ import annotations
 
+from host.threads import settle_process
+
+# before torch loads, in a deployment's flow-run process too: how its threads wait (host/threads.py)
+settle_process()
+
 from prefect import flow
 
 from configs.profiles import load_profile

@@ -1,23 +1,28 @@
 """How the project's processes use the CPU: how many threads each runs, and how they wait.
 
 torch's CPU build runs its parallel regions on OpenMP (GNU libgomp). By default a libgomp thread
-that waits for the others spins for a while before it sleeps. Alone on its cores that costs
-little; beside any other busy process it is a collapse, not a slowdown: a spinning thread holds
-a core that the thread it waits for needs (on 2 shared cores a 2-thread torch loop ran at 1.2
-steps/s with the defaults, 139 with passive waiting). So every process the project starts waits
-passively after a short spin, and runs as many threads as the CPUs it may really use (DeepSpeed
-ranks share them out).
+that waits for the others spins for a while before it sleeps. Alone on its cores that is what a
+step of small ops wants; beside any other busy process it is a collapse, not a slowdown: a
+spinning thread holds a core that the thread it waits for needs (on 2 shared cores a 2-thread
+torch loop ran at 1.2 steps/s with the defaults, 139 with passive waiting).
 
-Why a short spin and not none: on these machines a sleeping thread takes long to wake, and a
-step's many parallel regions each pay it. Alone, the base's pretraining took 10-13 s with the
-default spin, 12-15 s passive, 10-12 s after 1,000 polls; two at once, 1.4x (passive), 1.7x
-(1,000 polls), 2.1x (3,000) each their time alone, and 4.4x with the default spin
+So an entry point of the project (`settle_process()`, first thing) keeps libgomp's long spin and
+starts a governor (host/waiting.py) that switches it to libgomp's short spin while other work
+keeps the process's CPUs busy, and back when they are its own again. A process the project
+starts beside another of its own by design (a sampler process, Ray actors, DeepSpeed ranks) gets
+`child_env(threads)`: passive waiting after a short spin, fixed, and its thread count. Thread
+counts are the CPUs a process may really use (DeepSpeed ranks share them out); they never change
+with load, so no arithmetic does.
+
+Why a short spin for the fixed setting and not none: on these machines a sleeping thread takes
+long to wake, and a step's many parallel regions each pay it. Alone, the base's pretraining took
+10-13 s with the default spin, 12-15 s passive, 10-12 s after 1,000 polls; two at once, 1.4x
+(passive), 1.7x (1,000 polls), 2.1x (3,000) each their time alone, and 4.4x with the default spin
 (docs/sharing.md, `python -m benchmarks.sharing`).
 
 libgomp reads `OMP_WAIT_POLICY` and `GOMP_SPINCOUNT` once, when it loads (with `import torch`):
-they must be in a process's environment before it imports torch. An entry point calls
-`settle_process()` first thing; a process the project starts gets `child_env(threads)` as its
-environment. A wait policy or spin count the user set is kept.
+they must be in a process's environment before it imports torch. A wait policy or spin count the
+user set is kept, and then nothing is governed.
 
 This module imports nothing heavy (no torch at module level): it runs before torch is loaded.
 """
@@ -38,6 +43,10 @@ SPIN_ENV = "GOMP_SPINCOUNT"  # libgomp's polls before it sleeps; it takes this o
 THREADS_ENV = "OMP_NUM_THREADS"
 PASSIVE = "PASSIVE"
 SHORT_SPIN = "1000"  # a few microseconds: alone, a partner thread is often there by then
+# Beside the wait variables when the project, not the user, put them there (their values, as
+# `fallback_mark` writes them): the fixed setting for processes that do not govern their own
+# waiting; one that does may take them off. Values that differ from the mark are the user's.
+FALLBACK_ENV = "R1_WAIT_FALLBACK"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
 
@@ -132,13 +141,24 @@ def process_threads(most: int | None = None) -> int:
     return min(most, default_threads()) if most else default_threads()
 
 
-def wait_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """How a process started with `environ` (default: this process's) waits: a wait policy or
-    spin count already there (the user's, or set by `settle_process`) is kept as it is; else
-    passive, after a short spin."""
+def user_wait_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The wait policy and spin count the user chose in `environ` (default: this process's):
+    none where the project put them there (`FALLBACK_ENV`)."""
     environ = os.environ if environ is None else environ
-    chosen = {key: environ[key] for key in (WAIT_POLICY_ENV, SPIN_ENV) if environ.get(key)}
-    return chosen or {WAIT_POLICY_ENV: PASSIVE, SPIN_ENV: SHORT_SPIN}
+    found = {key: environ[key] for key in (WAIT_POLICY_ENV, SPIN_ENV) if environ.get(key)}
+    return {} if environ.get(FALLBACK_ENV) == fallback_mark(found) else found
+
+
+def fallback_mark(wait: Mapping[str, str]) -> str:
+    """The value of `FALLBACK_ENV` that says `wait` (the wait variables) are the project's."""
+    return f"{wait.get(WAIT_POLICY_ENV, '')}/{wait.get(SPIN_ENV, '')}"
+
+
+def wait_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """How a process started with `environ` (default: this process's) waits when it does not
+    govern its own waiting: the user's choice kept as it is; else passive, after a short
+    spin."""
+    return user_wait_vars(environ) or {WAIT_POLICY_ENV: PASSIVE, SPIN_ENV: SHORT_SPIN}
 
 
 def thread_vars(threads: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -149,27 +169,66 @@ def thread_vars(threads: int, environ: Mapping[str, str] | None = None) -> dict[
 
 
 def child_env(threads: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for a process the project starts that runs `threads` torch threads:
-    `base` (default: this process's) with `thread_vars`."""
-    env = dict(os.environ if base is None else base)
+    """The environment for a process the project starts beside others of its own, that runs
+    `threads` torch threads: `base` (default: this process's) with `thread_vars`, fixed (not
+    to be governed)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k != FALLBACK_ENV}
     return env | thread_vars(threads, env)
 
 
 def settle_process() -> dict[str, str]:
-    """How this process waits (`wait_vars`), set before torch loads: call first thing in an
-    entry point. Returns the settings in force. Where torch is loaded already, its OpenMP
-    runtime has read the environment: said in the log, as this process then waits as it
-    started."""
-    wanted = wait_vars()
-    if any(os.environ.get(key) != value for key, value in wanted.items()):
-        if "torch" in sys.modules:
-            log.warning(
-                "torch was imported before the OpenMP wait settings were made: this process "
-                "keeps the runtime's defaults (set %s before starting it)",
-                " ".join(f"{key}={value}" for key, value in wanted.items()),
-            )
-        os.environ.update(wanted)
-    return wanted
+    """How this process waits, settled before torch loads: call first thing in an entry point.
+
+    Where the user chose how threads wait, that is kept. Else, where torch's libgomp can be
+    loaded with its defaults (before torch is imported) and this process's CPUs read, it is
+    loaded now and a governor switches its spin with the load (host/waiting.py); otherwise the
+    process waits passively after a short spin. Either way the processes it starts inherit the
+    fixed setting, marked as the project's (`FALLBACK_ENV`), so that one that settles itself
+    may govern too. Returns the variables a child inherits."""
+    chosen = user_wait_vars()
+    if chosen:
+        return chosen
+    wait = {WAIT_POLICY_ENV: PASSIVE, SPIN_ENV: SHORT_SPIN}
+    fixed = wait | {FALLBACK_ENV: fallback_mark(wait)}
+    loaded_unsettled = "torch" in sys.modules and os.environ.get(WAIT_POLICY_ENV) != PASSIVE
+    if not _govern_openmp() and loaded_unsettled:
+        log.warning(
+            "torch was imported before the OpenMP wait settings were made: this process "
+            "keeps the runtime's defaults, ungoverned (set %s=%s before starting it)",
+            WAIT_POLICY_ENV,
+            PASSIVE,
+        )
+    os.environ.update(fixed)
+    return fixed
+
+
+def _govern_openmp() -> bool:
+    """Load libgomp with its defaults and start the governor; False where this process cannot
+    be governed (another OpenMP runtime, no /proc, a CPU quota below its affinity mask, or
+    torch loaded with the fixed setting already)."""
+    from host import waiting
+
+    if waiting.governor() is not None:
+        return True
+    if not hasattr(os, "sched_getaffinity") or usable_cpus() < affinity_cpus():
+        return False  # a cgroup quota: /proc/stat's CPUs are not the ones this process shares
+    if "torch" in sys.modules:
+        if os.environ.get(WAIT_POLICY_ENV) or os.environ.get(SPIN_ENV):
+            return False  # its libgomp read the fixed setting when it loaded
+        path = waiting.loaded_openmp()
+    else:
+        path = waiting.torch_openmp_path()
+        for key in (WAIT_POLICY_ENV, SPIN_ENV, FALLBACK_ENV):
+            os.environ.pop(key, None)  # libgomp reads them as it loads, next line
+    if path is None:
+        return False
+    import ctypes
+
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError:
+        return False
+    return waiting.govern(library, default_threads()) is not None
 
 
 def runtime_threads() -> dict[str, str | int]:

@@ -11,16 +11,17 @@ so refilling could save at most 8% of the sampler's time, before paying for extr
 and for re-aligning caches of different lengths. Batches of 256 and 512 were within noise of 128
 on one thread: attention reads each row's whole cache every step, whatever the batch.
 
-On the CPU the loop decodes in lanes, not with torch's threads. A decode step is dozens of small
-ops, each an OpenMP parallel region whose threads wait for each other; sleeping while waiting
-(as every process of the project does after a short spin, host/threads.py) costs each region a
-wake-up, so two passive threads decoded at 4,000 tokens/s where one decoded at 8,100 (the tiny
-base, 128 rows, 2 cores). So each
-lane decodes its own batches with one torch thread, and the process's threads become lanes
-(Python threads; torch releases the GIL inside each op) where there are rows enough for each:
-512 rows in two lanes of 256 decoded at 13,600 tokens/s, against 12,900 for one batch with two
-spinning threads and 7,900 with two passive ones. Every row draws from its own stream, so the
-lanes' samples are those of one batch.
+On the CPU, where a call has rows enough, the loop decodes in lanes: Python threads (torch
+releases the GIL inside each op), each decoding its own batches with one torch thread, as many as
+the process has torch threads and each with LANE_ROWS rows or more. A decode step is dozens of
+small ops, each an OpenMP parallel region whose threads wait for each other; a lane of one thread
+waits for nobody, so lanes beside other work do not depend on how threads wait: 512 rows in two
+lanes of 256 decoded at 13,600 tokens/s, against 12,900 for one batch on two spinning threads and
+7,900 on two passive ones. Smaller calls (a GRPO step's 64-128 rows) decode as one batch on the
+process's torch threads: two lanes of 32-64 rows were no faster than one (each lane's Python work
+holds the GIL), while two threads that spin decoded 128 rows at 10,400 tokens/s where one thread
+did 7,300 (host/waiting.py keeps threads spinning while the CPUs are the process's own). Every row
+draws from its own stream, so the lanes' samples are those of one batch.
 """
 
 from __future__ import annotations
@@ -175,29 +176,27 @@ class HFSampler:
 
 
 def cpu_lanes(model: PreTrainedModel, lockstep: LockStep | None, rows: int) -> int:
-    """How many lanes decode a call's batches side by side: 0 off the CPU (or in step with other
-    ranks), where torch's own threads (or the device) do the work; else one per torch thread of
-    this process, as far as each gets LANE_ROWS rows of the `rows` a batch holds, and at least
-    one."""
+    """How many lanes decode a call's batches side by side: one per torch thread of this process,
+    as far as each gets LANE_ROWS rows of the `rows` a batch holds; 0 where fewer than two would
+    (or off the CPU, or in step with other ranks): one batch at a time on torch's own threads
+    (or the device)."""
     if lockstep is not None or model.device.type != "cpu":
         return 0
-    return max(1, min(torch.get_num_threads(), rows // LANE_ROWS))
+    lanes = min(torch.get_num_threads(), rows // LANE_ROWS)
+    return lanes if lanes >= 2 else 0
 
 
 @contextmanager
 def one_thread_each(lanes: int) -> Iterator[Callable[..., Iterator]]:
-    """`run(fn, items)`: `fn` over `items` in order. With lanes (>= 1), torch runs one thread
-    per lane within the block (the count it had restored after), and with two or more each
-    lane is a Python thread taking the next item."""
-    if lanes == 0:
+    """`run(fn, items)`: `fn` over `items` in order. With two lanes or more, each lane is a
+    Python thread taking the next item, torch running one thread per lane within the block (the
+    count it had restored after); else `map` on this thread, with torch's threads."""
+    if lanes < 2:
         yield map
         return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        if lanes == 1:
-            yield map
-            return
         with ThreadPoolExecutor(lanes, thread_name_prefix="decode-lane") as pool:
             yield pool.map
     finally:

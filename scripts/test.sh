@@ -5,9 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/browser.sh  # Chromium for tests/operations/test_mlflow_ui.py; never fails, the test skips without it
-# torch's OpenMP threads sleep after a short spin (host/threads.py): set before anything loads
-# torch, unless the caller chose how they wait
-if [ -z "${OMP_WAIT_POLICY:-}${GOMP_SPINCOUNT:-}" ]; then
-  export OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=1000
-fi
+# how torch's OpenMP threads wait is settled by tests/conftest.py before torch loads
+# (host/threads.py): spinning while the CPUs are the tests' own, not while other work needs them
 exec "${R1_VENV:-.venv}/bin/python" -m pytest "$@"

@@ -1,8 +1,8 @@
-"""Every kind of process the project starts waits without spinning and runs a thread count that
-fits the CPUs, read from each child itself: its OpenMP runtime (libgomp prints its settings when
-it loads under OMP_DISPLAY_ENV=VERBOSE: GOMP_SPINCOUNT 1000 is the project's short spin before
-sleeping, 300000 libgomp's default) or its environment. The parent's environment has no wait
-setting, as a user's shell.
+"""Every kind of process the project starts waits as host/threads.py says and runs a thread count
+that fits the CPUs, read from each child itself: its OpenMP runtime (libgomp prints its settings
+when it loads under OMP_DISPLAY_ENV=VERBOSE: GOMP_SPINCOUNT 1000 is the project's fixed short
+spin before sleeping, 300000 libgomp's default, which an entry point keeps and governs) or its
+environment. The parent's environment has no wait setting, as a user's shell.
 
 The Ray actors are checked in tests/cluster/test_sampling_on_actors.py (a cluster is started)."""
 
@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from configs.supervised import EngineConfig
-from host.threads import SHORT_SPIN, share
+from host.threads import FALLBACK_ENV, SHORT_SPIN, fallback_mark, share
 from models.saved import save_model
 from sampling.workers.process import ProcessWorkers
 from tests.tiny_models import grpo_config, make_tokenizer, tiny_model
@@ -53,8 +53,10 @@ def test_a_plain_torch_process_spins_which_is_what_the_checks_below_tell_apart(s
     assert spin_counts(out.stderr) == [300000]
 
 
-@pytest.mark.parametrize(("chosen", "spin"), [(None, SHORT), ("ACTIVE", 30000000000)])
-def test_the_r1_command_waits_passively_unless_the_user_chose(shell, chosen, spin):
+@pytest.mark.parametrize(("chosen", "spin"), [(None, 300000), ("ACTIVE", 30000000000)])
+def test_the_r1_command_keeps_the_long_spin_to_govern_it_unless_the_user_chose(shell, chosen, spin):
+    """Governed (tests/host/test_waiting.py): libgomp loads with its own spin, which the
+    governor shortens while other work is busy; the user's choice is loaded as it is."""
     env = shell | ({"OMP_WAIT_POLICY": chosen} if chosen else {})
     out = subprocess.run(
         [sys.executable, "-m", "cli.main", "config", "--profile", "micro"],
@@ -68,14 +70,38 @@ def test_the_r1_command_waits_passively_unless_the_user_chose(shell, chosen, spi
     assert spin_counts(out.stderr) == [spin]
 
 
-def test_every_deployment_starts_its_flow_run_waiting_passively():
+def test_every_deployment_starts_its_flow_run_governed_or_waiting_passively():
     """Whichever worker runs a deployment (ours or `prefect worker start`), its job variables
-    put the wait policy in the flow-run process's environment."""
+    put the fixed wait setting, marked as the project's, in the flow-run process's environment,
+    and the flow module settles it before torch loads: governed, as the r1 command."""
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     for deployment in spec["deployments"]:
         env = deployment["work_pool"]["job_variables"]["env"]
         assert env["OMP_WAIT_POLICY"] == "PASSIVE", deployment["name"]
         assert env["GOMP_SPINCOUNT"] == SHORT_SPIN, deployment["name"]
+        assert env[FALLBACK_ENV] == "PASSIVE/1000", deployment["name"]
+        module = deployment["entrypoint"].split(":")[0]
+        assert "\nsettle_process()\n" in (ROOT / module).read_text(), module
+
+
+def test_a_flow_module_loaded_by_its_path_governs_before_torch_loads(shell):
+    """As a worker's flow-run process loads an entrypoint: by path, the deployment's
+    environment in place; libgomp then loads with its own spin, not the inherited 1,000."""
+    code = (
+        "import importlib.util; "
+        "spec = importlib.util.spec_from_file_location('flow', 'flows/distill.py'); "
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec)); "
+        "from host.waiting import governor; import sys; "
+        "print('governed', governor() is not None, 'torch' in sys.modules)"
+    )
+    wait = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": SHORT_SPIN}
+    env = shell | wait | {FALLBACK_ENV: fallback_mark(wait)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "governed True True" in out.stdout
+    assert spin_counts(out.stderr) == [300000]
 
 
 def test_the_worker_sets_it_before_it_starts_any_flow_run(shell, monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 
 from host import threads
 from host.threads import (
+    FALLBACK_ENV,
     PASSIVE,
     SHORT_SPIN,
     cgroup_cpu_limit,
@@ -18,6 +19,7 @@ from host.threads import (
     process_threads,
     share,
     thread_vars,
+    user_wait_vars,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +101,19 @@ def test_a_child_waits_passively_with_its_own_thread_count_unless_the_user_chose
     assert child_env(1, chosen) == wanted
     assert child_env(1, base | {"GOMP_SPINCOUNT": "0"})["GOMP_SPINCOUNT"] == "0"
     assert thread_vars(0, {}) == wait | {"OMP_NUM_THREADS": "1"}
+
+
+def test_the_projects_own_fallback_is_not_the_users_choice_and_a_child_is_not_governed():
+    """What `settle_process` leaves for children is marked as the project's: a process that
+    settles itself may govern its waiting instead, and a child started beside others of the
+    project's (`child_env`) keeps the fixed setting, unmarked."""
+    wait = {"OMP_WAIT_POLICY": PASSIVE, "GOMP_SPINCOUNT": SHORT_SPIN}
+    inherited = {"PATH": "/bin", FALLBACK_ENV: "PASSIVE/1000"} | wait
+    assert user_wait_vars(inherited) == {}
+    assert user_wait_vars(wait) == wait  # no mark: the user's
+    chosen = inherited | {"OMP_WAIT_POLICY": "ACTIVE"}  # the user's, beside an inherited mark
+    assert user_wait_vars(chosen) == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": SHORT_SPIN}
+    assert child_env(1, inherited) == {"PATH": "/bin", "OMP_NUM_THREADS": "1"} | wait
 
 
 def test_the_module_loads_without_torch():

@@ -1,5 +1,6 @@
 """Decoding on the CPU in lanes (sampling/hf.py): one torch thread each, the process's threads
-turned into lanes where each gets rows enough; the samples are those of one lane."""
+turned into lanes where two or more get rows enough; smaller calls decode as one batch on the
+process's threads. The samples are those of one lane."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def test_lanes_are_the_threads_as_far_as_each_gets_its_rows(threads):
     cpu = SimpleNamespace(device=torch.device("cpu"))
     torch.set_num_threads(2)
     assert cpu_lanes(cpu, None, 512) == 2
-    assert cpu_lanes(cpu, None, 300) == 1  # not 256 rows for each of two
-    assert cpu_lanes(cpu, None, 8) == 1  # one lane, still one torch thread
+    assert cpu_lanes(cpu, None, 300) == 0  # not 256 rows for each of two: one batch, 2 threads
+    assert cpu_lanes(cpu, None, 8) == 0
     torch.set_num_threads(4)
     assert cpu_lanes(cpu, None, 4096) == 4
     assert cpu_lanes(cpu, object(), 4096) == 0  # in step with other ranks: torch's own threads

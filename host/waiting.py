@@ -1,0 +1,246 @@
+"""Spin while the cores are this process's own; wait without spinning while others need them.
+
+libgomp, torch's OpenMP runtime on Linux, reads its spin count once, when it loads. Alone on its
+cores a long spin (libgomp's default, 300,000 polls) is what a decode loop of small ops wants: a
+sleeping thread is slow to wake, and each op's parallel region would pay for it (alone, 128 rows
+decoded at 10,400 tokens/s on two spinning threads, 5,000 on two that sleep). Beside any other busy
+process the same spin collapses (1,500 tokens/s each for two such processes side by side).
+
+libgomp has one rule that changes its spin at run time (its manual, `GOMP_SPINCOUNT`): while it
+manages more threads than the process may use CPUs, it polls only 100 times before it sleeps
+(`do_spin` in libgomp's config/linux/wait.h reads the thread count at every wait). So a
+`Governor` thread watches how busy this process's CPUs are with other work (/proc/stat, less
+this process's own CPU time). While they are, `Ballast` parks a team of spare OpenMP threads
+(asleep on a futex, using nothing), which tips libgomp into its short spin; when the CPUs are
+this process's own again, the team is let go and the long spin is back. Thread counts never
+change, so neither does any arithmetic: how threads wait is all that moves.
+
+Only for a process whose libgomp loaded with its defaults (no wait setting in the environment);
+host/threads.py `settle_process` decides, and loads libgomp itself before torch does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PROC_STAT = Path("/proc/stat")
+PROC_MAPS = Path("/proc/self/maps")
+INTERVAL_S = 0.25  # between two readings of the CPUs
+CALM_READINGS = 4  # quiet readings in a row before the long spin comes back (a second)
+# /proc/stat's columns after the CPU's name: user nice system idle iowait irq softirq steal ...
+IDLE_COLUMNS = (3, 4)  # idle, iowait: the rest (steal included: another machine's) is busy
+BUSY_COLUMNS = 8  # user .. steal; guest time is counted inside user already
+
+
+def busy_ticks(stat: str, cpus: Iterable[int]) -> int:
+    """Clock ticks the CPUs `cpus` spent busy, from the text of /proc/stat."""
+    wanted = {f"cpu{c}" for c in cpus}
+    total = 0
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if name in wanted:
+            columns = [int(x) for x in rest.split()[:BUSY_COLUMNS]]
+            total += sum(v for i, v in enumerate(columns) if i not in IDLE_COLUMNS)
+    return total
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One look at the CPUs: when, their busy ticks, and this process's own CPU seconds."""
+
+    wall: float
+    busy_ticks: int
+    own_seconds: float
+
+
+def others_cpus(before: Reading, after: Reading, hz: float) -> float:
+    """How many CPUs other work kept busy between two readings (never below 0: the readings'
+    tick resolution can make it slightly negative on a quiet machine)."""
+    span = after.wall - before.wall
+    if span <= 0:
+        return 0.0
+    busy = (after.busy_ticks - before.busy_ticks) / hz
+    return max(0.0, (busy - (after.own_seconds - before.own_seconds)) / span)
+
+
+@dataclass
+class Hysteresis:
+    """Throttle at once when others need more than `limit` CPUs; spin again only after
+    `calm` readings in a row under half of it."""
+
+    limit: float
+    calm: int = CALM_READINGS
+    throttled: bool = False
+    quiet: int = 0
+
+    def update(self, others: float) -> bool:
+        """Whether to throttle, given the latest reading of the CPUs others use."""
+        if others > self.limit:
+            self.throttled, self.quiet = True, 0
+        elif self.throttled:
+            self.quiet = self.quiet + 1 if others < self.limit / 2 else 0
+            if self.quiet >= self.calm:
+                self.throttled, self.quiet = False, 0
+        return self.throttled
+
+
+def spare_cpus_limit(cpus: int, threads: int) -> float:
+    """Others may use the CPUs this process's `threads` leave, and half a CPU more, before its
+    threads would wait for a core while spinning."""
+    return max(0.5, cpus - threads + 0.5)
+
+
+def torch_openmp_path() -> Path | None:
+    """The libgomp that torch's wheel carries (torch/lib or torch.libs), found without importing
+    torch; None where there is none (another OpenMP runtime, or no torch)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package = Path(next(iter(spec.submodule_search_locations)))
+    for folder in (package / "lib", package.parent / "torch.libs"):
+        found = sorted(folder.glob("libgomp*.so*"))
+        if found:
+            return found[0]
+    return None
+
+
+def loaded_openmp() -> Path | None:
+    """The libgomp this process has loaded, if any."""
+    try:
+        maps = PROC_MAPS.read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "libgomp" in Path(path).name:
+            return Path(path)
+    return None
+
+
+class Ballast:
+    """A parked team of OpenMP threads that puts libgomp over its CPU count while held.
+
+    A Python thread opens one parallel region of `threads` threads (each calls `free(NULL)`,
+    which does nothing) and stays alive: libgomp keeps the team's threads docked, asleep, and
+    counts them as managed. Letting go ends the Python thread, whose exit frees the team
+    (libgomp's thread destructor) and takes them off the count.
+    """
+
+    def __init__(self, library: ctypes.CDLL, threads: int):
+        self.parallel = library.GOMP_parallel
+        self.parallel.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+        self.parallel.restype = None
+        self.noop = ctypes.cast(ctypes.CDLL(None).free, ctypes.c_void_p)
+        self.threads = threads
+        self.holder: threading.Thread | None = None
+        self.release = threading.Event()
+
+    @property
+    def held(self) -> bool:
+        return self.holder is not None
+
+    def hold(self) -> None:
+        if self.holder is not None:
+            return
+        self.release = threading.Event()
+        ready = threading.Event()
+
+        def park(release: threading.Event = self.release) -> None:
+            self.parallel(self.noop, None, self.threads, 0)
+            ready.set()
+            release.wait()
+
+        self.holder = threading.Thread(target=park, name="openmp-ballast", daemon=True)
+        self.holder.start()
+        ready.wait()
+
+    def let_go(self) -> None:
+        if self.holder is None:
+            return
+        self.release.set()
+        self.holder.join()
+        self.holder = None
+
+
+Sample = Callable[[], Reading]
+
+
+def read_cpus(cpus: frozenset[int]) -> Reading:
+    """This moment's reading of `cpus` (busy ticks) and of this process's CPU time."""
+    return Reading(time.monotonic(), busy_ticks(PROC_STAT.read_text(), cpus), time.process_time())
+
+
+class Governor(threading.Thread):
+    """Every `interval` seconds: how many CPUs other work used since the last look; holds the
+    ballast while that is over the limit (see `Hysteresis`). `changes` counts the switches
+    (both ways) and `throttled` says where it stands, for logs and tests."""
+
+    def __init__(
+        self,
+        ballast: Ballast,
+        limit: float,
+        sample: Sample,
+        hz: float,
+        interval: float = INTERVAL_S,
+    ):
+        super().__init__(name="openmp-governor", daemon=True)
+        self.ballast, self.sample, self.hz, self.interval = ballast, sample, hz, interval
+        self.rule = Hysteresis(limit)
+        self.changes = 0
+        self.stopped = threading.Event()
+
+    @property
+    def throttled(self) -> bool:
+        return self.ballast.held
+
+    def run(self) -> None:
+        before = self.sample()
+        while not self.stopped.wait(self.interval):
+            after = self.sample()
+            throttle = self.rule.update(others_cpus(before, after, self.hz))
+            before = after
+            if throttle != self.ballast.held:
+                (self.ballast.hold if throttle else self.ballast.let_go)()
+                self.changes += 1
+                log.debug("OpenMP threads %s", "throttled" if throttle else "spinning again")
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+        self.ballast.let_go()
+
+
+_governor: Governor | None = None
+
+
+def governor() -> Governor | None:
+    """This process's governor, when one runs."""
+    return _governor
+
+
+def govern(library: ctypes.CDLL, threads: int) -> Governor | None:
+    """Start this process's governor (once) for a process of `threads` torch threads on the CPUs
+    of its affinity mask; None where /proc/stat cannot be read."""
+    global _governor
+    if _governor is not None:
+        return _governor
+    cpus = frozenset(os.sched_getaffinity(0))
+    try:
+        read_cpus(cpus)
+    except OSError:
+        return None
+    ballast = Ballast(library, len(cpus) + 1)  # libgomp counts 1 + the spare threads > CPUs
+    limit = spare_cpus_limit(len(cpus), threads)
+    _governor = Governor(ballast, limit, lambda: read_cpus(cpus), os.sysconf("SC_CLK_TCK"))
+    _governor.start()
+    return _governor
