@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from host.waiting import Governor, Hysteresis, Reading, busy_ticks, others_cpus, spare_cpus_limit
+from host.waiting import (
+    Governor,
+    Hysteresis,
+    PressureGauge,
+    Reading,
+    busy_ticks,
+    others_cpus,
+    spare_cpus_limit,
+    stalled_microseconds,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 STAT = """cpu  500 0 100 900 10 0 0 5 0 0
@@ -43,6 +52,16 @@ def test_others_cpus_are_the_busy_cpus_less_this_process_own_time():
     alone = Reading(wall=12.0, busy_ticks=1199, own_seconds=5.0)  # tick rounding below ours
     assert others_cpus(before, alone, hz=100) == 0.0
     assert others_cpus(after, after, hz=100) == 0.0
+
+
+def test_pressure_is_the_share_of_the_time_some_task_waited_for_a_cpu():
+    text = "some avg10=1.10 avg60=7.68 avg300=16.68 total=8826004539\nfull avg10=0 total=0\n"
+    assert stalled_microseconds(text) == 8826004539
+    readings = iter([(10.0, 1_000_000), (10.5, 1_250_000), (11.0, 1_250_000), (11.0, 1_250_000)])
+    gauge = PressureGauge(lambda: next(readings))
+    assert gauge() == pytest.approx(0.5)  # 0.25 s of stall in 0.5 s
+    assert gauge() == 0.0
+    assert gauge() == 0.0  # no time passed: nothing to say
 
 
 def test_the_rule_throttles_at_once_and_spins_again_only_after_calm_readings():
@@ -76,16 +95,28 @@ class FakeBallast:
         self.held = False
 
 
-def test_the_governor_holds_the_ballast_while_others_are_busy_and_lets_go_when_calm():
-    busy_then_calm = itertools.chain([0, 100, 200], itertools.repeat(300))  # 1 CPU, then none
-    readings = (Reading(float(i), t, 0.0) for i, t in enumerate(busy_then_calm))
+def test_the_governor_holds_the_ballast_while_the_cpus_are_contended_and_lets_go_when_calm():
+    """Readings of pressure while the process works (one CPU of its own time a second): the
+    ballast is held at the first contended one and let go after two calm ones; contention
+    while the process hardly works (a tenth of a CPU) counts as calm, and nothing changes
+    after."""
+    pressure = itertools.chain([0.0, 0.6, 0.4, 0.05, 0.0, 0.9, 0.9, 0.9], itertools.repeat(0.0))
+    own = itertools.chain([1.0] * 6, [0.1] * 3, itertools.repeat(1.0))  # CPUs of its own
+    clock = {"wall": 0.0, "cpu": 0.0}
+
+    def clocks() -> tuple[float, float]:
+        clock["cpu"] += next(own) if clock["wall"] else 0.0
+        clock["wall"] += 1.0
+        return clock["wall"], clock["cpu"]
+
     ballast = FakeBallast()
-    governor = Governor(ballast, 0.5, lambda: next(readings), hz=100, interval=0.001)  # type: ignore[arg-type]
+    governor = Governor(ballast, lambda: next(pressure), 0.2, 0.001, clocks)  # type: ignore[arg-type]
     governor.start()
-    while governor.is_alive() and governor.changes < 2:
+    while governor.is_alive() and governor.changes < 4:
         governor.stopped.wait(0.01)
     governor.stop()
-    assert ballast.seen == [True, False] and governor.changes == 2
+    # held at 0.6, let go after 0.05 and 0.0; held at 0.9, let go after two idle readings
+    assert ballast.seen == [True, False, True, False] and governor.changes == 4
 
 
 def fresh(code: str, extra: dict[str, str] | None = None, timeout: float = 120) -> str:
@@ -141,20 +172,22 @@ def test_a_parked_team_stops_idle_threads_spinning_and_letting_it_go_brings_the_
 
 
 GOVERNED = """
-    import subprocess, sys, time
+    import os, subprocess, sys, time
+    cpus = sorted(os.sched_getaffinity(0))[:2]  # two CPUs, whatever the machine has
+    os.sched_setaffinity(0, cpus)  # and the busy processes below inherit them
     from host.threads import settle_process
     settle_process()
     import torch
     from host import waiting
     governor = waiting.governor()
-    time.sleep(1.0)
-    alone = governor.throttled
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    torch.set_num_threads(2)
+    x, w = torch.randn(64, 256), torch.randn(256, 256)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in cpus]
     try:
         deadline = time.monotonic() + 20
         while not governor.throttled and time.monotonic() < deadline:
-            time.sleep(0.1)
-        print(alone, governor.throttled)
+            (x @ w).relu().sum()  # two threads at work beside two busy processes
+        print(governor is not None, governor.throttled)
     finally:
         for p in busy:
             p.kill()
@@ -163,11 +196,11 @@ GOVERNED = """
 
 @linux_only
 @pytest.mark.heavy  # fresh processes load torch; two of them spin for a few seconds
-def test_a_settled_process_is_governed_and_throttles_beside_busy_neighbours():
+def test_a_settled_process_is_governed_and_throttles_at_work_beside_busy_neighbours():
     """`settle_process` in a fresh process loads libgomp with its defaults and starts the
-    governor; two processes that keep every core busy tip it into the short spin."""
-    alone, beside = fresh(GOVERNED).split()
-    assert beside == "True"  # (alone it may be either: the machine may be busy with other work)
+    governor; its two threads at work beside two processes that keep the cores busy tip it
+    into the short spin."""
+    assert fresh(GOVERNED).split() == ["True", "True"]
 
 
 def test_a_user_choice_of_waiting_is_kept_and_nothing_is_governed():
