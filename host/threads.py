@@ -212,6 +212,9 @@ def _govern_openmp() -> bool:
         return True
     if not hasattr(os, "sched_getaffinity") or usable_cpus() < affinity_cpus():
         return False  # a cgroup quota: /proc/stat's CPUs are not the ones this process shares
+    gauge = waiting.gauge_for(frozenset(os.sched_getaffinity(0)), default_threads())
+    if gauge is None:
+        return False  # nothing tells how busy the CPUs are
     if "torch" in sys.modules:
         if os.environ.get(WAIT_POLICY_ENV) or os.environ.get(SPIN_ENV):
             return False  # its libgomp read the fixed setting when it loaded
@@ -228,7 +231,8 @@ def _govern_openmp() -> bool:
         library = ctypes.CDLL(str(path))
     except OSError:
         return False
-    return waiting.govern(library, default_threads()) is not None
+    waiting.govern(library, gauge)
+    return True
 
 
 def runtime_threads() -> dict[str, str | int]:

@@ -295,17 +295,12 @@ def gauge_for(cpus: frozenset[int], threads: int) -> PressureGauge | CpuGauge | 
     return None
 
 
-def govern(library: ctypes.CDLL, threads: int) -> Governor | None:
-    """Start this process's governor (once) for a process of `threads` torch threads on the CPUs
-    of its affinity mask; None where nothing tells how busy the CPUs are."""
+def govern(library: ctypes.CDLL, gauge: PressureGauge | CpuGauge) -> Governor:
+    """Start this process's governor (once), reading `gauge`, over the libgomp `library`."""
     global _governor
-    if _governor is not None:
-        return _governor
-    cpus = frozenset(os.sched_getaffinity(0))
-    gauge = gauge_for(cpus, threads)
-    if gauge is None:
-        return None
-    ballast = Ballast(library, len(cpus) + 1)  # libgomp counts 1 + the spare threads > CPUs
-    _governor = Governor(ballast, gauge, gauge.limit)
-    _governor.start()
+    if _governor is None:
+        cpus = len(os.sched_getaffinity(0))
+        ballast = Ballast(library, cpus + 1)  # libgomp counts 1 + the spare threads > CPUs
+        _governor = Governor(ballast, gauge, gauge.limit)
+        _governor.start()
     return _governor
