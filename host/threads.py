@@ -202,6 +202,17 @@ def settle_process() -> dict[str, str]:
     return fixed
 
 
+def governable() -> bool:
+    """Whether this machine lets a process govern its waiting: an affinity mask that is all
+    the CPUs it may use (a cgroup quota below it makes the kernel's readings speak of CPUs it
+    does not share), and torch's own libgomp to load."""
+    from host import waiting
+
+    if not hasattr(os, "sched_getaffinity") or usable_cpus() < affinity_cpus():
+        return False
+    return waiting.loaded_openmp() is not None or waiting.torch_openmp_path() is not None
+
+
 def _govern_openmp() -> bool:
     """Load libgomp with its defaults and start the governor; False where this process cannot
     be governed (another OpenMP runtime, no /proc, a CPU quota below its affinity mask, or
@@ -210,8 +221,8 @@ def _govern_openmp() -> bool:
 
     if waiting.governor() is not None:
         return True
-    if not hasattr(os, "sched_getaffinity") or usable_cpus() < affinity_cpus():
-        return False  # a cgroup quota: /proc/stat's CPUs are not the ones this process shares
+    if not governable():
+        return False
     gauge = waiting.gauge_for(frozenset(os.sched_getaffinity(0)), default_threads())
     if gauge is None:
         return False  # nothing tells how busy the CPUs are

@@ -123,3 +123,12 @@ def test_the_module_loads_without_torch():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "False"
+
+
+def test_a_cpu_quota_below_the_affinity_mask_is_not_governed(monkeypatch):
+    """The kernel's readings would speak of CPUs the process does not share: it waits fixed."""
+    monkeypatch.setattr(threads, "affinity_cpus", lambda: 16)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
+    assert not threads.governable()
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 16)
+    assert threads.governable() == (hasattr(threads.os, "sched_getaffinity"))

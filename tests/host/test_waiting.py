@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from host.threads import governable
 from host.waiting import (
     Governor,
     Hysteresis,
@@ -35,6 +36,9 @@ intr 12345
 linux_only = pytest.mark.skipif(
     not Path("/proc/stat").exists() or not hasattr(os, "sched_getaffinity"),
     reason="reads /proc/stat and the affinity mask (Linux)",
+)
+governed_here = pytest.mark.skipif(
+    not governable(), reason="a CPU quota below the affinity mask, or no torch libgomp: fixed"
 )
 
 
@@ -195,6 +199,7 @@ GOVERNED = """
 
 
 @linux_only
+@governed_here
 @pytest.mark.heavy  # fresh processes load torch; two of them spin for a few seconds
 def test_a_settled_process_is_governed_and_throttles_at_work_beside_busy_neighbours():
     """`settle_process` in a fresh process loads libgomp with its defaults and starts the
