@@ -26,6 +26,7 @@ import ctypes
 import importlib.util
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -129,6 +130,16 @@ def loaded_openmp() -> Path | None:
     return None
 
 
+PROCESS_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def keep_signals_off_this_thread() -> None:
+    """Block Ctrl-C, SIGTERM and SIGHUP in the calling thread (and the threads it starts), so
+    that the kernel hands them to the process's own threads, never to the governor's: Python
+    handles a signal in its main thread, which a signal delivered elsewhere may not wake."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, PROCESS_SIGNALS)
+
+
 class Ballast:
     """A parked team of OpenMP threads that puts libgomp over its CPU count while held.
 
@@ -158,6 +169,7 @@ class Ballast:
         ready = threading.Event()
 
         def park(release: threading.Event = self.release) -> None:
+            keep_signals_off_this_thread()  # and off the team's threads, which inherit its mask
             self.parallel(self.noop, None, self.threads, 0)
             ready.set()
             release.wait()
@@ -259,6 +271,7 @@ class Governor(threading.Thread):
         return self.ballast.held
 
     def run(self) -> None:
+        keep_signals_off_this_thread()
         before = self.clocks()
         while not self.stopped.wait(self.interval):
             value, after = self.gauge(), self.clocks()

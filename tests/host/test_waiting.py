@@ -217,3 +217,37 @@ def test_a_user_choice_of_waiting_is_kept_and_nothing_is_governed():
     """
     out = fresh(code, {"OMP_WAIT_POLICY": "ACTIVE"})
     assert out.strip() == "{'OMP_WAIT_POLICY': 'ACTIVE'} None None"
+
+
+SIGNAL_MASKS = """
+    import os, signal
+    from host.threads import settle_process
+    settle_process()
+    import torch
+    from host import waiting
+
+    def tasks():
+        return set(os.listdir("/proc/self/task"))
+
+    def blocks_sigint(tid):
+        status = open(f"/proc/self/task/{tid}/status").read()
+        mask = int(status.split("SigBlk:")[1].split()[0], 16)
+        return bool(mask & (1 << (signal.SIGINT - 1)))
+
+    governor = waiting.governor()
+    before = tasks()
+    governor.ballast.hold()  # the parking thread and its team
+    added = tasks() - before
+    print(len(added), all(blocks_sigint(t) for t in added), blocks_sigint(os.getpid()))
+    governor.ballast.let_go()
+"""
+
+
+@linux_only
+@governed_here
+@pytest.mark.heavy  # a fresh process loads torch
+def test_the_governors_threads_never_take_the_processs_signals():
+    """Ctrl-C, SIGTERM and SIGHUP are blocked in the governor's threads and the parked team, so
+    the kernel hands them to the process's own threads (Python handles them in its main one)."""
+    added, all_blocked, main_blocked = fresh(SIGNAL_MASKS).split()
+    assert int(added) >= 2 and all_blocked == "True" and main_blocked == "False"
