@@ -235,6 +235,7 @@ SIGNAL_MASKS = """
         return bool(mask & (1 << (signal.SIGINT - 1)))
 
     governor = waiting.governor()
+    governor.stop()  # the team let go, whatever the load did, and nothing held on its own
     before = tasks()
     governor.ballast.hold()  # the parking thread and its team
     added = tasks() - before
