@@ -78,8 +78,8 @@ def others_cpus(before: Reading, after: Reading, hz: float) -> float:
 
 @dataclass
 class Hysteresis:
-    """Throttle at once when others need more than `limit` CPUs; spin again only after
-    `calm` readings in a row under half of it."""
+    """Throttle at once on a reading over `limit` (CPU pressure, or the CPUs others use); spin
+    again only after `calm` readings in a row under half of it."""
 
     limit: float
     calm: int = CALM_READINGS
@@ -87,7 +87,7 @@ class Hysteresis:
     quiet: int = 0
 
     def update(self, others: float) -> bool:
-        """Whether to throttle, given the latest reading of the CPUs others use."""
+        """Whether to throttle, given the latest reading."""
         if others > self.limit:
             self.throttled, self.quiet = True, 0
         elif self.throttled:
