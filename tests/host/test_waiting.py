@@ -195,6 +195,7 @@ GOVERNED = """
     finally:
         for p in busy:
             p.kill()
+            p.wait()
 """
 
 
