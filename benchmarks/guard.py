@@ -21,6 +21,12 @@ keeps only the checkpoint before the rule's window). Each report also gives the 
 at which `reward_without_skill` would have tripped somewhere in the stage: how near an honest
 stage came to its bound, or how far past it a hacked one went.
 
+`--problems N [N ...]` replays each stage as if its probe had drawn only its first N problems
+(what a smaller probe reads: the probe takes the held-out file's first problems, and every row
+samples from its own stream): each probe's per-problem values past the first N are dropped and
+the held-out pass rates the guard reads recomputed from the rest. The probe's seconds are then
+given in proportion (an estimate: a probe's time is nearly linear in its problems).
+
 `--signals PROMPTSxGROUPxWORDS` times the step's text signals (repetition, language
 consistency: rl/signals.py) on a synthetic batch of that size, words of prose and numbers, for
 batches larger than the tiny world's.
@@ -43,6 +49,7 @@ from statistics import fmean
 
 from configs.profiles import load_profile
 from configs.reinforcement import GRPOConfig
+from guard.paired import ITEMS, PAID
 from guard.rules import reward_without_skill
 from guard.watch import Guard, skill_pairs
 
@@ -78,6 +85,30 @@ def run_history(state: Path, run_id: str) -> list[dict[str, float]]:
         for metric in client.get_metric_history(run_id, key):
             rows.setdefault(metric.step, {"step": float(metric.step)})[key] = metric.value
     return [rows[step] for step in sorted(rows)]
+
+
+def cut_probes(history: list[dict[str, float]], problems: int) -> list[dict[str, float]]:
+    """`history` with each probe cut to its first `problems` problems: per-problem values of
+    later problems dropped, each held-out reading that has per-problem values recomputed as
+    their mean (with one sample a problem, the pass rate over the problems kept), and the
+    probe's seconds scaled by the share of problems kept."""
+    cut = []
+    for entry in history:
+        items = {k: v for k, v in entry.items() if k.startswith(ITEMS)}
+        if not items:
+            cut.append(entry)
+            continue
+        kept = {k: v for k, v in items.items() if int(k.rsplit("/", 1)[1]) < problems}
+        new = {k: v for k, v in entry.items() if not k.startswith(ITEMS)} | kept
+        drawn = {k.rsplit("/", 1)[1] for k in items if not k.startswith(PAID)}
+        for prefix in {k.rsplit("/", 1)[0] for k in kept if not k.startswith(PAID)}:
+            values = [v for k, v in kept.items() if k.rsplit("/", 1)[0] == prefix]
+            new["heldout/" + prefix.removeprefix(ITEMS)] = fmean(values)
+        if "time/probe_seconds" in entry and drawn:
+            share = min(1.0, problems / len(drawn))
+            new["time/probe_seconds"] = entry["time/probe_seconds"] * share
+        cut.append(new)
+    return cut
 
 
 def section(profile: str, overrides: list[str], dotted: str) -> GRPOConfig:
@@ -187,36 +218,44 @@ STAGES = {
 }
 
 
-def state_report(state: Path, profile: str, overrides: list[str]) -> None:
+def state_report(state: Path, profile: str, overrides: list[str], problems: list[int]) -> None:
     """Every GRPO stage of a finished run under `state`: its trips replayed with the settings
-    the run had, the outcome the stage recorded, and what the guard cost it."""
+    the run had (with each probe cut to each of `problems`, where given), the outcome the stage
+    recorded, and what the guard cost it: its checks and step signals, and with its probe (a cut
+    probe's seconds in proportion, the stage's seconds less what the cut saves)."""
     from stages.guarded import GUARD_RECORD
 
     print(
-        "| stage | steps | trips replayed | unpaired only | widest gap | outcome recorded "
-        "| guard s | signals s | stage s | cost | probe s |"
+        "| stage | probe problems | steps | trips replayed | unpaired only | widest gap "
+        "| outcome recorded | guard s | signals s | probe s | stage s | cost | with probe |"
     )
-    print("|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for stage, key in STAGES.items():
         for stage_dir in sorted((state / "runs" / stage).glob("*/checkpoints")):
             config = section(profile, overrides, key)
-            history = stage_history(stage_dir.parent)
-            trips, _ = replay(config, history)
-            before, _ = replay(unpaired(config), history)
+            recorded = stage_history(stage_dir.parent)
             record_path = stage_dir / GUARD_RECORD
             record = json.loads(record_path.read_text()) if record_path.exists() else {}
             guard = float(record.get("seconds", 0.0))
-            signals = sum(h.get("time/signals_seconds", 0.0) for h in history)
-            probe = sum(h.get("time/probe_seconds", 0.0) for h in history)
+            signals = sum(h.get("time/signals_seconds", 0.0) for h in recorded)
+            full_probe = sum(h.get("time/probe_seconds", 0.0) for h in recorded)
             seconds = stage_seconds(state, stage, stage_dir.parent.name)
-            cost = f"{(guard + signals) / seconds:.2%}" if seconds else "-"
-            steps = sum("reward/mean" in h for h in history)
-            print(
-                f"| {stage} | {steps} | {said(trips)} | {said(before)} "
-                f"| {gap_text(widest_gap(config, history))} "
-                f"| {record.get('outcome', '-')} | {guard:.2f} "
-                f"| {signals:.2f} | {seconds or float('nan'):.0f} | {cost} | {probe:.0f} |"
-            )
+            steps = sum("reward/mean" in h for h in recorded)
+            for n in problems or [None]:
+                history = recorded if n is None else cut_probes(recorded, n)
+                trips, _ = replay(config, history)
+                before, _ = replay(unpaired(config), history)
+                probe = sum(h.get("time/probe_seconds", 0.0) for h in history)
+                total = seconds - full_probe + probe if seconds else None
+                cost = f"{(guard + signals) / total:.2%}" if total else "-"
+                with_probe = f"{(guard + signals + probe) / total:.1%}" if total else "-"
+                print(
+                    f"| {stage} | {config.probe.problems if n is None else n} | {steps} "
+                    f"| {said(trips)} | {said(before)} "
+                    f"| {gap_text(widest_gap(config, history))} "
+                    f"| {record.get('outcome', '-')} | {guard:.2f} | {signals:.2f} "
+                    f"| {probe:.1f} | {total or float('nan'):.0f} | {cost} | {with_probe} |"
+                )
 
 
 def stage_seconds(state: Path, stage: str, key: str) -> float | None:
@@ -244,6 +283,9 @@ def main() -> None:
     parser.add_argument(
         "--run", action="append", default=[], dest="runs", help="a stage's MLflow run (--state)"
     )
+    parser.add_argument(
+        "--problems", nargs="+", type=int, default=[], help="replay each probe cut to N problems"
+    )
     parser.add_argument("--signals", nargs="+", default=[], metavar="PROMPTSxGROUPxWORDS")
     args = parser.parse_args()
     for size in args.signals:
@@ -261,29 +303,39 @@ def main() -> None:
     if args.runs and args.state is None:
         parser.error("--run reads the MLflow store of --state")
     if args.state is not None and not args.runs:
-        state_report(args.state, args.profile, args.overrides)
+        state_report(args.state, args.profile, args.overrides, args.problems)
         return
     config = section(args.profile, args.overrides, args.section)
     histories = [(str(d), stage_history(d)) for d in args.stages]
     histories += [(f"run {r}", run_history(args.state, r)) for r in args.runs]
-    for label, history in histories:
-        trips, check = replay(config, history)
-        steps = [h["time/step_seconds"] for h in history if "time/step_seconds" in h]
-        signals = [h["time/signals_seconds"] for h in history if "time/signals_seconds" in h]
-        step = fmean(steps) if steps else float("nan")
-        print(f"{label}: {len(steps)} steps, {step:.3f} s a step")
-        print(f"  guard check {check * 1e3:.3f} ms a step: {check / step:.4%} of a step")
-        if signals:
-            print(f"  signals {fmean(signals) * 1e3:.3f} ms a step: {fmean(signals) / step:.4%}")
-        for trip in trips:
-            where = f"{trip['rule']} at step {trip['step']} ({trip['action']})"
-            print(f"  trip: {where}: {trip['reason']}")
-        if not trips:
-            print("  no trip")
-        before, _ = replay(unpaired(config), history)
-        print(f"  the unpaired reading alone (the guard before guard/paired.py): {said(before)}")
-        widest, bound = widest_gap(config, history), config.guard.reward_without_skill.gap
-        print(f"  reward_without_skill: widest gap {gap_text(widest)} (trips at {bound:.2f})")
+    for label, recorded in histories:
+        for n in args.problems or [None]:
+            history = recorded if n is None else cut_probes(recorded, n)
+            print(stage_text(config, label if n is None else f"{label}, probe of {n}", history))
+
+
+def stage_text(config: GRPOConfig, label: str, history: list[dict[str, float]]) -> str:
+    """One stage's replay: its step time, the guard's cost, every trip, the unpaired reading's
+    trips and the widest gap."""
+    trips, check = replay(config, history)
+    steps = [h["time/step_seconds"] for h in history if "time/step_seconds" in h]
+    signals = [h["time/signals_seconds"] for h in history if "time/signals_seconds" in h]
+    probe = sum(h.get("time/probe_seconds", 0.0) for h in history)
+    step = fmean(steps) if steps else float("nan")
+    lines = [f"{label}: {len(steps)} steps, {step:.3f} s a step, probe {probe:.1f} s"]
+    lines.append(f"  guard check {check * 1e3:.3f} ms a step: {check / step:.4%} of a step")
+    if signals:
+        lines.append(f"  signals {fmean(signals) * 1e3:.3f} ms a step: {fmean(signals) / step:.4%}")
+    for trip in trips:
+        where = f"{trip['rule']} at step {trip['step']} ({trip['action']})"
+        lines.append(f"  trip: {where}: {trip['reason']}")
+    if not trips:
+        lines.append("  no trip")
+    before, _ = replay(unpaired(config), history)
+    lines.append(f"  the unpaired reading alone (the guard before guard/paired.py): {said(before)}")
+    widest, bound = widest_gap(config, history), config.guard.reward_without_skill.gap
+    lines.append(f"  reward_without_skill: widest gap {gap_text(widest)} (trips at {bound:.2f})")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

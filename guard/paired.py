@@ -15,9 +15,10 @@ the guard's `reward_without_skill` reads (`probe_readings`):
 
 Two readings use them:
 
-- `verifier_overpays`, the two on the same completions: the training verifier paying more than
-  the grader finds, by a size worth stopping for and beyond what chance disagreement explains,
-  is a hole from the first probe on, whether or not it has been taken up;
+- `verifier_overpays`, the two on the same completions, pooled over the stage's probes: the
+  training verifier paying more than the grader finds, by a size worth stopping for and beyond
+  what chance disagreement explains, is a hole from the first probe on, whether or not it has
+  been taken up;
 - `skill_fell`, the grader's verdicts on the same problems at two probes: the held-out skill
   fallen from its best reading so far, beyond what the probe's sampling explains (skill lost
   after honest gains, whatever the training verifier; the rule sets it beside the training pass
@@ -87,12 +88,15 @@ class PairedDifference:
         return self.mean - x * self.spread
 
 
-def paired(first: Mapping[int, float], second: Mapping[int, float]) -> PairedDifference | None:
-    """`second - first` over the problems both hold; None with fewer than two."""
-    common = sorted(set(first) & set(second))
-    if len(common) < 2:
+Items = Mapping[int, float]
+
+
+def pooled(pairs: Sequence[tuple[Items, Items]]) -> PairedDifference | None:
+    """`second - first` over every problem both hold in each pair (the same problem at two
+    probes counts twice: its two draws are independent); None with fewer than two."""
+    diffs = [b[i] - a[i] for a, b in pairs for i in sorted(set(a) & set(b))]
+    if len(diffs) < 2:
         return None
-    diffs = [second[i] - first[i] for i in common]
     return PairedDifference(
         fmean(diffs),
         stdev(diffs) / math.sqrt(len(diffs)),
@@ -102,11 +106,16 @@ def paired(first: Mapping[int, float], second: Mapping[int, float]) -> PairedDif
     )
 
 
+def paired(first: Mapping[int, float], second: Mapping[int, float]) -> PairedDifference | None:
+    """`second - first` over the problems both hold; None with fewer than two."""
+    return pooled([(first, second)])
+
+
 @dataclass(frozen=True)
 class Overpaid:
     """The training verifier paid `paid` where the grader found `found` (pass rates over the
-    same completions), at the `look`-th probe; `bound` is the difference's lower confidence
-    bound at that look's critical value."""
+    same completions, pooled over the stage's probes), read at the `look`-th probe; `bound` is
+    the difference's lower confidence bound at that look's critical value."""
 
     step: int
     look: int
@@ -130,34 +139,34 @@ def verifier_overpays(
     min_differing: int = 3,
 ) -> Overpaid | None:
     """Read at a probe (the history's last entry): whether training verifier `term` pays, on the
-    probe's own completions, at least `gap` more than the grader finds under `probe_key`'s
-    reading (a size worth stopping for), and more by a margin the grader's own disagreement
-    cannot explain: the paired difference's lower confidence bound above 0 at this look's
-    critical value (alpha spent over the stage's probes: `spent`, `critical`), on at least
-    `min_differing` problems where the two disagree."""
+    completions of the stage's probes so far (pooled: a problem drawn at k probes counts k
+    times), at least `gap` more than the grader finds under `probe_key`'s reading (a size worth
+    stopping for), and more by a margin the grader's own disagreement cannot explain: the
+    pooled paired difference's lower confidence bound above 0 at this look's critical value
+    (alpha spent over the stage's probes: `spent`, `critical`), on at least `min_differing`
+    problem draws where the two disagree. Pooling lets a probe of few problems add up, probe
+    after probe, to what one large probe sees at once; a verifier that agrees with the grader
+    adds only noise the bound allows for. (A hole that opens late is read diluted by the
+    probes before it; the fall reading, `skill_fell`, reads skill lost after gains.)"""
     if not history:
         return None
     entries = probe_entries(history, paid_key(term))
     if not entries or entries[-1].get("step") != history[-1].get("step"):
         return None
-    now = entries[-1]
-    found, paid_now = item_values(now, items_key(probe_key)), item_values(now, paid_key(term))
-    difference = paired(found, paid_now)
+    readings = [
+        (item_values(e, items_key(probe_key)), item_values(e, paid_key(term))) for e in entries
+    ]
+    difference = pooled(readings)
     if difference is None or difference.differing < min_differing:
         return None
     look = len(entries)
     bound = difference.lower(critical(alpha, look))
     if bound <= 0 or difference.mean < gap:
         return None
-    common = set(found) & set(paid_now)
-    return Overpaid(
-        int(now["step"]),
-        look,
-        fmean(found[i] for i in common),
-        fmean(paid_now[i] for i in common),
-        difference,
-        bound,
-    )
+    found = [f[i] for f, p in readings for i in set(f) & set(p)]
+    paid_now = [p[i] for f, p in readings for i in set(f) & set(p)]
+    step = int(entries[-1]["step"])
+    return Overpaid(step, look, fmean(found), fmean(paid_now), difference, bound)
 
 
 @dataclass(frozen=True)

@@ -184,10 +184,11 @@ def overpaid_trip(pair: SkillPair, over: Overpaid, rule: RewardWithoutSkill) -> 
         "reward_without_skill",
         over.step,
         start_of(over.step, rule.window),
-        f"{pair.label}: the training verifier {pair.term} pays {over.paid:.3f} of the probe's "
-        f"completions where its grader finds {over.found:.3f} ({d.mean:+.3f} ± {d.se:.3f} over "
-        f"{d.n} problems, {d.differing} differ; at least {over.bound:+.3f} at probe {over.look} "
-        f"at a false-alarm rate of {rule.alpha:g} a stage; bound {rule.overpay:.2f})",
+        f"{pair.label}: the training verifier {pair.term} pays {over.paid:.3f} of the "
+        f"{_probes(over.look)} completions where its grader finds {over.found:.3f} "
+        f"({d.mean:+.3f} ± {d.se:.3f} over {d.n} problem draws, {d.differing} differ; at least "
+        f"{over.bound:+.3f} at probe {over.look} at a false-alarm rate of {rule.alpha:g} a "
+        f"stage; bound {rule.overpay:.2f})",
         {
             "paid": _r(over.paid),
             "found": _r(over.found),
@@ -197,6 +198,10 @@ def overpaid_trip(pair: SkillPair, over: Overpaid, rule: RewardWithoutSkill) -> 
         },
         pair.label,
     )
+
+
+def _probes(looks: int) -> str:
+    return "probe's" if looks == 1 else f"{looks} probes'"
 
 
 def fell_trip(

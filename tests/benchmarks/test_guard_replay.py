@@ -75,3 +75,21 @@ def test_replay_sets_the_paired_reading_beside_the_unpaired_alone():
     honest, _ = replay(config, with_items(hacked(), overpaid=0))
     assert [t["step"] for t in honest] == [40]  # the same as the unpaired alone
     assert widest_gap(config, holed) == pytest.approx(0.37)  # the unpaired reading's, as before
+
+
+def test_a_probe_cut_to_its_first_problems_reads_as_a_smaller_probe_would():
+    """Cut to 40 of 120 problems: the per-problem values past 40 gone, the held-out reading
+    recomputed over the rest (the first 40 found right: 1.0, where all 120 read 0.5), the probe's
+    seconds a third, entries without a probe as they were."""
+    from benchmarks.guard import cut_probes
+    from guard.paired import item_values, items_key, paid_key
+
+    holed = with_items(hacked(), overpaid=36)
+    holed[0]["time/probe_seconds"] = 3.0
+    cut = cut_probes(holed, 40)
+    assert len(cut) == len(holed) and cut[1] == holed[1]
+    assert sorted(item_values(cut[0], items_key(MATH_PROBE))) == list(range(40))
+    assert sorted(item_values(cut[0], paid_key("accuracy_digits"))) == list(range(40))
+    assert cut[0][MATH_PROBE] == 1.0 and holed[0][MATH_PROBE] == 0.625
+    assert cut[0]["time/probe_seconds"] == pytest.approx(1.0)
+    assert cut_probes(holed, 500)[0][MATH_PROBE] == 0.5  # every problem kept: their mean

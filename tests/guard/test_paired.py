@@ -96,7 +96,7 @@ def test_a_verifier_paying_for_what_the_grader_rejects_trips_at_the_first_probe_
     assert trip.numbers["paid"] == 0.7 and trip.numbers["found"] == 0.4
     assert trip.numbers["overpay"] == pytest.approx(0.3)
     assert "the training verifier accuracy_digits pays 0.700" in trip.reason
-    assert "30 differ" in trip.reason and "at probe 2" in trip.reason
+    assert "200 problem draws, 60 differ" in trip.reason and "at probe 2" in trip.reason
     # read only when a probe lands, and only where the latest entry is that probe
     assert rules.reward_without_skill(history[:2], rule, [HOLED]) is None
 
@@ -119,6 +119,28 @@ def test_it_takes_both_a_size_worth_stopping_for_and_more_than_chance():
     assert over.difference.mean == pytest.approx(13 / 124)
     both_ways = overpays([0.0] * 120 + [1.0] * 4, [1.0] * 13 + [0.0] * 111)
     assert both_ways is None
+
+
+def test_small_probes_add_up_to_what_one_large_probe_sees():
+    """The digits hole at a probe of 40 math problems: 4 overpaid at each probe. One probe is
+    within chance (4 / sqrt(4) = 2.0 against 3.19 at the first look), and so is a reading of the
+    latest probe alone at any look; pooled, the 4 k draws of k probes give 2 sqrt(k), past
+    critical(0.01, k) from the fourth probe on (4.00 against 3.97)."""
+    found, paid = [0.0] * 40, [1.0] * 4 + [0.0] * 36
+    history, tripped_at = [], None
+    for look in range(1, 8):
+        history.append(probe_entry(10 * look, found, paid))
+        over = verifier_overpays(history, "accuracy_digits", "heldout/math/pass_at_1", 0.05, 0.01)
+        alone = verifier_overpays(
+            history[-1:], "accuracy_digits", "heldout/math/pass_at_1", 0.05, 0.01
+        )
+        assert alone is None
+        if over is not None and tripped_at is None:
+            tripped_at = look
+            assert over.difference.n == 40 * look and over.difference.differing == 4 * look
+            assert over.paid == pytest.approx(0.1) and over.found == 0.0
+    assert tripped_at == 4
+    assert 2 * math.sqrt(3) < critical(0.01, 3) and 2 * math.sqrt(4) > critical(0.01, 4)
 
 
 def test_a_verifier_that_is_the_graders_own_or_none_recorded_leaves_the_reading_idle():
@@ -155,8 +177,9 @@ def simulated_stage(rng: random.Random, probes: int, problems: int, samples: int
 
 
 def test_the_false_alarm_rate_holds_on_simulated_honest_stages():
-    """2,000 stages of 21 probes at alpha 0.05 and the strictest gap (0): at most alpha, with
-    three standard errors of the simulation's own count."""
+    """2,000 stages of 11 probes (each reading pools the stage's probes so far) at alpha 0.05
+    and the strictest gap (0): at most alpha, with three standard errors of the simulation's
+    own count."""
     rng, alpha, stages = random.Random(0), 0.05, 2000
-    alarms = sum(simulated_stage(rng, 21, 60, 2, alpha) for _ in range(stages))
+    alarms = sum(simulated_stage(rng, 11, 60, 2, alpha) for _ in range(stages))
     assert alarms / stages <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / stages), alarms
