@@ -27,6 +27,14 @@ samples from its own stream): each probe's per-problem values past the first N a
 the held-out pass rates the guard reads recomputed from the rest. The probe's seconds are then
 given in proportion (an estimate: a probe's time is nearly linear in its problems).
 
+`--probe-model MODEL --heldout FILE --problems N [N ...]` times the probe itself as the
+`--section` stage runs it on its trainer's path (its sampler's batch of prompts x group rows,
+its settings but `problems`), drawn and graded on a saved model, each size `--repeat` times:
+what a smaller probe saves, measured rather than taken in proportion.
+
+`--every N [N ...]` replays each stage as if it had probed every N steps only (a multiple of its
+own interval): the other probes' readings left out. With `--problems`, every pairing of the two.
+
 `--signals PROMPTSxGROUPxWORDS` times the step's text signals (repetition, language
 consistency: rl/signals.py) on a synthetic batch of that size, words of prose and numbers, for
 batches larger than the tiny world's.
@@ -52,6 +60,7 @@ from configs.reinforcement import GRPOConfig
 from guard.paired import ITEMS, PAID
 from guard.rules import reward_without_skill
 from guard.watch import Guard, skill_pairs
+from rl.probing import probe_steps
 
 
 def stage_history(stage_dir: Path) -> list[dict[str, float]]:
@@ -109,6 +118,61 @@ def cut_probes(history: list[dict[str, float]], problems: int) -> list[dict[str,
             new["time/probe_seconds"] = entry["time/probe_seconds"] * share
         cut.append(new)
     return cut
+
+
+def probe_seconds(config: GRPOConfig, model: Path, heldout: Path, problems: int) -> float:
+    """Seconds one held-out probe of `problems` problems takes, drawn with the stage's own HF
+    sampler (its batch: prompts x group rows) from the saved `model`, and graded."""
+    from models.loading import load_model, load_tokenizer
+    from rl.heldout import heldout_probe
+    from sampling.factory import make_sampler
+
+    tokenizer = load_tokenizer(model)
+    batch = config.prompts_per_step * config.group_size
+    sampler = make_sampler("hf", load_model(model), tokenizer, batch_size=batch)
+    sized = config.model_copy(
+        update={"probe": config.probe.model_copy(update={"problems": problems})}
+    )
+    probe = heldout_probe(sized, heldout, tokenizer)
+    began = time.perf_counter()
+    probe(sampler)
+    return time.perf_counter() - began
+
+
+def thin_probes(history: list[dict[str, float]], every: int) -> list[dict[str, float]]:
+    """`history` as a stage probing every `every` steps would have it (a multiple of the
+    stage's own interval): the probe's readings, per-problem values and seconds left out of the
+    entries of the other probes (before training, every `every` steps and the last step stay)."""
+    steps = max(int(h.get("step", 0)) for h in history) if history else 0
+    kept = set(probe_steps(every, steps))
+    thinned = []
+    for entry in history:
+        if int(entry.get("step", 0)) in kept or not any(k.startswith("heldout/") for k in entry):
+            thinned.append(entry)
+            continue
+        probe_keys = ("heldout/", ITEMS, "time/probe_seconds")
+        thinned.append({k: v for k, v in entry.items() if not k.startswith(probe_keys)})
+    return thinned
+
+
+Shape = tuple[int | None, int | None]  # a probe's problems and interval; None: as recorded
+
+
+def shapes(problems: list[int], every: list[int]) -> list[Shape]:
+    """Every pairing of the problems and intervals asked for (as recorded where none is)."""
+    return [(n, e) for n in (problems or [None]) for e in (every or [None])]
+
+
+def reshaped(history: list[dict[str, float]], shape: Shape) -> list[dict[str, float]]:
+    """`history` as a probe of that shape would have written it."""
+    problems, every = shape
+    history = history if problems is None else cut_probes(history, problems)
+    return history if every is None else thin_probes(history, every)
+
+
+def shape_text(config: GRPOConfig, shape: Shape) -> str:
+    problems, every = shape
+    return f"{problems or config.probe.problems} / {every or config.probe.every}"
 
 
 def section(profile: str, overrides: list[str], dotted: str) -> GRPOConfig:
@@ -218,15 +282,15 @@ STAGES = {
 }
 
 
-def state_report(state: Path, profile: str, overrides: list[str], problems: list[int]) -> None:
+def state_report(state: Path, profile: str, overrides: list[str], asked: list[Shape]) -> None:
     """Every GRPO stage of a finished run under `state`: its trips replayed with the settings
-    the run had (with each probe cut to each of `problems`, where given), the outcome the stage
+    the run had (as each probe shape `asked` would have read it), the outcome the stage
     recorded, and what the guard cost it: its checks and step signals, and with its probe (a cut
     probe's seconds in proportion, the stage's seconds less what the cut saves)."""
     from stages.guarded import GUARD_RECORD
 
     print(
-        "| stage | probe problems | steps | trips replayed | unpaired only | widest gap "
+        "| stage | probe problems / every | steps | trips replayed | unpaired only | widest gap "
         "| outcome recorded | guard s | signals s | probe s | stage s | cost | with probe |"
     )
     print("|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
@@ -241,8 +305,8 @@ def state_report(state: Path, profile: str, overrides: list[str], problems: list
             full_probe = sum(h.get("time/probe_seconds", 0.0) for h in recorded)
             seconds = stage_seconds(state, stage, stage_dir.parent.name)
             steps = sum("reward/mean" in h for h in recorded)
-            for n in problems or [None]:
-                history = recorded if n is None else cut_probes(recorded, n)
+            for shape in asked:
+                history = reshaped(recorded, shape)
                 trips, _ = replay(config, history)
                 before, _ = replay(unpaired(config), history)
                 probe = sum(h.get("time/probe_seconds", 0.0) for h in history)
@@ -250,7 +314,7 @@ def state_report(state: Path, profile: str, overrides: list[str], problems: list
                 cost = f"{(guard + signals) / total:.2%}" if total else "-"
                 with_probe = f"{(guard + signals + probe) / total:.1%}" if total else "-"
                 print(
-                    f"| {stage} | {config.probe.problems if n is None else n} | {steps} "
+                    f"| {stage} | {shape_text(config, shape)} | {steps} "
                     f"| {said(trips)} | {said(before)} "
                     f"| {gap_text(widest_gap(config, history))} "
                     f"| {record.get('outcome', '-')} | {guard:.2f} | {signals:.2f} "
@@ -286,8 +350,28 @@ def main() -> None:
     parser.add_argument(
         "--problems", nargs="+", type=int, default=[], help="replay each probe cut to N problems"
     )
+    parser.add_argument(
+        "--every", nargs="+", type=int, default=[], help="replay probes every N steps only"
+    )
+    parser.add_argument("--probe-model", type=Path, help="time the probe on this saved model")
+    parser.add_argument("--heldout", type=Path, help="the held-out problems (--probe-model)")
+    parser.add_argument("--repeat", type=int, default=2, help="timings of each probe size")
     parser.add_argument("--signals", nargs="+", default=[], metavar="PROMPTSxGROUPxWORDS")
     args = parser.parse_args()
+    if args.probe_model is not None:
+        if args.heldout is None or not args.problems:
+            parser.error("--probe-model needs --heldout and --problems")
+        config = section(args.profile, args.overrides, args.section)
+        for n in args.problems:
+            times = [
+                probe_seconds(config, args.probe_model, args.heldout, n) for _ in range(args.repeat)
+            ]
+            print(
+                f"{args.section} probe of {n} problems: "
+                + ", ".join(f"{t:.2f}" for t in times)
+                + " s"
+            )
+        return
     for size in args.signals:
         parts = size.split("x")
         if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
@@ -303,15 +387,15 @@ def main() -> None:
     if args.runs and args.state is None:
         parser.error("--run reads the MLflow store of --state")
     if args.state is not None and not args.runs:
-        state_report(args.state, args.profile, args.overrides, args.problems)
+        state_report(args.state, args.profile, args.overrides, shapes(args.problems, args.every))
         return
     config = section(args.profile, args.overrides, args.section)
     histories = [(str(d), stage_history(d)) for d in args.stages]
     histories += [(f"run {r}", run_history(args.state, r)) for r in args.runs]
     for label, recorded in histories:
-        for n in args.problems or [None]:
-            history = recorded if n is None else cut_probes(recorded, n)
-            print(stage_text(config, label if n is None else f"{label}, probe of {n}", history))
+        for shape in shapes(args.problems, args.every):
+            history = reshaped(recorded, shape)
+            print(stage_text(config, f"{label}, probe {shape_text(config, shape)}", history))
 
 
 def stage_text(config: GRPOConfig, label: str, history: list[dict[str, float]]) -> str:

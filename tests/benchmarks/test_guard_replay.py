@@ -93,3 +93,16 @@ def test_a_probe_cut_to_its_first_problems_reads_as_a_smaller_probe_would():
     assert cut[0][MATH_PROBE] == 1.0 and holed[0][MATH_PROBE] == 0.625
     assert cut[0]["time/probe_seconds"] == pytest.approx(1.0)
     assert cut_probes(holed, 500)[0][MATH_PROBE] == 0.5  # every problem kept: their mean
+
+
+def test_probes_thinned_to_a_longer_interval_keep_the_first_every_nth_and_the_last():
+    """The worked history probes at steps 0, 20 and 40; every 40 keeps 0 and 40 (and the last
+    step, 40), and drops step 20's reading; a step's other metrics stay."""
+    from benchmarks.guard import thin_probes
+
+    history = hacked()
+    history[20]["time/probe_seconds"] = 1.0
+    thinned = thin_probes(history, 40)
+    assert [int(h["step"]) for h in thinned if MATH_PROBE in h] == [0, 40]
+    assert "time/probe_seconds" not in thinned[20] and thinned[20][MATH_RATE] == 0.5
+    assert thin_probes(history, 20) == history
