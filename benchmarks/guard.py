@@ -25,7 +25,8 @@ stage came to its bound, or how far past it a hacked one went.
 (what a smaller probe reads: the probe takes the held-out file's first problems, and every row
 samples from its own stream): each probe's per-problem values past the first N are dropped and
 the held-out pass rates the guard reads recomputed from the rest. The probe's seconds are then
-given in proportion (an estimate: a probe's time is nearly linear in its problems).
+given in proportion, an estimate: a probe's time goes by its sampler's batches rather than its
+problems, which `--probe-model` measures.
 
 `--probe-model MODEL --heldout FILE --problems N [N ...]` times the probe itself as the
 `--section` stage runs it on its trainer's path (its sampler's batch of prompts x group rows,
@@ -134,9 +135,12 @@ def probe_seconds(config: GRPOConfig, model: Path, heldout: Path, problems: int)
         update={"probe": config.probe.model_copy(update={"problems": problems})}
     )
     probe = heldout_probe(sized, heldout, tokenizer)
-    began = time.perf_counter()
-    probe(sampler)
-    return time.perf_counter() - began
+    try:
+        began = time.perf_counter()
+        probe(sampler)
+        return time.perf_counter() - began
+    finally:
+        sampler.close()
 
 
 def thin_probes(history: list[dict[str, float]], every: int) -> list[dict[str, float]]:
@@ -170,9 +174,9 @@ def reshaped(history: list[dict[str, float]], shape: Shape) -> list[dict[str, fl
     return history if every is None else thin_probes(history, every)
 
 
-def shape_text(config: GRPOConfig, shape: Shape) -> str:
+def shape_text(shape: Shape) -> str:
     problems, every = shape
-    return f"{problems or config.probe.problems} / {every or config.probe.every}"
+    return f"{problems or 'recorded'} / {every or 'recorded'}"
 
 
 def section(profile: str, overrides: list[str], dotted: str) -> GRPOConfig:
@@ -314,7 +318,7 @@ def state_report(state: Path, profile: str, overrides: list[str], asked: list[Sh
                 cost = f"{(guard + signals) / total:.2%}" if total else "-"
                 with_probe = f"{(guard + signals + probe) / total:.1%}" if total else "-"
                 print(
-                    f"| {stage} | {shape_text(config, shape)} | {steps} "
+                    f"| {stage} | {shape_text(shape)} | {steps} "
                     f"| {said(trips)} | {said(before)} "
                     f"| {gap_text(widest_gap(config, history))} "
                     f"| {record.get('outcome', '-')} | {guard:.2f} | {signals:.2f} "
@@ -395,7 +399,7 @@ def main() -> None:
     for label, recorded in histories:
         for shape in shapes(args.problems, args.every):
             history = reshaped(recorded, shape)
-            print(stage_text(config, f"{label}, probe {shape_text(config, shape)}", history))
+            print(stage_text(config, f"{label}, probe {shape_text(shape)}", history))
 
 
 def stage_text(config: GRPOConfig, label: str, history: list[dict[str, float]]) -> str:

@@ -164,9 +164,9 @@ def verifier_overpays(
     if bound <= 0 or difference.mean < gap:
         return None
     found = [f[i] for f, p in readings for i in set(f) & set(p)]
-    paid_now = [p[i] for f, p in readings for i in set(f) & set(p)]
+    paid = [p[i] for f, p in readings for i in set(f) & set(p)]
     step = int(entries[-1]["step"])
-    return Overpaid(step, look, fmean(found), fmean(paid_now), difference, bound)
+    return Overpaid(step, look, fmean(found), fmean(paid), difference, bound)
 
 
 @dataclass(frozen=True)
