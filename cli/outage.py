@@ -24,6 +24,15 @@ CLIENT_RETRIES = 0  # PREFECT_CLIENT_MAX_RETRIES for the watch: it retries here
 BUSY_CODES = frozenset({408, 429, 502, 503, 504})  # a server starting, stopping or overloaded
 
 
+def nap(seconds: float, slice_s: float = 0.1) -> None:
+    """`time.sleep(seconds)` in slices of at most `slice_s`: a sleep wakes only for a signal the
+    kernel hands to its own thread, and Python runs a signal's handler (Ctrl-C's
+    KeyboardInterrupt) in the main thread between slices, whichever thread received it."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, slice_s))
+
+
 def longest_wait() -> float:
     """`R1_WATCH_BACKOFF_SECONDS`, else 30 s."""
     return float(os.environ.get(BACKOFF_ENV) or LONGEST_WAIT)
@@ -55,7 +64,7 @@ class Outage:
     url: str
     say: Callable[[str], None]
     longest: float = field(default_factory=longest_wait)
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], None] = nap
     clock: Callable[[], float] = time.monotonic
 
     def call(self, request: Callable[[], T]) -> T:

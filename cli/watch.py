@@ -18,7 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from cli.failures import failure_reason, reason_lines, retry_helps
-from cli.outage import CLIENT_RETRIES, Outage, is_unreachable
+from cli.outage import CLIENT_RETRIES, Outage, is_unreachable, nap
 from cli.runs import NoServer, Served, connect, unreachable
 
 POLL_SECONDS = 2.0
@@ -93,10 +93,10 @@ def follow(
             out(f"-- {shown_state}")
         if run.state.is_final() and (since is None or run.state.timestamp >= since):
             break
-        time.sleep(poll)
+        nap(poll)
     quiet_until = time.monotonic() + STRAGGLER_SECONDS
     while time.monotonic() < quiet_until:
-        time.sleep(poll)
+        nap(poll)
         for log in ask(lambda: new_logs(client, flow_run_id, since, seen)):
             out(log_text(log))
     return run

@@ -94,3 +94,35 @@ def test_an_answer_that_refuses_the_request_is_raised_not_waited_for(error):
     assert not is_unreachable(error)
     with pytest.raises(type(error)):
         outage([], Clock()).call(Server(down=1, error=error).request)
+
+
+NAP_UNDER_CTRL_C = """
+import os, signal, sys, threading, time
+from cli.outage import nap
+
+def press():  # Ctrl-C to the process, received by this thread, not the sleeping one
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGINT)
+
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+threading.Thread(target=press).start()
+began = time.monotonic()
+try:
+    nap(20)
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - began:.1f} s")
+"""
+
+
+def test_a_nap_gives_way_to_ctrl_c_whichever_thread_the_kernel_handed_it_to():
+    """The watch's waits between tries (up to 30 s): Ctrl-C delivered to another thread of the
+    process still stops it within a slice, where `time.sleep` would sleep on to its end."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", NAP_UNDER_CTRL_C], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.startswith("interrupted after"), done.stdout + done.stderr
+    assert float(done.stdout.split()[2]) < 10, done.stdout
