@@ -59,7 +59,7 @@ from statistics import fmean
 from configs.profiles import load_profile
 from configs.reinforcement import GRPOConfig
 from guard.paired import ITEMS, PAID
-from guard.rules import reward_without_skill
+from guard.skill import reward_without_skill
 from guard.watch import Guard, skill_pairs
 from rl.probing import probe_steps
 
@@ -215,14 +215,27 @@ def unpaired(config: GRPOConfig) -> GRPOConfig:
     )
 
 
+def without_items(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    """`history` without the probe's per-problem values: as the guard before guard/paired.py
+    read it (its gap with no sampling allowance)."""
+    return [{k: v for k, v in h.items() if not k.startswith(ITEMS)} for h in history]
+
+
+def before_paired(config: GRPOConfig, history: list[dict[str, float]]) -> list[dict]:
+    """The trips of the guard before guard/paired.py: the unpaired reading alone."""
+    return replay(unpaired(config), without_items(history))[0]
+
+
 def said(trips: list[dict]) -> str:
     return "; ".join(f"{t['rule']}@{t['step']} ({t['action']})" for t in trips) or "none"
 
 
 def widest_gap(config: GRPOConfig, history: list[dict[str, float]]) -> float | None:
-    """The widest `gap` (to 0.01) at which `reward_without_skill`'s unpaired reading, its other
-    settings as configured, trips at some step of `history`; None where it trips at none (the
-    paired readings have no `gap`: they are left out)."""
+    """The widest `gap` (to 0.01) at which `reward_without_skill`'s gap reading, its other
+    settings as configured, trips at some step of `history` (with the probe's sampling
+    allowance where `history` keeps per-problem values; `without_items` for the reading
+    before it); None where it trips at none (the paired readings have no `gap`: they are left
+    out)."""
     rule, pairs = unpaired(config).guard.reward_without_skill, skill_pairs(config.rewards)
     widest = 0
     for end in range(1, len(history) + 1):
@@ -236,6 +249,13 @@ def widest_gap(config: GRPOConfig, history: list[dict[str, float]]) -> float | N
 
 def gap_text(gap: float | None) -> str:
     return "-" if gap is None else f"{gap:.2f}"
+
+
+def gaps_text(config: GRPOConfig, history: list[dict[str, float]]) -> str:
+    """The widest gap as the rule reads it, and in brackets as the guard before
+    guard/paired.py read it (no sampling allowance)."""
+    now, before = widest_gap(config, history), widest_gap(config, without_items(history))
+    return f"{gap_text(now)} ({gap_text(before)})"
 
 
 def signals_seconds(prompts: int, group: int, words: int, seed: int = 0) -> tuple[float, int]:
@@ -294,7 +314,8 @@ def state_report(state: Path, profile: str, overrides: list[str], asked: list[Sh
     from stages.guarded import GUARD_RECORD
 
     print(
-        "| stage | probe problems / every | steps | trips replayed | unpaired only | widest gap "
+        "| stage | probe problems / every | steps | trips replayed | unpaired only "
+        "| widest gap (unpaired) "
         "| outcome recorded | guard s | signals s | probe s | stage s | cost | with probe |"
     )
     print("|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
@@ -312,7 +333,7 @@ def state_report(state: Path, profile: str, overrides: list[str], asked: list[Sh
             for shape in asked:
                 history = reshaped(recorded, shape)
                 trips, _ = replay(config, history)
-                before, _ = replay(unpaired(config), history)
+                before = before_paired(config, history)
                 probe = sum(h.get("time/probe_seconds", 0.0) for h in history)
                 total = seconds - full_probe + probe if seconds else None
                 cost = f"{(guard + signals) / total:.2%}" if total else "-"
@@ -320,7 +341,7 @@ def state_report(state: Path, profile: str, overrides: list[str], asked: list[Sh
                 print(
                     f"| {stage} | {shape_text(shape)} | {steps} "
                     f"| {said(trips)} | {said(before)} "
-                    f"| {gap_text(widest_gap(config, history))} "
+                    f"| {gaps_text(config, history)} "
                     f"| {record.get('outcome', '-')} | {guard:.2f} | {signals:.2f} "
                     f"| {probe:.1f} | {total or float('nan'):.0f} | {cost} | {with_probe} |"
                 )
@@ -419,10 +440,13 @@ def stage_text(config: GRPOConfig, label: str, history: list[dict[str, float]]) 
         lines.append(f"  trip: {where}: {trip['reason']}")
     if not trips:
         lines.append("  no trip")
-    before, _ = replay(unpaired(config), history)
+    before = before_paired(config, history)
     lines.append(f"  the unpaired reading alone (the guard before guard/paired.py): {said(before)}")
-    widest, bound = widest_gap(config, history), config.guard.reward_without_skill.gap
-    lines.append(f"  reward_without_skill: widest gap {gap_text(widest)} (trips at {bound:.2f})")
+    bound = config.guard.reward_without_skill.gap
+    lines.append(
+        f"  reward_without_skill: widest gap {gaps_text(config, history)} (in brackets unpaired, "
+        f"no sampling allowance; trips at {bound:.2f})"
+    )
     return "\n".join(lines)
 
 

@@ -44,3 +44,13 @@ def first(points: Sequence[Point], window: int) -> tuple[float, int] | None:
     if points[-1][0] < start + window:
         return None
     return fmean(v for _, v in values), values[-1][0]
+
+
+def baseline(history: History, key: str, window: int) -> tuple[float, float] | None:
+    """(the mean over the stage's first `window` steps, the mean over the last `window`) of
+    `key`, once the two windows no longer overlap; else None."""
+    points, now = series(history, key), last_step(history)
+    start, level = first(points, window), recent(points, now, window)
+    if start is None or level is None or now - window < start[1]:
+        return None
+    return start[0], level

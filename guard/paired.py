@@ -23,6 +23,10 @@ Two readings use them:
   fallen from its best reading so far, beyond what the probe's sampling explains (skill lost
   after honest gains, whatever the training verifier; the rule sets it beside the training pass
   rate, which a hack keeps up).
+
+And the rule's gap between the training pass rate and the held-out one reads the held-out
+change at the least alarming end of what the probe's sampling allows (`sampling_allowance`):
+a probe of few problems a family moves by chance.
 """
 
 from __future__ import annotations
@@ -109,6 +113,24 @@ def pooled(pairs: Sequence[tuple[Items, Items]]) -> PairedDifference | None:
 def paired(first: Mapping[int, float], second: Mapping[int, float]) -> PairedDifference | None:
     """`second - first` over the problems both hold; None with fewer than two."""
     return pooled([(first, second)])
+
+
+def sampling_allowance(
+    entries: Sequence[Mapping[str, float]], then: int, probe_key: str, alpha: float
+) -> float:
+    """How far the held-out reading under `probe_key` can move from probe `entries[then]` to
+    the latest, `entries[-1]`, by the probe's sampling alone: the spread of their paired
+    difference on the same problems times the latest look's critical value, as `skill_fell`
+    reads each earlier probe (so that a gap read past it is a false alarm no more often than
+    the fall reading). `entries` are the stage's probe entries in order; 0 where they keep no
+    per-problem values under `probe_key` (the reading is then unpaired)."""
+    prefix = items_key(probe_key)
+    kept = probe_entries(entries, prefix)
+    difference = paired(item_values(entries[then], prefix), item_values(entries[-1], prefix))
+    if difference is None or len(kept) < 2:
+        return 0.0
+    look = len(kept) - 1
+    return critical(alpha, look, look) * difference.spread
 
 
 @dataclass(frozen=True)

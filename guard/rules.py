@@ -1,6 +1,7 @@
 """The guard's rules: each a pure function of a stage's metric history (one dict per step, as the
 GRPO trainer logs it) and its settings (configs/guard.py), returning a `Trip` that names the
-rule, the step, the window it read and its numbers, or None.
+rule, the step, the window it read and its numbers (guard/trip.py), or None.
+`reward_without_skill`, which reads the held-out probe, is in guard/skill.py.
 
 The signals they read, all logged every step by the trainer (rl/trainer.py, rl/signals.py) or by
 its held-out probe every `probe.every` steps:
@@ -13,8 +14,6 @@ its held-out probe every `probe.every` steps:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from statistics import fmean
 
 from configs.guard import (
     Collapse,
@@ -24,229 +23,9 @@ from configs.guard import (
     LanguageMixing,
     LengthRunaway,
     Repetition,
-    RewardWithoutSkill,
 )
-from guard.history import History, Point, first, last_step, recent, series
-from guard.paired import Fell, Overpaid, skill_fell, verifier_overpays
-
-
-@dataclass(frozen=True)
-class Trip:
-    """A rule that fired: at `step`, over the steps from `since` on, for `reason`."""
-
-    rule: str
-    step: int
-    since: int
-    reason: str
-    numbers: dict[str, float] = field(default_factory=dict)
-    subject: str = ""  # what it is about: a family, a reward term, a verifier
-
-    def to_dict(self) -> dict:
-        return {
-            "rule": self.rule,
-            "step": self.step,
-            "since": self.since,
-            "reason": self.reason,
-            "numbers": self.numbers,
-            "subject": self.subject,
-        }
-
-
-@dataclass(frozen=True)
-class SkillPair:
-    """A family verifier's training pass rate and the held-out pass@1 that should follow it."""
-
-    label: str  # the family ("math"), or "all"
-    reward_key: str  # reward/<term>/mean
-    probe_key: str  # heldout/<family>/pass_at_1[_lenient]
-
-    @property
-    def term(self) -> str:
-        """The verifier term's name."""
-        return self.reward_key.removeprefix("reward/").removesuffix("/mean")
-
-
-def start_of(now: int, window: int) -> int:
-    """The first step of the window of `window` steps that ends at `now` (step 1 at the least)."""
-    return max(1, now - window + 1)
-
-
-def _r(value: float) -> float:
-    return round(value, 4)
-
-
-def windowed(rule: str, now: int, window: int, reason: str, **numbers: float) -> Trip:
-    """A trip over the `window` steps up to `now`, its numbers rounded."""
-    return Trip(rule, now, start_of(now, window), reason, {k: _r(v) for k, v in numbers.items()})
-
-
-def baseline(history: History, key: str, window: int) -> tuple[float, float] | None:
-    """(the mean over the stage's first `window` steps, the mean over the last `window`) of
-    `key`, once the two windows no longer overlap; else None."""
-    points, now = series(history, key), last_step(history)
-    start, level = first(points, window), recent(points, now, window)
-    if start is None or level is None or now - window < start[1]:
-        return None
-    return start[0], level
-
-
-def smoothed(points: Sequence[Point], k: int) -> list[Point]:
-    """Each reading as the mean of it and the `k - 1` before it (fewer at the start)."""
-    return [
-        (s, fmean(v for _, v in points[max(0, i - k + 1) : i + 1]))
-        for i, (s, _) in enumerate(points)
-    ]
-
-
-def reference_reading(readings: Sequence[Point], reference: str) -> Point:
-    """The reading the latest is set against: the first, or the best before the latest (the
-    earliest of equals)."""
-    return readings[0] if reference == "first" else max(readings[:-1], key=lambda p: p[1])
-
-
-def reward_up_to(points: Sequence[Point], step: int, window: int) -> tuple[float, str] | None:
-    """A training rate's mean over the `window` steps up to `step`, or over the stage's first
-    `window` steps where `step` comes before their end (or the window is too thin to read),
-    and which window it was."""
-    start = first(points, window)
-    if start is None:
-        return None
-    later = recent(points, step, window) if step > start[1] else None
-    if later is None:
-        return start[0], f"first {window} steps"
-    return later, f"{window} steps to step {step}"
-
-
-def reward_without_skill(
-    history: History, rule: RewardWithoutSkill, pairs: Sequence[SkillPair]
-) -> Trip | None:
-    """Read when a probe lands: a family verifier's training pass rate (its last `window`
-    steps against the `window` steps up to the reference probe) gained at least `gap` on that
-    family's held-out pass@1 (each reading the mean of `smooth` probes; the latest against the
-    first, or the best before it: a rise of the one, a fall of the other, or both), and the
-    held-out pass@1 did not rise by more than `-probe_fall`. The stage's first and last windows
-    must be apart. Before that, the paired readings (guard/paired.py): a training verifier that
-    pays `overpay` more than the probe's grader finds on the probe's own completions trips from
-    the first probe on; and the held-out pass rate fallen by `fall` on the same problems since
-    an earlier probe, while the training pass rate did not fall with it (less than half as
-    far)."""
-    now, w = last_step(history), rule.window
-    for pair in pairs:
-        probes = series(history, pair.probe_key)
-        if not probes or probes[-1][0] != now:
-            continue
-        if rule.overpay is not None:
-            over = verifier_overpays(history, pair.term, pair.probe_key, rule.overpay, rule.alpha)
-            if over is not None:
-                return overpaid_trip(pair, over, rule)
-        points = series(history, pair.reward_key)
-        if rule.fall is not None:
-            fell = skill_fell(history, pair.probe_key, rule.fall, rule.alpha)
-            trip = fell_trip(pair, fell, points, now, rule) if fell is not None else None
-            if trip is not None:
-                return trip
-        if len(probes) < 2:
-            continue
-        if baseline(history, pair.reward_key, w) is None:
-            continue
-        readings = smoothed(probes, rule.smooth)
-        then_step, probe_then = reference_reading(readings, rule.reference)
-        probe_now = readings[-1][1]
-        up_to, reward_now = reward_up_to(points, then_step, w), recent(points, now, w)
-        if up_to is None or reward_now is None:
-            continue
-        reward_then, span = up_to
-        rise, change = reward_now - reward_then, probe_now - probe_then
-        if rise - change >= rule.gap and change <= -rule.probe_fall:
-            return Trip(
-                "reward_without_skill",
-                now,
-                start_of(now, w),
-                f"{pair.label}: training pass rate {reward_then:.3f} -> {reward_now:.3f} "
-                f"({rise:+.3f}, {span} to last {w}) while "
-                f"held-out pass@1 went {probe_then:.3f} -> {probe_now:.3f} ({change:+.3f}, "
-                f"{_probe_span(rule, then_step, now)})",
-                {
-                    "reward_then": _r(reward_then),
-                    "reward_now": _r(reward_now),
-                    "probe_then": _r(probe_then),
-                    "probe_now": _r(probe_now),
-                },
-                pair.label,
-            )
-    return None
-
-
-def overpaid_trip(pair: SkillPair, over: Overpaid, rule: RewardWithoutSkill) -> Trip:
-    """`reward_without_skill` for a verifier that pays more than the probe's grader finds."""
-    d = over.difference
-    return Trip(
-        "reward_without_skill",
-        over.step,
-        start_of(over.step, rule.window),
-        f"{pair.label}: the training verifier {pair.term} pays {over.paid:.3f} of the "
-        f"{_probes(over.look)} completions where its grader finds {over.found:.3f} "
-        f"({d.mean:+.3f} ± {d.se:.3f} over {d.n} problem draws, {d.differing} differ; at least "
-        f"{over.bound:+.3f} at probe {over.look} at a false-alarm rate of {rule.alpha:g} a "
-        f"stage; bound {rule.overpay:.2f})",
-        {
-            "paid": _r(over.paid),
-            "found": _r(over.found),
-            "overpay": _r(d.mean),
-            "overpay_se": _r(d.se),
-            "overpay_bound": _r(over.bound),
-        },
-        pair.label,
-    )
-
-
-def _probes(looks: int) -> str:
-    return "probe's" if looks == 1 else f"{looks} probes'"
-
-
-def fell_trip(
-    pair: SkillPair, fell: Fell, points: Sequence[Point], now: int, rule: RewardWithoutSkill
-) -> Trip | None:
-    """`reward_without_skill` for a held-out skill fallen beyond chance (`fell`), where the
-    family's training pass rate (its last `window` steps against the `window` steps up to the
-    probe it fell from) fell less than half as far: the training verifier goes on paying for
-    what the held-out grader no longer finds. None where the training rate fell with it (a
-    collapse, not a hack: `collapse` reads it; half, since its window's mean lags the probe's
-    reading) or has no window to read yet."""
-    assert rule.fall is not None
-    up_to = reward_up_to(points, fell.then_step, rule.window)
-    reward_now = recent(points, now, rule.window)
-    if up_to is None or reward_now is None:
-        return None
-    (reward_then, span), d = up_to, fell.difference
-    if reward_now - reward_then <= d.mean / 2:
-        return None
-    return Trip(
-        "reward_without_skill",
-        now,
-        start_of(now, rule.window),
-        f"{pair.label}: held-out pass@1 fell {fell.then:.3f} -> {fell.now:.3f} on the same "
-        f"{d.n} problems since step {fell.then_step} ({d.mean:+.3f} ± {d.se:.3f}, {d.differing} "
-        f"differ; at most {fell.bound:+.3f} at probe {fell.look} at a false-alarm rate of "
-        f"{rule.alpha:g} a stage; bound {rule.fall:.2f}) while the training pass rate went "
-        f"{reward_then:.3f} -> {reward_now:.3f} ({span} to last {rule.window})",
-        {
-            "probe_then": _r(fell.then),
-            "probe_now": _r(fell.now),
-            "fall": _r(-d.mean),
-            "fall_se": _r(d.se),
-            "fall_bound": _r(-fell.bound),
-            "reward_then": _r(reward_then),
-            "reward_now": _r(reward_now),
-        },
-        pair.label,
-    )
-
-
-def _probe_span(rule: RewardWithoutSkill, then: int, now: int) -> str:
-    which = "" if rule.reference == "first" else "best at "
-    mean = "" if rule.smooth == 1 else f", each the mean of {rule.smooth} probes"
-    return f"{which}step {then} to {now}{mean}" if which else f"steps {then}-{now}{mean}"
+from guard.history import History, baseline, first, last_step, recent, series
+from guard.trip import Trip, rounded, start_of, windowed
 
 
 def risen_past(
@@ -386,11 +165,11 @@ def gamed_term(
             f"{name} adds {weight * mean[0]:.3f} -> {weight * mean[1]:.3f} to the mean reward "
             f"(share {share[0]:.2f} -> {share[1]:.2f}) while accuracy moved {moved:+.3f}",
             {
-                "added_then": _r(weight * mean[0]),
-                "added_now": _r(weight * mean[1]),
-                "share_then": _r(share[0]),
-                "share_now": _r(share[1]),
-                "accuracy_change": _r(moved),
+                "added_then": rounded(weight * mean[0]),
+                "added_now": rounded(weight * mean[1]),
+                "share_then": rounded(share[0]),
+                "share_now": rounded(share[1]),
+                "accuracy_change": rounded(moved),
             },
             name,
         )
@@ -425,7 +204,7 @@ def judge_trouble(history: History, rule: JudgeTrouble, verifiers: Sequence[str]
                 start_of(now, w),
                 f"{unscorable:.2f} of {who} unscorable over steps {start_of(now, w)}-{now} "
                 f"(ceiling {rule.max_unscorable:.2f})",
-                {"unscorable": _r(unscorable)},
+                {"unscorable": rounded(unscorable)},
                 "" if key.count("/") == 1 else key.split("/")[1],
             )
     return _reason_trouble(history, rule, verifiers, now)
@@ -454,7 +233,7 @@ def _reason_trouble(
                     start_of(now, w),
                     f"{name}: {share:.2f} of verdicts are '{reason}' over steps "
                     f"{start_of(now, w)}-{now} (ceiling {rule.max_reason_share:.2f})",
-                    {"share": _r(share), "verdicts": total},
+                    {"share": rounded(share), "verdicts": total},
                     name,
                 )
     return None

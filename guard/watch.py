@@ -12,7 +12,8 @@ from configs.reinforcement import RewardTerm
 from contracts.reward_names import HOLED_REWARDS
 from guard import rules
 from guard.history import History
-from guard.rules import SkillPair, Trip
+from guard.skill import SkillPair, reward_without_skill
+from guard.trip import Trip
 from problems.types import FAMILY_REWARDS
 
 SEVERITY = {"warn": 1, "rollback": 2, "stop": 3}
@@ -43,17 +44,15 @@ def skill_pairs(terms: Sequence[RewardTerm]) -> list[SkillPair]:
 
 
 def paired_readings(guard: GuardConfig, terms: Sequence[RewardTerm]) -> tuple[set[str], list[str]]:
-    """What the held-out probe keeps per problem for `reward_without_skill`'s paired readings
-    (guard/paired.py): the held-out readings (`heldout/...` keys) of the stage's verifier pairs,
-    and the training verifier terms that are not the grader's own, whose pay on the probe's
-    completions the `overpay` reading sets beside them. Nothing where the rule or its paired
-    readings are off, or nothing is left to pair."""
+    """What the held-out probe keeps per problem for `reward_without_skill` (guard/paired.py):
+    the held-out readings (`heldout/...` keys) of the stage's verifier pairs (the fall reading
+    and the gap's sampling allowance read them), and the training verifier terms that are not
+    the grader's own, whose pay on the probe's completions the `overpay` reading sets beside
+    them. Nothing where the rule is off."""
     rule = guard.reward_without_skill
     if not guard.enabled or rule.action == "off":
         return set(), []
     unvetted = [] if rule.overpay is None else unvetted_verifiers(terms)
-    if rule.fall is None and not unvetted:
-        return set(), []
     return {pair.probe_key for pair in skill_pairs(terms)}, unvetted
 
 
@@ -134,7 +133,7 @@ class Guard:
             return []
         c = self.config
         found = {
-            "reward_without_skill": lambda: rules.reward_without_skill(
+            "reward_without_skill": lambda: reward_without_skill(
                 history, c.reward_without_skill, self.pairs
             ),
             "length_runaway": lambda: rules.length_runaway(history, c.length_runaway),

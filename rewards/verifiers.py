@@ -17,7 +17,13 @@ from rewards.accuracy import Grade, grade
 from rewards.code import CodeReward, extract_code
 from rewards.countdown import reaches, stated_expression
 
-__all__ = ["FAMILY_REWARDS", "grade_all", "grade_code", "grade_logic"]
+__all__ = [
+    "FAMILY_REWARDS",
+    "grade_all",
+    "grade_code",
+    "grade_logic",
+    "grade_readings",
+]
 
 
 class Gradable(Protocol):
@@ -35,28 +41,35 @@ def grade_logic(completion: str, problem: Gradable, strict: bool = True) -> Grad
 
 
 def grade_code(
-    items: Sequence[tuple[str, Gradable]], strict: bool = True, runner: CodeReward | None = None
-) -> list[Grade]:
-    """Grades of (completion, problem) pairs of the code family, judged in one sandbox session;
-    a program is right when it passes every test, None when the sandbox could not judge it.
-    The same program for the same tests is run once."""
+    items: Sequence[tuple[str, Gradable]],
+    readings: Sequence[bool],
+    runner: CodeReward | None = None,
+) -> list[list[Grade]]:
+    """Grades of (completion, problem) pairs of the code family under each reading of `readings`
+    (strict or lenient): a program is right when it passes every test, None when the sandbox
+    could not judge it. The programs of every reading are judged in one sandbox session, the
+    same program for the same tests once (a strict and a lenient reading mostly find the same)."""
     runner = runner or CodeReward()
-    programs = [extract_code(c, strict) for c, _ in items]
+    programs = [[extract_code(c, strict) for c, _ in items] for strict in readings]
     unique: dict[tuple[str, tuple[str, ...]], int] = {}
-    for program, (_, problem) in zip(programs, items, strict=True):
-        if program is not None:
-            unique.setdefault((program, tuple(problem.tests)), len(unique))
+    for found in programs:
+        for program, (_, problem) in zip(found, items, strict=True):
+            if program is not None:
+                unique.setdefault((program, tuple(problem.tests)), len(unique))
     keys = list(unique)
     fenced = [f"<answer>\n```python\n{program}```\n</answer>" for program, _ in keys]
     scores = runner([""] * len(keys), fenced, [list(tests) for _, tests in keys]) if keys else []
-    grades = []
-    for program, (_, problem) in zip(programs, items, strict=True):
+
+    def graded(program: str | None, problem: Gradable) -> Grade:
         if program is None:
-            grades.append(Grade(None, False))
-            continue
+            return Grade(None, False)
         score = scores[unique[(program, tuple(problem.tests))]]
-        grades.append(Grade(program, None if score is None else score >= 1.0))
-    return grades
+        return Grade(program, None if score is None else score >= 1.0)
+
+    return [
+        [graded(program, problem) for program, (_, problem) in zip(found, items, strict=True)]
+        for found in programs
+    ]
 
 
 def grade_all(
@@ -66,15 +79,30 @@ def grade_all(
     runner: CodeReward | None = None,
 ) -> list[Grade]:
     """The grade of each completion by its problem's family verifier, in order."""
-    grades: list[Grade | None] = [None] * len(completions)
+    return grade_readings(problems, completions, (strict,), runner)[0]
+
+
+def grade_readings(
+    problems: Sequence[Gradable],
+    completions: Sequence[str],
+    readings: Sequence[bool] = (True, False),
+    runner: CodeReward | None = None,
+) -> list[list[Grade]]:
+    """`grade_all`'s grades under each reading of `readings` (strict, then lenient by default),
+    the code family's programs of every reading judged in one sandbox session."""
     code = [i for i, p in enumerate(problems) if p.family == "code"]
-    for i, got in zip(
-        code, grade_code([(completions[i], problems[i]) for i in code], strict, runner), strict=True
-    ):
-        grades[i] = got
-    for i, (problem, completion) in enumerate(zip(problems, completions, strict=True)):
-        if problem.family == "logic":
-            grades[i] = grade_logic(completion, problem, strict)
-        elif problem.family != "code":
-            grades[i] = grade(completion, problem.answer, strict)
-    return [g for g in grades if g is not None]
+    judged = grade_code([(completions[i], problems[i]) for i in code], readings, runner)
+    out = []
+    for strict, code_grades in zip(readings, judged, strict=True):
+        of_code = dict(zip(code, code_grades, strict=True))
+        out.append(
+            [
+                of_code[i]
+                if problem.family == "code"
+                else grade_logic(completion, problem, strict)
+                if problem.family == "logic"
+                else grade(completion, problem.answer, strict)
+                for i, (problem, completion) in enumerate(zip(problems, completions, strict=True))
+            ]
+        )
+    return out

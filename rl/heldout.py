@@ -14,7 +14,7 @@ from problems.loader import load_problems
 from problems.types import Problem
 from rewards.accuracy import verifiable
 from rewards.registry import RewardSet
-from rewards.verifiers import grade_all
+from rewards.verifiers import grade_readings
 from rl.probing import HeldoutProbe
 from rl.scoring import score
 from rl.sources import DrawRequest
@@ -42,8 +42,9 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> HeldoutP
         flat = [p for p, group in zip(problems, groups, strict=True) for _ in group]
         texts = [c.text for group in groups for c in group]
         figures = {"mean_tokens": mean(len(c.token_ids) for g in groups for c in g)}
-        for reading, strict in (("pass_at_1", True), ("pass_at_1_lenient", False)):
-            right = [g.correct is True for g in grade_all(flat, texts, strict=strict)]
+        graded = zip(("pass_at_1", "pass_at_1_lenient"), grade_readings(flat, texts), strict=True)
+        for reading, grades in graded:
+            right = [g.correct is True for g in grades]
             figures[reading] = mean(right)
             for family in sorted({p.family for p in problems}):
                 mine = [r for r, p in zip(right, flat, strict=True) if p.family == family]

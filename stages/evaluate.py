@@ -25,7 +25,7 @@ from problems.types import Problem, ProblemSet
 from rewards.accuracy import verifiable
 from rewards.language import is_language_consistent
 from rewards.registry import RewardFn
-from rewards.verifiers import grade_all
+from rewards.verifiers import grade_readings
 from sampling.factory import Sampler, sized
 from sampling.interface import Completion, SamplingParams
 from stages.tracker import Tracker
@@ -113,8 +113,7 @@ def grade(
     """The held-out metrics (overall and per family) and one row per sample."""
     flat_problems = [p for p, samples in zip(heldout, completions, strict=True) for _ in samples]
     texts = [c.text for samples in completions for c in samples]
-    strict_grades = iter(grade_all(flat_problems, texts, strict=True))
-    lenient_grades = iter(grade_all(flat_problems, texts, strict=False))
+    strict_grades, lenient_grades = map(iter, grade_readings(flat_problems, texts))
     graded, rows = [], []
     for problem, samples in zip(heldout, completions, strict=True):
         grades = [next(strict_grades) for _ in samples]

@@ -32,10 +32,11 @@ import torch
 from configs.reinforcement import GRPOConfig
 from evaluation.curves import plot_guard_trip
 from guard.paired import ITEMS
-from guard.rules import Trip
 from guard.stop import GuardStop
+from guard.trip import Trip
 from guard.watch import Guard, Verdict
 from problems.types import Problem
+from rl.probing import longest_probe_gap
 from rl.trainer import GRPOReport, GRPOTrainer
 from stages.tracker import Tracker, note
 from training.checkpoints import checkpoint_file, save_checkpoint
@@ -273,13 +274,16 @@ def train_guarded(
 
 
 def reach_of(config: GRPOConfig) -> int:
-    """How far back (in steps) a trip's window can start: the longest window, a probe interval
-    (the rule reading the probe compares with one at least a window back), and another where
-    sampling workers may draw the probe (read an interval after the version it measured,
-    rl/probing.py), and a checkpoint interval; and a rollback's `reach_back` before the window."""
+    """How far back (in steps) a trip's window can start: the longest window, the longest gap
+    between two probes (the rule reading the probe compares with one at least a window back),
+    and an interval more where sampling workers may draw the probe (read an interval after the
+    version it measured, rl/probing.py), and a checkpoint interval; and a rollback's
+    `reach_back` before the window."""
     longest = max(rule.window for rule in config.guard.rules().values())
     rollback = config.guard.rollback.reach_back
-    probing = config.probe.every * (2 if config.probe.on_workers else 1)
+    probing = longest_probe_gap(config.probe.every, config.steps)
+    if config.probe.on_workers:
+        probing += config.probe.every
     return longest + probing + config.checkpoint_every + rollback
 
 

@@ -105,6 +105,8 @@ def press():  # Ctrl-C to the process, received by this thread, not the sleeping
     time.sleep(0.3)
     os.kill(os.getpid(), signal.SIGINT)
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # started in the background, Ctrl-C
+# is ignored from the start and Python installs no handler of its own
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 threading.Thread(target=press).start()
 began = time.monotonic()

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from configs.guard import RewardWithoutSkill
-from guard import rules
+from guard import skill
 from guard.paired import (
     critical,
     item_values,
@@ -21,7 +21,7 @@ from guard.paired import (
     spent,
     verifier_overpays,
 )
-from guard.rules import SkillPair
+from guard.skill import SkillPair
 from problems.types import Problem
 from rl.heldout import found_items, per_problem
 
@@ -91,14 +91,14 @@ def test_a_verifier_paying_for_what_the_grader_rejects_trips_at_the_first_probe_
     paid = [1.0] * 40 + [1.0] * 30 + [0.0] * 30
     history = [probe_entry(0, found, paid), {"step": 1.0}, probe_entry(2, found, paid)]
     rule = RewardWithoutSkill(window=2)
-    trip = rules.reward_without_skill(history, rule, [HOLED])
+    trip = skill.reward_without_skill(history, rule, [HOLED])
     assert trip is not None and trip.rule == "reward_without_skill" and trip.step == 2
     assert trip.numbers["paid"] == 0.7 and trip.numbers["found"] == 0.4
     assert trip.numbers["overpay"] == pytest.approx(0.3)
     assert "the training verifier accuracy_digits pays 0.700" in trip.reason
     assert "200 problem draws, 60 differ" in trip.reason and "at probe 2" in trip.reason
     # read only when a probe lands, and only where the latest entry is that probe
-    assert rules.reward_without_skill(history[:2], rule, [HOLED]) is None
+    assert skill.reward_without_skill(history[:2], rule, [HOLED]) is None
 
 
 def overpays(found: list[float], paid: list[float], gap: float = 0.05):
@@ -146,16 +146,16 @@ def test_small_probes_add_up_to_what_one_large_probe_sees():
 def test_a_verifier_that_is_the_graders_own_or_none_recorded_leaves_the_reading_idle():
     found = [1.0] * 50 + [0.0] * 50
     agreeing = [probe_entry(0, found, found), probe_entry(10, found, found)]
-    assert rules.reward_without_skill(agreeing, RewardWithoutSkill(), [HOLED]) is None
+    assert skill.reward_without_skill(agreeing, RewardWithoutSkill(), [HOLED]) is None
     bare = [
         {"step": 0.0, "heldout/math/pass_at_1": 0.5},
         {"step": 10.0, "heldout/math/pass_at_1": 0.5},
     ]
-    assert rules.reward_without_skill(bare, RewardWithoutSkill(), [HOLED]) is None
+    assert skill.reward_without_skill(bare, RewardWithoutSkill(), [HOLED]) is None
     off = RewardWithoutSkill(overpay=None)
     holed = [probe_entry(0, found, [1.0] * 100), probe_entry(10, found, [1.0] * 100)]
-    assert rules.reward_without_skill(holed, off, [HOLED]) is None
-    assert rules.reward_without_skill(holed, RewardWithoutSkill(), [HOLED]) is not None
+    assert skill.reward_without_skill(holed, off, [HOLED]) is None
+    assert skill.reward_without_skill(holed, RewardWithoutSkill(), [HOLED]) is not None
 
 
 def simulated_stage(rng: random.Random, probes: int, problems: int, samples: int, alpha: float):

@@ -15,9 +15,9 @@ from configs.guard import (
     Repetition,
     RewardWithoutSkill,
 )
-from guard import rules
+from guard import rules, skill
 from guard.history import first, recent, series
-from guard.rules import SkillPair
+from guard.skill import SkillPair
 
 MATH = SkillPair("math", "reward/accuracy/mean", "heldout/math/pass_at_1")
 
@@ -74,8 +74,8 @@ def test_reward_without_skill_trips_when_a_probe_lands_and_the_windows_are_apart
     rule = RewardWithoutSkill(window=10, gap=0.15, probe_fall=0.03)
     history = hacked()
     # at step 10 the last window is the first one: nothing to compare yet
-    assert rules.reward_without_skill(upto(history, 19), rule, [MATH]) is None
-    trip = rules.reward_without_skill(upto(history, 20), rule, [MATH])
+    assert skill.reward_without_skill(upto(history, 19), rule, [MATH]) is None
+    trip = skill.reward_without_skill(upto(history, 20), rule, [MATH])
     assert trip is not None and (trip.rule, trip.step, trip.since, trip.subject) == (
         "reward_without_skill",
         20,
@@ -94,36 +94,36 @@ def test_reward_without_skill_trips_when_a_probe_lands_and_the_windows_are_apart
 
 def test_reward_without_skill_reads_only_when_a_probe_lands():
     rule = RewardWithoutSkill(window=10, gap=0.15, probe_fall=0.03)
-    assert rules.reward_without_skill(upto(hacked(), 21), rule, [MATH]) is None
-    assert rules.reward_without_skill(upto(hacked(), 30), rule, [MATH]) is not None
+    assert skill.reward_without_skill(upto(hacked(), 21), rule, [MATH]) is None
+    assert skill.reward_without_skill(upto(hacked(), 30), rule, [MATH]) is not None
 
 
 def test_reward_without_skill_leaves_an_honest_rise_alone():
     history = steps(30, reward__accuracy__mean=lambda s: 0.5 + 0.01 * s)
     honest = probed(history, MATH.probe_key, {0: 0.60, 10: 0.63, 20: 0.66, 30: 0.70})
     rule = RewardWithoutSkill(window=10, gap=0.08, probe_fall=0.0)
-    assert all(rules.reward_without_skill(upto(honest, t), rule, [MATH]) is None for t in range(31))
+    assert all(skill.reward_without_skill(upto(honest, t), rule, [MATH]) is None for t in range(31))
 
 
 def test_reward_without_skill_reads_the_gap_the_training_rate_gains_on_the_probe():
     history = hacked()  # at step 20: +0.10 against -0.05, a gap of 0.15
     assert (
-        rules.reward_without_skill(history[:21], RewardWithoutSkill(window=10, gap=0.2), [MATH])
+        skill.reward_without_skill(history[:21], RewardWithoutSkill(window=10, gap=0.2), [MATH])
         is None
     )
     falling_more = RewardWithoutSkill(window=10, gap=0.15, probe_fall=0.2)
-    assert rules.reward_without_skill(history, falling_more, [MATH]) is None
+    assert skill.reward_without_skill(history, falling_more, [MATH]) is None
     # a reward that stays where it was while held-out pass@1 collapses: a gap all the same
     flat = steps(30, reward__accuracy__mean=[0.9] * 30)
     collapsed = probed(flat, MATH.probe_key, {0: 0.60, 10: 0.40, 20: 0.10})
-    trip = rules.reward_without_skill(upto(collapsed, 20), RewardWithoutSkill(window=10), [MATH])
+    trip = skill.reward_without_skill(upto(collapsed, 20), RewardWithoutSkill(window=10), [MATH])
     assert trip is not None and trip.numbers["probe_now"] == 0.1
     # a negative fall lets the probe rise a little: the reward up 0.25, the probe up 0.02
     rising = steps(30, reward__accuracy__mean=lambda s: 0.5 if s <= 10 else 0.75)
     slight = probed(rising, MATH.probe_key, {0: 0.60, 30: 0.62})
-    assert rules.reward_without_skill(slight, RewardWithoutSkill(window=10), [MATH]) is None
+    assert skill.reward_without_skill(slight, RewardWithoutSkill(window=10), [MATH]) is None
     tolerant = RewardWithoutSkill(window=10, probe_fall=-0.05)
-    assert rules.reward_without_skill(slight, tolerant, [MATH]) is not None
+    assert skill.reward_without_skill(slight, tolerant, [MATH]) is not None
 
 
 def late_hack():
@@ -139,12 +139,12 @@ def test_reward_without_skill_read_from_the_best_probe_catches_a_hack_after_hone
     first = RewardWithoutSkill(window=10)
     # against the first probe the held-out pass@1 is still up (0.60 -> 0.62): nothing to say
     assert all(
-        rules.reward_without_skill(upto(history, t), first, [MATH]) is None for t in range(51)
+        skill.reward_without_skill(upto(history, t), first, [MATH]) is None for t in range(51)
     )
     best = RewardWithoutSkill(window=10, reference="best")
     # at step 30: +0.10 on the training rate against -0.06 held-out, a gap of 0.16
-    assert rules.reward_without_skill(upto(history, 30), best, [MATH]) is None
-    trip = rules.reward_without_skill(upto(history, 40), best, [MATH])
+    assert skill.reward_without_skill(upto(history, 30), best, [MATH]) is None
+    trip = skill.reward_without_skill(upto(history, 40), best, [MATH])
     assert trip is not None and (trip.step, trip.since) == (40, 31)
     # the training window up to the best probe (steps 11..20) against the last (31..40)
     assert trip.numbers == {
@@ -163,32 +163,32 @@ def test_reward_without_skill_smoothed_reads_past_one_low_probe():
     readings = {0: 0.70, 10: 0.72, 20: 0.70, 30: 0.71, 40: 0.55, 50: 0.71, 60: 0.70}
     noisy = probed(history, MATH.probe_key, readings)
     raw = RewardWithoutSkill(window=10, reference="best", gap=0.15)
-    trip = rules.reward_without_skill(upto(noisy, 40), raw, [MATH])
+    trip = skill.reward_without_skill(upto(noisy, 40), raw, [MATH])
     assert trip is not None and trip.numbers["probe_now"] == 0.55
     smooth = raw.model_copy(update={"smooth": 3})
     assert all(
-        rules.reward_without_skill(upto(noisy, t), smooth, [MATH]) is None for t in range(61)
+        skill.reward_without_skill(upto(noisy, t), smooth, [MATH]) is None for t in range(61)
     )
 
 
 def test_smoothed_readings_and_the_reward_window_up_to_a_step():
     points = [(0, 0.6), (10, 0.9), (20, 0.3), (30, 0.6)]
-    assert rules.smoothed(points, 1) == points
-    assert rules.smoothed(points, 2) == [
+    assert skill.smoothed(points, 1) == points
+    assert skill.smoothed(points, 2) == [
         (0, 0.6),
         (10, pytest.approx(0.75)),
         (20, pytest.approx(0.6)),
         (30, pytest.approx(0.45)),
     ]
-    assert rules.reference_reading(points, "first") == (0, 0.6)
-    assert rules.reference_reading(points, "best") == (10, 0.9)
+    assert skill.reference_reading(points, "first") == (0, 0.6)
+    assert skill.reference_reading(points, "best") == (10, 0.9)
     # the best before the latest, the earliest of equals; the latest itself is never its own best
-    assert rules.reference_reading([(0, 0.5), (5, 0.7), (9, 0.7), (12, 0.9)], "best") == (5, 0.7)
+    assert skill.reference_reading([(0, 0.5), (5, 0.7), (9, 0.7), (12, 0.9)], "best") == (5, 0.7)
     rates = series(steps(30, r=lambda s: float(s)), "r")
-    assert rules.reward_up_to(rates, 25, 10) == (pytest.approx(20.5), "10 steps to step 25")
+    assert skill.reward_up_to(rates, 25, 10) == (pytest.approx(20.5), "10 steps to step 25")
     # a reference before the first window ends reads the first window (steps 1..10)
-    assert rules.reward_up_to(rates, 4, 10) == (pytest.approx(5.5), "first 10 steps")
-    assert rules.reward_up_to(rates[:5], 4, 10) is None
+    assert skill.reward_up_to(rates, 4, 10) == (pytest.approx(5.5), "first 10 steps")
+    assert skill.reward_up_to(rates[:5], 4, 10) is None
 
 
 # ---- length runaway --------------------------------------------------------------------------

@@ -12,9 +12,10 @@ import random
 import pytest
 
 from configs.guard import RewardWithoutSkill
-from guard import rules
+from guard import skill
 from guard.paired import critical, items_key, skill_fell
-from guard.rules import SkillPair
+from guard.skill import SkillPair
+from guard.trip import Trip
 
 PROBE = "heldout/math/pass_at_1"
 RATE = "reward/accuracy/mean"
@@ -38,10 +39,10 @@ def stage(rates: list[float], probes: dict[int, set[int]]) -> list[dict[str, flo
     return history
 
 
-def first_trip(history, rule: RewardWithoutSkill) -> rules.Trip | None:
+def first_trip(history, rule: RewardWithoutSkill) -> Trip | None:
     """The first trip `reward_without_skill` makes, read after every step as the guard does."""
     for end in range(2, len(history) + 1):
-        trip = rules.reward_without_skill(history[:end], rule, [MATH])
+        trip = skill.reward_without_skill(history[:end], rule, [MATH])
         if trip is not None:
             return trip
     return None

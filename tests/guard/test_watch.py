@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from configs.guard import GuardConfig
 from configs.reinforcement import RewardTerm
-from guard.rules import Trip
+from guard.trip import Trip
 from guard.watch import Guard, paired_readings, skill_pairs
 
 TERMS = [
@@ -33,9 +33,9 @@ def test_each_family_verifier_is_paired_with_its_own_probe_reading():
 
 
 def test_the_probe_keeps_per_problem_values_for_the_paired_readings_the_guard_makes():
-    """Every pair's held-out reading (the fall reading reads them on an honest stage too), and
-    the pay of a verifier that is not the grader's own (the overpay reading's); nothing where
-    the rule or both readings are off."""
+    """Every pair's held-out reading (the fall reading and the gap's sampling allowance read
+    them on an honest stage too), and the pay of a verifier that is not the grader's own (the
+    overpay reading's); nothing where the rule is off."""
     readings = {
         "heldout/math/pass_at_1_lenient",
         "heldout/code/pass_at_1",
@@ -45,7 +45,7 @@ def test_the_probe_keeps_per_problem_values_for_the_paired_readings_the_guard_ma
     honest = [RewardTerm(name="accuracy", families=["math"]), TERMS[3]]
     assert paired_readings(GuardConfig(), honest) == ({"heldout/math/pass_at_1"}, [])
     no_fall = GuardConfig.model_validate({"reward_without_skill": {"fall": None}})
-    assert paired_readings(no_fall, honest) == (set(), [])
+    assert paired_readings(no_fall, honest) == ({"heldout/math/pass_at_1"}, [])
     assert paired_readings(no_fall, TERMS) == (readings, ["accuracy_digits"])
     no_overpay = GuardConfig.model_validate({"reward_without_skill": {"overpay": None}})
     assert paired_readings(no_overpay, TERMS) == (readings, [])

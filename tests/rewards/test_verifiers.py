@@ -11,7 +11,7 @@ from rewards.code import CodeReward
 from rewards.countdown import countdown_reward, evaluate, last_expression, reaches
 from rewards.language import language_consistency, prose
 from rewards.registry import RewardSet
-from rewards.verifiers import grade_all
+from rewards.verifiers import grade_all, grade_readings
 
 PUZZLE = Problem("l1", "Make 64 from 3, 5 and 8.", "64", family="logic", numbers=(3, 5, 8))
 
@@ -124,6 +124,40 @@ def test_the_same_program_for_the_same_tests_is_judged_once():
     runner = CountingRunner()
     grades = grade_all([code] * 6, [text] * 6, runner=runner)
     assert [g.correct for g in grades] == [True] * 6 and len(runner.judged) == 1
+
+
+class SessionCountingRunner(CountingRunner):
+    def __init__(self):
+        super().__init__()
+        self.sessions = 0
+
+    def __call__(self, prompts, completions, tests, **kw):
+        self.sessions += 1
+        return super().__call__(prompts, completions, tests, **kw)
+
+
+def test_strict_and_lenient_grades_share_one_sandbox_session_and_each_program_runs_once():
+    code = Problem("c1", "", "", family="code", tests=("assert f(1) == 2",))
+    math = Problem("m1", "What is 2 + 3?", "5")
+    right = "```python\ndef f(x):\n    return x + 1\n```"
+    wrong = "```python\ndef f(x):\n    return x\n```"
+    problems = [code, code, code, code, math, math, PUZZLE]
+    texts = [
+        answer(right),  # both readings find it: run once
+        right,  # only the lenient reading finds it: the same program, not run again
+        answer(wrong),
+        f"{wrong} <answer> no program here </answer>",  # the lenient reading finds one
+        answer("5"),
+        "so it is 5",  # only the lenient reading
+        "(3 + 5) * 8",
+    ]
+    runner = SessionCountingRunner()
+    strict, lenient = grade_readings(problems, texts, runner=runner)
+    assert runner.sessions == 1 and len(runner.judged) == 2
+    assert strict == grade_all(problems, texts, strict=True)
+    assert lenient == grade_all(problems, texts, strict=False)
+    assert [g.correct for g in strict] == [True, False, False, False, True, False, False]
+    assert [g.correct for g in lenient] == [True, True, False, False, True, True, True]
 
 
 def test_a_program_in_the_answer_is_not_prose_but_code_elsewhere_is():

@@ -11,7 +11,7 @@ import torch
 
 from configs.reinforcement import ProbeConfig
 from guard.history import PROBE_VERSION
-from rl.probing import HeldoutProbe, OffPathProbes, probe_steps
+from rl.probing import HeldoutProbe, OffPathProbes, longest_probe_gap, probe_steps
 from rl.sources import DrawRequest
 from rl.sources.pipelined import PipelinedSource
 from rl.trainer import GRPOTrainer
@@ -82,6 +82,30 @@ def train_probed(tokenizer, tmp_path, config, workers=None, on_step=None):
     finally:
         trainer.close()
     return model, report, records, workers
+
+
+def probe_steps_reference(every: int, steps: int) -> list[int]:
+    """The schedule spelled out: 0, each multiple of `every` at least half an interval before
+    the last step, and the last step."""
+    kept = [0]
+    for version in range(1, steps + 1):
+        if version == steps or (version % every == 0 and steps - version >= every / 2):
+            kept.append(version)
+    return kept
+
+
+def test_a_stage_probes_every_interval_and_at_its_end_but_not_twice_in_half_an_interval():
+    assert probe_steps(20, 85) == [0, 20, 40, 60, 85]  # not 80 and 85
+    assert probe_steps(20, 40) == [0, 20, 40]
+    assert probe_steps(20, 90) == [0, 20, 40, 60, 80, 90]  # 80 is half an interval before
+    assert probe_steps(20, 10) == [0, 10]
+    assert longest_probe_gap(20, 85) == 25 and longest_probe_gap(20, 40) == 20
+    assert longest_probe_gap(0, 85) == 0
+    for every in range(1, 12):
+        for steps in range(1, 60):
+            versions = probe_steps(every, steps)
+            assert versions == probe_steps_reference(every, steps), (every, steps)
+            assert longest_probe_gap(every, steps) < 1.5 * every or steps < every
 
 
 def test_the_schedule_reads_each_probe_every_steps_after_its_version_and_the_last_at_once():

@@ -207,7 +207,7 @@ def test_the_guard_of_a_deepspeed_stage_reads_the_forwarded_metrics(tmp_path):
 def test_a_gamed_term_is_rolled_back_by_lowering_its_weight(tmp_path):
     """The rollback of a gamed term halves that term's weight (again at each rollback), back to
     the newest kept checkpoint before the window, and drops the abandoned branch's."""
-    from guard.rules import Trip
+    from guard.trip import Trip
     from stages.guarded import CheckpointKeeper, _roll_back
     from training.checkpoints import save_checkpoint
 
