@@ -46,6 +46,11 @@ class HeldoutProbe:
     grade: Callable[[Groups], dict[str, float]]
     context_length: int = 0
 
+    @property
+    def rows(self) -> int:
+        """The completions it draws (prompts x samples)."""
+        return len(self.request.prompts) * self.request.n
+
     def __call__(self, sampler: Sampler) -> dict[str, float]:
         r = self.request
         return self.grade(sampler.generate(r.prompts, r.n, r.params))

@@ -15,6 +15,7 @@ from rl.probing import HeldoutProbe, OffPathProbes, longest_probe_gap, probe_ste
 from rl.sources import DrawRequest
 from rl.sources.pipelined import PipelinedSource
 from rl.trainer import GRPOTrainer
+from sampling.hf import HFSampler
 from sampling.interface import SamplingParams
 from tests.rl.test_async_rollouts import InlineWorkers, cfg
 from tests.rl.test_grpo_trainer import Killed
@@ -190,3 +191,36 @@ def test_by_default_the_trainer_probes_on_its_own_sampler_beside_workers(tokeniz
     assert workers.jobs == [(s, max(0, s - 1), False) for s in range(4)]  # rollouts only
     assert sorted(probed(report.history)) == [0, 2, 4]
     assert not any(PROBE_VERSION in h for h in report.history)
+
+
+def wide_probe(tokenizer) -> HeldoutProbe:
+    """The probe above over six prompts of four samples: more rows than a step draws."""
+    narrow = probe(tokenizer)
+    prompts = [f"What is {i} + 2?" for i in range(6)]
+    return HeldoutProbe(DrawRequest(prompts, 4, narrow.request.params), narrow.grade)
+
+
+def test_on_the_cpu_the_trainers_sampler_decodes_the_whole_probe_together(tokenizer, tmp_path):
+    """A probe of more rows than a step's is one batch of the trainer's own sampler (its cost
+    is mostly per decode step), and reads as in a step's batches: each row draws from its own
+    stream; the steps' draws, one batch either way, and the weights are the same."""
+    config = cfg(0, steps=3, probe=ProbeConfig(every=2))
+    step_rows = config.prompts_per_step * config.group_size
+    assert wide_probe(tokenizer).rows == 24 > step_rows
+    runs = {}
+    for name, sampler in (("own", None), ("step's batch", step_rows)):
+        model = tiny_model(tokenizer)
+        given = None if sampler is None else HFSampler(model, tokenizer, sampler, False)
+        trainer = GRPOTrainer(
+            model, tokenizer, config, lambda m, s: None, show_progress=False,
+            probe=wide_probe(tokenizer), sampler=given,
+        )  # fmt: skip
+        report = trainer.train(PROBLEMS, tmp_path / name, "fp")
+        runs[name] = (model, report, trainer.sampler.batch_size)
+        trainer.close()
+    (own, mine, rows), (twin, theirs, _) = runs["own"], runs["step's batch"]
+    assert rows == 24
+    assert sorted(probed(mine.history)) == [0, 2, 3]
+    assert probed(mine.history) == probed(theirs.history)
+    for a, b in zip(own.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(a, b)
