@@ -7,9 +7,10 @@ against the stage's own step time.
     python -m benchmarks.guard --state STATE_DIR --run RUN_ID --section r1_zero [--set KEY=VALUE]
     python -m benchmarks.guard --signals 32x16x1500 [16x8x400 ...]
 
-Each report sets the trips beside those of the unpaired reading alone (`overpay` and `fall` off:
-the guard before the paired readings of guard/paired.py); a stage recorded before the probe kept
-its per-problem values gives the same trips in both.
+Each report sets the trips beside those of the unpaired reading alone (`overpay` and `fall` off,
+the probe's per-problem values left out, so no sampling allowance on the gap: the guard before
+guard/paired.py); a stage recorded before the probe kept its per-problem values gives the same
+trips in both.
 
 The second form goes over every GRPO stage of a finished run's state folder (R1-Zero, stages 3
 and 6, the RL-only twins), with the settings the run was given (`--set`, as to `r1 run`): each
@@ -18,23 +19,19 @@ stage's trips replayed, and the guard's whole cost (its checks, as the stage rec
 
 `--run` replays a stage's MLflow run instead (every step it logged: a stage the guard stopped
 keeps only the checkpoint before the rule's window). Each report also gives the widest `gap`
-at which `reward_without_skill` would have tripped somewhere in the stage: how near an honest
-stage came to its bound, or how far past it a hacked one went.
+at which `reward_without_skill` would have tripped somewhere in the stage, with the probe's
+sampling allowance and, in brackets, without it: how near an honest stage came to its bound, or
+how far past it a hacked one went.
 
 `--problems N [N ...]` replays each stage as if its probe had drawn only its first N problems
 (what a smaller probe reads: the probe takes the held-out file's first problems, and every row
 samples from its own stream): each probe's per-problem values past the first N are dropped and
 the held-out pass rates the guard reads recomputed from the rest. The probe's seconds are then
-given in proportion, an estimate: a probe's time goes by its sampler's batches rather than its
-problems, which `--probe-model` measures.
-
-`--probe-model MODEL --heldout FILE --problems N [N ...]` times the probe itself as the
-`--section` stage runs it on its trainer's path (its sampler's batch of prompts x group rows,
-its settings but `problems`), drawn and graded on a saved model, each size `--repeat` times:
-what a smaller probe saves, measured rather than taken in proportion.
+given in proportion, an estimate: `python -m benchmarks.probe_cost` times the probe itself.
 
 `--every N [N ...]` replays each stage as if it had probed every N steps only (a multiple of its
-own interval): the other probes' readings left out. With `--problems`, every pairing of the two.
+own interval, on the schedule `rl.probing.probe_steps` gives): the other probes' readings left
+out. With `--problems`, every pairing of the two.
 
 `--signals PROMPTSxGROUPxWORDS` times the step's text signals (repetition, language
 consistency: rl/signals.py) on a synthetic batch of that size, words of prose and numbers, for
@@ -119,28 +116,6 @@ def cut_probes(history: list[dict[str, float]], problems: int) -> list[dict[str,
             new["time/probe_seconds"] = entry["time/probe_seconds"] * share
         cut.append(new)
     return cut
-
-
-def probe_seconds(config: GRPOConfig, model: Path, heldout: Path, problems: int) -> float:
-    """Seconds one held-out probe of `problems` problems takes, drawn with the stage's own HF
-    sampler (its batch: prompts x group rows) from the saved `model`, and graded."""
-    from models.loading import load_model, load_tokenizer
-    from rl.heldout import heldout_probe
-    from sampling.factory import make_sampler
-
-    tokenizer = load_tokenizer(model)
-    batch = config.prompts_per_step * config.group_size
-    sampler = make_sampler("hf", load_model(model), tokenizer, batch_size=batch)
-    sized = config.model_copy(
-        update={"probe": config.probe.model_copy(update={"problems": problems})}
-    )
-    probe = heldout_probe(sized, heldout, tokenizer)
-    try:
-        began = time.perf_counter()
-        probe(sampler)
-        return time.perf_counter() - began
-    finally:
-        sampler.close()
 
 
 def thin_probes(history: list[dict[str, float]], every: int) -> list[dict[str, float]]:
@@ -378,25 +353,8 @@ def main() -> None:
     parser.add_argument(
         "--every", nargs="+", type=int, default=[], help="replay probes every N steps only"
     )
-    parser.add_argument("--probe-model", type=Path, help="time the probe on this saved model")
-    parser.add_argument("--heldout", type=Path, help="the held-out problems (--probe-model)")
-    parser.add_argument("--repeat", type=int, default=2, help="timings of each probe size")
     parser.add_argument("--signals", nargs="+", default=[], metavar="PROMPTSxGROUPxWORDS")
     args = parser.parse_args()
-    if args.probe_model is not None:
-        if args.heldout is None or not args.problems:
-            parser.error("--probe-model needs --heldout and --problems")
-        config = section(args.profile, args.overrides, args.section)
-        for n in args.problems:
-            times = [
-                probe_seconds(config, args.probe_model, args.heldout, n) for _ in range(args.repeat)
-            ]
-            print(
-                f"{args.section} probe of {n} problems: "
-                + ", ".join(f"{t:.2f}" for t in times)
-                + " s"
-            )
-        return
     for size in args.signals:
         parts = size.split("x")
         if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from guard.history import PROBE_VERSION
 from guard.paired import ITEMS
@@ -54,6 +54,18 @@ class HeldoutProbe:
     def __call__(self, sampler: Sampler) -> dict[str, float]:
         r = self.request
         return self.grade(sampler.generate(r.prompts, r.n, r.params))
+
+
+def sampler_rows(step_rows: int, probe: object, model: Any) -> int:
+    """The rows a trainer's own sampler decodes together: a step's, and where `model` is on the
+    CPU the whole probe's where it has more (a step's draw is one batch either way). There a
+    decode step's cost is mostly per step, not per row: R1-Zero's probe of 300 rows took 2.3 s in one batch
+    against 3.5 s in five of 64 (docs/guard.md, Cost). On a device the batch's cache takes
+    memory the step does not need (300 rows of 1,200 tokens hold about 10 GB of a 1.5B Qwen's),
+    so there it stays a step's."""
+    if model.device.type == "cpu" and isinstance(probe, HeldoutProbe):
+        return max(step_rows, probe.rows)
+    return step_rows
 
 
 @dataclass

@@ -34,6 +34,7 @@ from rl.probing import (
     ProbeFn,
     ProbeRunner,
     Reading,
+    sampler_rows,
 )
 from rl.scoring import (
     RankRollouts,
@@ -191,31 +192,17 @@ class GRPOTrainer:
                     context_length(self.tokenizer, prompts, cfg.max_new_tokens),
                     getattr(self.probe, "context_length", 0),
                 )
+            model = self.engine.sampling_model()
             self.sampler = policy_sampler(
                 cfg.sampler,
-                self.engine.sampling_model(),
+                model,
                 self.tokenizer,
-                batch_size=self._sampler_rows(),
+                batch_size=sampler_rows(cfg.prompts_per_step * cfg.group_size, self.probe, model),
                 policy_path=self.policy_path,
                 max_model_len=longest,
-                **zero3_sampling(
-                    self.engine.sampling_model(), self.collective, cfg.engine.zero3_sampling
-                ),
+                **zero3_sampling(model, self.collective, cfg.engine.zero3_sampling),
             )
         return self.sampler
-
-    def _sampler_rows(self) -> int:
-        """The rows the trainer's own sampler decodes together: a step's, and on the CPU the
-        whole probe's where it has more (a step's draw is one batch either way). There a decode
-        step's cost is mostly per step, not per row: R1-Zero's probe of 300 rows took 2.3 s in
-        one batch against 3.5 s in five of 64 (docs/guard.md, Cost). On a device the batch's
-        cache takes memory the step does not need (300 rows of 1,200 tokens hold about 10 GB of
-        a 1.5B Qwen's), so there it stays a step's."""
-        rows = self.cfg.prompts_per_step * self.cfg.group_size
-        probe = self.probe
-        if isinstance(probe, HeldoutProbe) and self.engine.sampling_model().device.type == "cpu":
-            return max(rows, probe.rows)
-        return rows
 
     def close(self) -> None:
         """Close the sampler this trainer opened (a vLLM engine's memory; an in-process engine

@@ -106,3 +106,28 @@ def test_probes_thinned_to_a_longer_interval_keep_the_first_every_nth_and_the_la
     assert [int(h["step"]) for h in thinned if MATH_PROBE in h] == [0, 40]
     assert "time/probe_seconds" not in thinned[20] and thinned[20][MATH_RATE] == 0.5
     assert thin_probes(history, 20) == history
+
+
+def test_the_probe_cost_benchmark_times_each_way_on_a_saved_model(tokenizer, tmp_path):
+    """`benchmarks.probe_cost` on a tiny saved model: every way timed `repeat` times, and the
+    two ratios printed."""
+    from benchmarks.probe_cost import probe_costs, report
+    from problems.loader import write_problems
+    from problems.types import Problem
+    from tests.tiny_models import PROBLEMS, tiny_model
+
+    tiny_model(tokenizer).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    code = Problem("c", "def f(x): add 1", "f(1) == 2", family="code", tests=("assert f(1) == 2",))
+    heldout = write_problems(tmp_path / "heldout.jsonl", [*PROBLEMS[:10], code])
+    config = section("tiny", ["r1_zero.max_new_tokens=8"], "r1_zero")
+    times = probe_costs(config, tmp_path / "model", heldout, 6, repeat=2)
+    assert {way: len(values) for way, values in times.items()} == {
+        "sample, a step's batch": 2,
+        "sample, one batch": 2,
+        "grade, apart": 2,
+        "grade, together": 2,
+    }
+    printed = report("r1_zero, probe of 6 problems", times)
+    assert "sample, one batch / sample, a step's batch: " in printed
+    assert "grade, together / grade, apart: " in printed

@@ -71,7 +71,14 @@ class Output:
         return "".join(self.lines[-30:])
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+@pytest.mark.parametrize(
+    "sig",
+    [
+        signal.SIGTERM,  # the default suite's; the others, about 20 s each, CI runs (-m slow)
+        pytest.param(signal.SIGHUP, marks=pytest.mark.slow),
+        pytest.param(signal.SIGINT, marks=pytest.mark.slow),
+    ],
+)
 def test_a_stopped_run_stops_its_prefect_server_and_closes_its_runs(tmp_path, sig):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "R1_STATE_DIR": str(tmp_path / "state")}

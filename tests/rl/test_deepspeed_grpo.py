@@ -187,6 +187,7 @@ class StopAtStep3(Recorder):
             raise RuntimeError("tracker stops the stage at step 3")
 
 
+@pytest.mark.slow  # about 20 s: CI runs it (-m slow); the default suite keeps to ten minutes
 @pytest.mark.heavy
 @needs_deepspeed
 def test_a_stopped_zero_grpo_stage_resumes_from_its_checkpoint(world):
@@ -213,6 +214,7 @@ def test_prompts_per_step_must_split_over_the_processes():
     GRPOConfig(prompts_per_step=3, engine=EngineConfig(kind="deepspeed", processes=3))
 
 
+@pytest.mark.slow  # about 20 s: CI runs it (-m slow); the default suite keeps to ten minutes
 @pytest.mark.heavy
 @needs_deepspeed
 def test_a_zero3_reference_refreshes_and_resumes_with_real_weights(world):

@@ -187,6 +187,7 @@ def test_a_failing_tracker_stops_the_workers(world, tmp_path):
     assert not (tmp_path / "model").exists()
 
 
+@pytest.mark.slow  # about 20 s: CI runs it (-m slow); the default suite keeps to ten minutes
 @needs_deepspeed
 @pytest.mark.heavy
 def test_a_stopped_zero_sft_stage_resumes_from_its_checkpoint(world, tmp_path):
