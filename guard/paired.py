@@ -24,9 +24,9 @@ Two readings use them:
   after honest gains, whatever the training verifier; the rule sets it beside the training pass
   rate, which a hack keeps up).
 
-And the rule's gap between the training pass rate and the held-out one reads the held-out
-change at the least alarming end of what the probe's sampling allows (`sampling_allowance`):
-a probe of few problems a family moves by chance.
+And the rule's gap between the training pass rate and the held-out one counts a held-out fall
+only past what the probe's sampling explains (`sampling_allowance`): a probe of few problems a
+family moves by chance.
 """
 
 from __future__ import annotations

@@ -62,9 +62,9 @@ def reward_without_skill(
     """Read when a probe lands: a family verifier's training pass rate (its last `window`
     steps against the `window` steps up to the reference probe) gained at least `gap` on that
     family's held-out pass@1 (each reading the mean of `smooth` probes; the latest against the
-    first, or the best before it: a rise of the one, a fall of the other, or both), the
-    held-out change read at the least alarming end of the probe's sampling where the probe keeps
-    per-problem values (`sampling_allowance`), and the held-out pass@1 did not rise by more than
+    first, or the best before it: a rise of the one, a fall of the other, or both), a held-out
+    fall counted only past what the probe's sampling explains where the probe keeps per-problem
+    values (`sampling_allowance`), and the held-out pass@1 did not rise by more than
     `-probe_fall`. The stage's first and last windows must be apart. Before that, the paired
     readings (guard/paired.py): a training verifier that pays `overpay` more than the probe's
     grader finds on the probe's own completions trips from the first probe on; and the held-out
@@ -99,11 +99,17 @@ def reward_without_skill(
         rise, change = reward_now - reward_then, probe_now - probe_then
         entries = [h for h in history if pair.probe_key in h and "step" in h]
         chance = sampling_allowance(entries, readings.index(reference), pair.probe_key, rule.alpha)
-        if rise - (change + chance) >= rule.gap and change <= -rule.probe_fall:
+        if rise - beyond_chance(change, chance) >= rule.gap and change <= -rule.probe_fall:
             return gap_trip(
                 pair, rule, now, span, (reward_then, reward_now), reference, probe_now, chance
             )
     return None
+
+
+def beyond_chance(change: float, chance: float) -> float:
+    """A held-out change as the gap reads it: a rise whole, a fall only as far as it goes past
+    `chance`, what the probe's sampling can move it by (0: a fall within chance)."""
+    return change if change >= 0 else min(0.0, change + chance)
 
 
 def gap_trip(
@@ -117,11 +123,12 @@ def gap_trip(
     chance: float,
 ) -> Trip:
     """`reward_without_skill` for a training pass rate that gained at least `gap` on the
-    held-out one, the held-out change read `chance` less alarming than it was (the probe's
-    sampling allowance; 0 for an unpaired probe)."""
+    held-out one, a held-out fall counted only past `chance` (the probe's sampling allowance;
+    0 for an unpaired probe)."""
     (reward_then, reward_now), (then_step, probe_then) = rewards, reference
     rise, change = reward_now - reward_then, probe_now - probe_then
-    allowed = f", ± {chance:.3f} by the probe's sampling" if chance else ""
+    read = beyond_chance(change, chance)
+    allowed = f", {read:+.3f} past ± {chance:.3f} of the probe's sampling" if chance else ""
     return Trip(
         "reward_without_skill",
         now,

@@ -1,8 +1,9 @@
 """`reward_without_skill`'s gap between the training pass rate and the held-out one, read with the
 probe's sampling allowance (guard/paired.py `sampling_allowance`): on a probe of few problems a
-family's held-out pass rate moves by chance, and the gap reads that move at its least alarming
-end, so that a long honest stage probed with few problems does not trip, while a fall beyond
-the probe's sampling still does."""
+family's held-out pass rate moves by chance, and the gap counts a held-out fall only past that,
+so that a long honest stage probed with few problems does not trip, while a fall beyond the
+probe's sampling, or a training rate that outgrows a held-out one that does not move, still
+does."""
 
 from __future__ import annotations
 
@@ -77,12 +78,27 @@ def test_the_allowance_is_the_paired_spread_at_the_looks_critical_value():
 
 def test_a_fall_beyond_the_probes_sampling_still_opens_the_gap():
     """124 problems, 80 right, then 40 of them wrong and none gained (a fall of 0.32), the
-    training pass rate up 0.10: a gap of 0.42 unpaired, 0.23 read past the allowance (40
-    problems differ: 0.19 at the second look), so the rule trips and says so."""
+    training pass rate up 0.10: a gap of 0.42 unpaired, 0.23 with the fall counted past the
+    allowance (40 problems differ: 0.19 at the second look), so the rule trips and says so."""
     first = set(range(80))
     rates, probes = [0.5] * 20 + [0.6] * 20, {0: first, 20: first, 40: set(range(40))}
     trip = first_trip(stage(rates, probes, 124), GAP_ONLY)
     assert trip is not None and trip.step == 40
     allowance = critical(0.01, 2, 2) * math.sqrt(40) / 124
     assert math.isclose(trip.numbers["probe_allowance"], allowance, abs_tol=1e-4)
-    assert "by the probe's sampling" in trip.reason
+    assert f"{-40 / 124 + allowance:+.3f} past ± {allowance:.3f}" in trip.reason
+
+
+def test_a_training_rate_that_outgrows_a_small_probe_still_opens_the_gap():
+    """The micro profile's planted holes: a probe of 10 problems a family, whose chance moves
+    are as large as the pass rate, and a holed training rate up 0.30 while held-out falls a
+    problem: the fall is within chance and counts nothing, the rise alone trips."""
+    first = {0, 1, 2, 3}
+    rates, probes = [0.4] * 20 + [0.7] * 20, {0: first, 20: first, 40: {0, 1, 2}}
+    assert (
+        sampling_allowance([h for h in stage(rates, probes, 10) if PROBE in h], 0, PROBE, 0.01)
+        > 0.3
+    )
+    trip = first_trip(stage(rates, probes, 10), GAP_ONLY)
+    assert trip is not None and trip.step == 40
+    assert "+0.000 past ±" in trip.reason
