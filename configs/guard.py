@@ -53,7 +53,8 @@ class RewardWithoutSkill(Rule):
         0.2,
         gt=0,
         description="the training pass rate gained at least this on the held-out pass@1 (a "
-        "rise of the one, a fall of the other, or both) ...",
+        "rise of the one, a fall of the other, or both; a held-out fall counted only past what "
+        "the probe's sampling explains, guard/paired.py `sampling_allowance`) ...",
     )
     probe_fall: float = Field(
         0.0, description="... and the held-out pass@1 fell by at least this (0: did not rise)"
