@@ -63,10 +63,10 @@ def probe_costs(
     times: dict[str, list[float]] = {}
     for _ in range(repeat):
         for way, rows in batches.items():
-            sampler = make_sampler("hf", model, tokenizer, batch_size=rows, show_progress=False)
-            seconds, groups = timed(
-                lambda s=sampler: s.generate(request.prompts, request.n, request.params)
-            )
+            with make_sampler("hf", model, tokenizer, batch_size=rows, show_progress=False) as s:
+                seconds, groups = timed(
+                    lambda s=s: s.generate(request.prompts, request.n, request.params)
+                )
             times.setdefault(way, []).append(seconds)
         flat = [p for p, group in zip(drawn, groups, strict=True) for _ in group]
         texts = [c.text for group in groups for c in group]
@@ -111,6 +111,8 @@ def main() -> None:
     for name in ("model", "heldout"):
         if not getattr(args, name).exists():
             parser.error(f"--{name} {getattr(args, name)}: no such file or folder")
+    if min(args.problems) < 1 or args.repeat < 1:
+        parser.error("--problems and --repeat take counts of 1 or more")
     config = section(args.profile, args.overrides, args.section)
     for problems in args.problems:
         times = probe_costs(config, args.model, args.heldout, problems, args.repeat)

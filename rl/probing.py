@@ -56,15 +56,21 @@ class HeldoutProbe:
         return self.grade(sampler.generate(r.prompts, r.n, r.params))
 
 
+# the most rows a CPU probe decodes at once: a large probe (problems x samples) is cut into
+# batches of this many rather than held as one cache
+MOST_PROBE_ROWS = 1024
+
+
 def sampler_rows(step_rows: int, probe: object, model: Any) -> int:
     """The rows a trainer's own sampler decodes together: a step's, and where `model` is on the
-    CPU the whole probe's where it has more (a step's draw is one batch either way). There a
-    decode step's cost is mostly per step, not per row: R1-Zero's probe of 300 rows took 1.7 s
-    in one batch against 2.4 s in five of 64 (`python -m benchmarks.probe_cost`, docs/guard.md).
-    On a device the batch's cache takes memory the step does not need (300 rows of 1,200 tokens
-    hold about 10 GB of a 1.5B Qwen's), so there it stays a step's."""
+    CPU the whole probe's where it has more, up to MOST_PROBE_ROWS (a step's draw is one batch
+    either way). There a decode step's cost is mostly per step, not per row: R1-Zero's probe of
+    300 rows took 1.7 s in one batch against 2.4 s in five of 64 (`python -m
+    benchmarks.probe_cost`, docs/guard.md). On a device the batch's cache takes memory the step
+    does not need (300 rows of 1,200 tokens hold about 10 GB of a 1.5B Qwen's), so there it
+    stays a step's."""
     if model.device.type == "cpu" and isinstance(probe, HeldoutProbe):
-        return max(step_rows, probe.rows)
+        return max(step_rows, min(probe.rows, MOST_PROBE_ROWS))
     return step_rows
 
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 
 from configs.guard import RewardWithoutSkill
-from guard import skill
 from guard.paired import critical, items_key, sampling_allowance
 from guard.skill import SkillPair
-from guard.trip import Trip
+from tests.guard.test_skill_fell import first_trip
 
 PROBE = "heldout/logic/pass_at_1"
 RATE = "reward/countdown/mean"
@@ -39,14 +38,6 @@ def stage(
     return history
 
 
-def first_trip(history, rule: RewardWithoutSkill) -> Trip | None:
-    for end in range(2, len(history) + 1):
-        trip = skill.reward_without_skill(history[:end], rule, [LOGIC])
-        if trip is not None:
-            return trip
-    return None
-
-
 def chance_fall() -> tuple[list[float], dict[int, set[int]]]:
     """The honest 400-step R1-Zero probed with 128 problems, at its widest: 37 held-out logic
     problems, 10 right at the first probe; at step 40, 4 of them wrong and 1 other right (a
@@ -59,9 +50,9 @@ def chance_fall() -> tuple[list[float], dict[int, set[int]]]:
 
 def test_a_chance_move_of_a_small_probe_does_not_open_the_gap():
     rates, probes = chance_fall()
-    unpaired = first_trip(stage(rates, probes, 37, kept=False), GAP_ONLY)
+    unpaired = first_trip(stage(rates, probes, 37, kept=False), GAP_ONLY, LOGIC)
     assert unpaired is not None and unpaired.step == 40  # the guard before the allowance
-    assert first_trip(stage(rates, probes, 37), GAP_ONLY) is None
+    assert first_trip(stage(rates, probes, 37), GAP_ONLY, LOGIC) is None
 
 
 def test_the_allowance_is_the_paired_spread_at_the_looks_critical_value():
@@ -82,7 +73,7 @@ def test_a_fall_beyond_the_probes_sampling_still_opens_the_gap():
     allowance (40 problems differ: 0.19 at the second look), so the rule trips and says so."""
     first = set(range(80))
     rates, probes = [0.5] * 20 + [0.6] * 20, {0: first, 20: first, 40: set(range(40))}
-    trip = first_trip(stage(rates, probes, 124), GAP_ONLY)
+    trip = first_trip(stage(rates, probes, 124), GAP_ONLY, LOGIC)
     assert trip is not None and trip.step == 40
     allowance = critical(0.01, 2, 2) * math.sqrt(40) / 124
     assert math.isclose(trip.numbers["probe_allowance"], allowance, abs_tol=1e-4)
@@ -99,6 +90,6 @@ def test_a_training_rate_that_outgrows_a_small_probe_still_opens_the_gap():
         sampling_allowance([h for h in stage(rates, probes, 10) if PROBE in h], 0, PROBE, 0.01)
         > 0.3
     )
-    trip = first_trip(stage(rates, probes, 10), GAP_ONLY)
+    trip = first_trip(stage(rates, probes, 10), GAP_ONLY, LOGIC)
     assert trip is not None and trip.step == 40
     assert "+0.000 past ±" in trip.reason

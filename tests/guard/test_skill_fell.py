@@ -39,10 +39,10 @@ def stage(rates: list[float], probes: dict[int, set[int]]) -> list[dict[str, flo
     return history
 
 
-def first_trip(history, rule: RewardWithoutSkill) -> Trip | None:
+def first_trip(history, rule: RewardWithoutSkill, pair: SkillPair = MATH) -> Trip | None:
     """The first trip `reward_without_skill` makes, read after every step as the guard does."""
     for end in range(2, len(history) + 1):
-        trip = skill.reward_without_skill(history[:end], rule, [MATH])
+        trip = skill.reward_without_skill(history[:end], rule, [pair])
         if trip is not None:
             return trip
     return None

@@ -11,7 +11,14 @@ import torch
 
 from configs.reinforcement import ProbeConfig
 from guard.history import PROBE_VERSION
-from rl.probing import HeldoutProbe, OffPathProbes, longest_probe_gap, probe_steps
+from rl.probing import (
+    MOST_PROBE_ROWS,
+    HeldoutProbe,
+    OffPathProbes,
+    longest_probe_gap,
+    probe_steps,
+    sampler_rows,
+)
 from rl.sources import DrawRequest
 from rl.sources.pipelined import PipelinedSource
 from rl.trainer import GRPOTrainer
@@ -224,3 +231,18 @@ def test_on_the_cpu_the_trainers_sampler_decodes_the_whole_probe_together(tokeni
     assert probed(mine.history) == probed(theirs.history)
     for a, b in zip(own.parameters(), twin.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_large_probe_is_cut_into_batches_of_at_most_most_probe_rows():
+    """A probe of many rows (problems x samples) is not held as one cache on the CPU; off the
+    CPU a step's rows stay the batch; a probe that is only a function changes nothing."""
+    from types import SimpleNamespace
+
+    big = HeldoutProbe(DrawRequest(["q"] * 600, 4, SamplingParams(1.0, 1.0, 4)), lambda g: {})
+    cpu = SimpleNamespace(device=torch.device("cpu"))  # what sampler_rows reads of a model
+    device = SimpleNamespace(device=torch.device("meta"))
+    assert sampler_rows(64, big, cpu) == MOST_PROBE_ROWS < big.rows
+    assert sampler_rows(8, wide_probe(None), cpu) == 24
+    assert sampler_rows(64, probe_stub(), cpu) == 64
+    assert sampler_rows(64, big, device) == 64
+    assert sampler_rows(64, lambda sampler: {}, cpu) == 64
