@@ -18,6 +18,7 @@ this process had spent about 6 s importing torch, transformers and MLflow. Here:
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shutil
@@ -149,5 +150,17 @@ class EarlyServer:
             log.warning("the temporary Prefect server did not start early: %s", self.error)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    """Make the template and print its path; with `--seed PREFECT_HOME`, also copy it into
+    that folder when it has no database yet (`scripts/serve.sh`, before its server starts)."""
+    parser = argparse.ArgumentParser(prog="python -m cli.prefect_server", description=__doc__)
+    parser.add_argument("--seed", type=Path, metavar="PREFECT_HOME", help="a folder to seed")
+    args = parser.parse_args(argv)
     print(build_template())
+    if args.seed is not None and seed_database(args.seed):
+        print(f"seeded {args.seed / DB_NAME}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

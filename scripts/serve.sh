@@ -165,6 +165,9 @@ start() {
   bash scripts/setup.sh
   mkdir -p "$logs" "$pids" "$PREFECT_HOME"
   if ! running server; then
+    # a new state folder starts from a migrated empty database (cli/prefect_server.py)
+    "$venv/bin/python" -m cli.prefect_server --seed "$PREFECT_HOME" > /dev/null \
+      || echo "serve: no Prefect database template; the server migrates a new database" >&2
     # the log stream lets `prefect deployment run --watch` print each run's logs
     start_one server "$logs/prefect-server.log" env PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED=true \
       PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED=true \
@@ -181,10 +184,7 @@ start() {
   fi
   environment > "$state/serve.env"  # its ports, for the commands that come while it starts
   wait_healthy "$PREFECT_API_URL/health" server "$logs/prefect-server.log"
-  for name in "$pool" "$gpu_pool" "$cluster_pool"; do
-    "$venv/bin/prefect" work-pool inspect "$name" > /dev/null 2>&1 ||
-      "$venv/bin/prefect" work-pool create "$name" --type process > /dev/null
-  done
+  "$venv/bin/python" -m cli.work_pools "$pool" "$gpu_pool" "$cluster_pool" > /dev/null
   "$venv/bin/prefect" --no-prompt deploy --all > "$logs/deploy.log" 2>&1 ||
     { cat "$logs/deploy.log" >&2; exit 1; }
   echo "serve: deployed $(grep -c "^  - name:" prefect.yaml) deployments (log: $logs/deploy.log)"

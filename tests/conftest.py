@@ -36,10 +36,11 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def prefect_server():
-    """A temporary Prefect API server (Prefect's test harness) for the module's flow runs."""
-    from prefect.testing.utilities import prefect_test_harness
+    """A temporary Prefect API server (Prefect's test harness, tests/prefect_harness.py) for the
+    module's flow runs."""
+    from tests.prefect_harness import prefect_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
+    with prefect_harness():
         yield
 
 

@@ -101,6 +101,16 @@ def test_a_failed_copy_leaves_no_partial_database_and_says_why(cache, home, capl
     assert "No space left on device" in caplog.text
 
 
+def test_the_command_seeds_a_new_state_folder_once(cache, home, capsys):
+    """`python -m cli.prefect_server --seed PREFECT_HOME`, as scripts/serve.sh runs it."""
+    template = _write_template("migrated")
+    assert prefect_server.main(["--seed", str(home)]) == 0
+    assert (home / DB_NAME).read_bytes() == template.read_bytes()
+    assert capsys.readouterr().out == f"{template}\nseeded {home / DB_NAME}\n"
+    assert prefect_server.main(["--seed", str(home)]) == 0
+    assert capsys.readouterr().out == f"{template}\n"
+
+
 def test_without_a_template_prefect_migrates_as_before(cache, home):
     assert not seed_database(home)
     assert not (home / DB_NAME).exists()

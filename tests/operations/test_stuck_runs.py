@@ -7,10 +7,9 @@ a Prefect server, the process worker, the MLflow UI) and a real micro pipeline r
 - the machine gone while stage 3 trains (every process of the stack and the run killed at once
   with SIGKILL, nothing reported), then the stack started again: the worker ends the run Crashed
   as it starts;
-- the worker and the run killed while the server stays up: the heartbeat automation marks the
-  run Crashed once its heartbeats have stopped for `R1_CRASH_AFTER_SECONDS`;
-- the worker and the run killed, then the run cancelled: it ends Cancelled, not Cancelling for
-  ever.
+- the worker and two runs killed while the server stays up: the heartbeat automation marks the
+  run left alone Crashed once its heartbeats have stopped for `R1_CRASH_AFTER_SECONDS`, and the
+  run then cancelled ends Cancelled, not Cancelling for ever.
 """
 
 from __future__ import annotations
@@ -155,33 +154,28 @@ def test_a_run_whose_machine_went_down_is_ended_by_its_worker_when_the_stack_sta
     assert_listed_watched_and_resumed(stack, run_id, STEPS + 1, "Its process is gone")
 
 
-def test_a_run_whose_worker_was_killed_is_marked_crashed_by_its_heartbeats(stack):
-    """The worker and the run killed outright while the server stays up: the heartbeat
-    automation ends the run Crashed once it has been unheard for `R1_CRASH_AFTER_SECONDS`."""
-    run_id = start_training_run(stack, STEPS + 3)
-    kill_sessions({stack.pid("worker"), engine_session(run_id)})
-    watched = r1(stack.env, "watch", run_id, timeout=CRASH_AFTER + 120)
+def test_runs_whose_worker_was_killed_end_crashed_or_cancelled_by_their_heartbeats(stack):
+    """The worker and two of its runs killed outright while the server stays up, one wait for
+    both: the run left alone ends Crashed once it has been unheard for `R1_CRASH_AFTER_SECONDS`
+    (the heartbeat automation); the run then cancelled (`prefect flow-run cancel`), which nothing
+    is left to stop and Prefect lets go nowhere but Cancelled, ends Cancelled then (it stayed
+    Cancelling for ever)."""
+    crashed = start_training_run(stack, 5 * STEPS)  # trains until it is killed
+    cancelled = start_training_run(stack, STEPS + 2)
+    kill_sessions({stack.pid("worker"), engine_session(crashed), engine_session(cancelled)})
+    cancel = prefect(stack.env, "flow-run", "cancel", cancelled)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+
+    watched = r1(stack.env, "watch", crashed, timeout=CRASH_AFTER + 120)
     assert watched.returncode == 1, watched.stdout + watched.stderr
     said = " ".join(watched.stdout.split())  # the reason wraps at 80 columns
-    assert f"flow run {run_id} Crashed: in reasoning_rl: No heartbeat for {CRASH_AFTER} s" in said
+    assert f"flow run {crashed} Crashed: in reasoning_rl: No heartbeat for {CRASH_AFTER} s" in said
     listed = r1(stack.env, "runs", "--state", "crashed")
-    assert f"{run_id}  Crashed" in listed.stdout and "No heartbeat" in listed.stdout
-    started = stack.serve("start")  # the worker again, for what follows
-    assert started.returncode == 0, started.stdout + started.stderr
+    assert f"{crashed}  Crashed" in listed.stdout and "No heartbeat" in listed.stdout
 
-
-def test_a_run_cancelled_after_its_worker_was_killed_ends_cancelled(stack):
-    """The worker and the run killed outright while the stack stays up, then `prefect flow-run
-    cancel`: nothing is left to stop the run, and Prefect lets a cancelling run go nowhere but
-    Cancelled. It ends Cancelled once it has been unheard for `R1_CRASH_AFTER_SECONDS` (it stayed
-    Cancelling for ever)."""
-    run_id = start_training_run(stack, STEPS + 2)
-    kill_sessions({stack.pid("worker"), engine_session(run_id)})
-    cancel = prefect(stack.env, "flow-run", "cancel", run_id)
-    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
-    watched = r1(stack.env, "watch", run_id, timeout=CRASH_AFTER + 120)
-    said = " ".join(watched.stdout.split())  # the reason wraps at 80 columns
-    assert f"flow run {run_id} Cancelled: Cancelled: no heartbeat" in said, watched.stdout
+    watched = r1(stack.env, "watch", cancelled, timeout=CRASH_AFTER + 120)
+    said = " ".join(watched.stdout.split())
+    assert f"flow run {cancelled} Cancelled: Cancelled: no heartbeat" in said, watched.stdout
     assert "its process was already gone" in said
     started = stack.serve("start")  # the worker again, for what follows
     assert started.returncode == 0, started.stdout + started.stderr

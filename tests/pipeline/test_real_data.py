@@ -97,12 +97,12 @@ def test_bare_answers_from_scratch_need_a_checkpoint(data):
 
 @pytest.mark.heavy
 def test_gsm8k_files_run_through_every_stage_from_scratch(data, tmp_path, monkeypatch):
-    from prefect.testing.utilities import prefect_test_harness
+    from tests.prefect_harness import prefect_harness
 
     monkeypatch.setenv("R1_STATE_DIR", str(tmp_path / "state"))
     from flows.r1_pipeline import r1_pipeline
 
-    with prefect_test_harness(server_startup_timeout=180):
+    with prefect_harness():
         result = r1_pipeline(profile="micro", overrides=settings(data))
     stages = [row.stage for row in result.rows]
     assert stages[0] == "bootstrap" and "all_scenarios_rl" in stages and "rl_only_llama" in stages

@@ -11,12 +11,12 @@ pytestmark = pytest.mark.heavy
 
 @pytest.mark.slow
 def test_tiny_profile_meets_its_promises(tmp_path, monkeypatch):
-    from prefect.testing.utilities import prefect_test_harness
+    from tests.prefect_harness import prefect_harness
 
     monkeypatch.setenv("R1_STATE_DIR", str(tmp_path))
     from flows.r1_pipeline import r1_pipeline
 
-    with prefect_test_harness(server_startup_timeout=180):
+    with prefect_harness():
         result = r1_pipeline(profile="tiny")
     rows = {r.stage: r for r in result.rows}
     base, sft = rows["bootstrap"], rows["cold_start_sft"]

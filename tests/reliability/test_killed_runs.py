@@ -97,9 +97,9 @@ def test_a_failed_attempt_is_resumed_with_its_error_recorded_and_a_new_key_start
 def test_the_retry_marks_task_runs_the_killed_attempt_left_running_crashed():
     from prefect import flow, get_client, task
     from prefect.states import Running
-    from prefect.testing.utilities import prefect_test_harness
 
     from tasks.pipeline import crash_leftover_task_runs
+    from tests.prefect_harness import prefect_harness
 
     @flow
     def pipeline() -> None:
@@ -110,7 +110,7 @@ def test_the_retry_marks_task_runs_the_killed_attempt_left_running_crashed():
         """A task for the server to hold a run of; it never runs here."""
 
     with (
-        prefect_test_harness(server_startup_timeout=180),
+        prefect_harness(),
         get_client(sync_client=True) as client,
     ):
         flow_run = client.create_flow_run(pipeline)

@@ -30,16 +30,17 @@ pytestmark = pytest.mark.skipif(
     reason=f"the sandbox refuses or cannot run programs here: {CAPS.reason}",
 )
 
-WALL = 10.0
+WALL = 5.0
 STUCK = (  # loads in just under the wall clock, then every call sleeps past it
-    "import time\ntime.sleep(9.5)\n\ndef double(x):\n    time.sleep(60)\n    return 2 * x\n"
+    f"import time\ntime.sleep({WALL - 0.5})\n\n"
+    "def double(x):\n    time.sleep(60)\n    return 2 * x\n"
 )
-SLOW_BUT_RIGHT = "import time\ntime.sleep(9.0)\n\n" + GOOD
+SLOW_BUT_RIGHT = f"import time\ntime.sleep({WALL - 1.0})\n\n" + GOOD  # a second to spare
 LOOPING = "def double(x):\n    while True:\n        pass\n"
 LOOPING_AT_LOAD = "while True:\n    pass\n\n" + GOOD
 
 
-@pytest.mark.slow  # two minutes of programs at their wall clock: python -m pytest -m slow
+@pytest.mark.slow  # a minute of programs at their wall clock: python -m pytest -m slow
 def test_slow_and_looping_siblings_never_leave_a_sample_unscored() -> None:
     """Through the code reward, as GRPO calls it: 0 for each stuck or looping sample, 1 for
     each right one, slow or not, however long it waited; nothing unscorable. With a budget for
