@@ -20,6 +20,7 @@ from typing import Any
 from cli.failures import WIDTH, failure_reason, reason_lines, retry_helps
 from storage.paths import StatePaths
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SERVE_ENV = "serve.env"  # written by scripts/serve.sh into the state folder
 STATE_TYPES = ("scheduled", "pending", "running", "completed", "failed", "cancelled", "crashed")
 UNSET = "not set: start the stack with `bash scripts/serve.sh`, or export PREFECT_API_URL"
@@ -41,13 +42,25 @@ class Served:
     def retry(self, run_id: str) -> str:
         """`prefect flow-run retry` with the stack's API in front: without it, a new shell's
         `prefect` asks a temporary server of its own, which answers "Flow run ... not found"."""
-        return f"PREFECT_API_URL={self.api_url} .venv/bin/prefect flow-run retry {run_id}"
+        return f"PREFECT_API_URL={self.api_url} {command_path('prefect')} flow-run retry {run_id}"
 
     def watch(self, run_id: str) -> str:
         """`r1 watch`, with the state folder when it is not the default `./state`."""
+        watch = f"{command_path('r1')} watch {run_id}"
         if self.state_root == Path("state").resolve():
-            return f".venv/bin/r1 watch {run_id}"
-        return f".venv/bin/r1 watch {run_id} --state-dir {shlex.quote(str(self.state_root))}"
+            return watch
+        return f"{watch} --state-dir {shlex.quote(str(self.state_root))}"
+
+
+def command_path(name: str) -> str:
+    """The command `name` of the environment this process runs in, as typed at the project's
+    root: `.venv/bin/NAME` for the project's own `.venv`, the whole path for one elsewhere
+    (`R1_VENV`), where `.venv/bin/NAME` would not be found."""
+    command = Path(sys.executable).parent.resolve() / name
+    try:
+        return str(command.relative_to(PROJECT_ROOT))
+    except ValueError:
+        return shlex.quote(str(command))
 
 
 def use_served_api(paths: StatePaths) -> str:

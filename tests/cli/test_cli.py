@@ -1,8 +1,12 @@
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 
 from cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
 
 # `r1` points the process environment at its state folder: each test gets its own copy.
 pytestmark = pytest.mark.usefixtures("private_environment")
@@ -80,7 +84,13 @@ def test_runs_and_watch_find_the_server_serve_sh_recorded(tmp_path, monkeypatch)
 RUN_ID = "b6d5cab5-ff6f-4e51-8c9b-d34850b1b422"
 
 
-def test_the_commands_printed_find_the_stack_in_a_new_shell(tmp_path, monkeypatch):
+@pytest.fixture
+def project_venv(monkeypatch):
+    """The commands run from the project's own `.venv`, as `scripts/setup.sh` makes it."""
+    monkeypatch.setattr(sys, "executable", str(REPO / ".venv" / "bin" / "python"))
+
+
+def test_the_commands_printed_find_the_stack_in_a_new_shell(tmp_path, monkeypatch, project_venv):
     """A new shell has neither PREFECT_API_URL nor R1_STATE_DIR: a bare `prefect flow-run retry`
     there asked a temporary server of its own ("Flow run ... not found")."""
     from cli.runs import Served
@@ -97,7 +107,21 @@ def test_the_commands_printed_find_the_stack_in_a_new_shell(tmp_path, monkeypatc
     )
 
 
-def test_a_crashed_runs_ending_names_the_retry_with_the_stacks_api(tmp_path):
+def test_the_commands_printed_name_a_virtual_environment_elsewhere_whole(tmp_path, monkeypatch):
+    """With `R1_VENV` outside the project (`/opt/r1 env`), `.venv/bin/prefect` would not be found
+    at the project's root: the commands name the environment's own, quoted for the shell."""
+    from cli.runs import Served
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "r1 env" / "bin" / "python"))
+    served = Served("http://127.0.0.1:4290/api", tmp_path / "state")
+    prefect, r1 = f"'{tmp_path}/r1 env/bin/prefect'", f"'{tmp_path}/r1 env/bin/r1'"
+    assert served.retry(RUN_ID) == (
+        f"PREFECT_API_URL=http://127.0.0.1:4290/api {prefect} flow-run retry {RUN_ID}"
+    )
+    assert served.watch(RUN_ID) == f"{r1} watch {RUN_ID} --state-dir {tmp_path}/state"
+
+
+def test_a_crashed_runs_ending_names_the_retry_with_the_stacks_api(tmp_path, project_venv):
     from types import SimpleNamespace
 
     from prefect.states import Crashed
