@@ -89,7 +89,7 @@ def test_the_retry_r1_prints_works_as_printed_in_a_new_shell(stack, new_shell):
     assert watched.returncode == 1, watched.stdout + watched.stderr
     (retry,) = [line.strip() for line in watched.stdout.splitlines() if "flow-run retry" in line]
     assert f".venv/bin/prefect flow-run retry {run_id}" in retry
-    assert f"  .venv/bin/r1 watch {run_id} --state-dir {stack.state}" in watched.stdout
+    assert f".venv/bin/r1 watch {run_id} --state-dir {stack.state}\n" in watched.stdout
 
     listed = r1(new_shell, "runs", "--state", "crashed")
     assert f"retry one: {retry.replace(run_id, '<id>')}" in listed.stdout, listed.stdout
