@@ -4,8 +4,8 @@ whose pool does not exist).
 
 Each is a process pool with the process worker's default job template, as `prefect work-pool
 create NAME --type process` makes it; one that exists is left as it is. One process for all of
-them: a `prefect work-pool inspect` and a `create` for each of three pools took 9 s of the
-stack's 34 s start on 2 cores, this about 1.5 s.
+them: a `prefect work-pool inspect` and a `create` for each of three pools took 8.9 s of a
+traced start on 2 cores, this 1.75 s.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ from typing import Any
 def ensure_pools(client: Any, names: list[str]) -> list[str]:
     """Create each pool of `names` that the server does not have; the names created."""
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+    from prefect.exceptions import ObjectAlreadyExists
     from prefect.workers.process import ProcessWorker
 
     created = []
     for name in names:
-        try:
-            client.read_work_pool(name)
+        if has_pool(client, name):
             continue
-        except ObjectNotFound:
-            pass
         pool = WorkPoolCreate(
             name=name,
             type=ProcessWorker.type,
@@ -39,6 +36,16 @@ def ensure_pools(client: Any, names: list[str]) -> list[str]:
             continue
         created.append(name)
     return created
+
+
+def has_pool(client: Any, name: str) -> bool:
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        client.read_work_pool(name)
+    except ObjectNotFound:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,8 +166,10 @@ start() {
   mkdir -p "$logs" "$pids" "$PREFECT_HOME"
   if ! running server; then
     # a new state folder starts from a migrated empty database (cli/prefect_server.py)
-    "$venv/bin/python" -m cli.prefect_server --seed "$PREFECT_HOME" > /dev/null \
-      || echo "serve: no Prefect database template; the server migrates a new database" >&2
+    if [ ! -f "$PREFECT_HOME/prefect.db" ]; then
+      "$venv/bin/python" -m cli.prefect_server --seed "$PREFECT_HOME" > /dev/null \
+        || echo "serve: no Prefect database template; the server migrates a new database" >&2
+    fi
     # the log stream lets `prefect deployment run --watch` print each run's logs
     start_one server "$logs/prefect-server.log" env PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED=true \
       PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED=true \
