@@ -184,6 +184,17 @@ def _scores_reasoning(term: RewardTerm) -> bool:
     return term.name == PREFERENCE and (term.kinds is None or "reasoning" in term.kinds)
 
 
+class CacheConfig(Strict):
+    """How a run takes stages from the cache (tasks/stage_cache.py); never part of a stage's key."""
+
+    keep_finished: bool = Field(
+        False,
+        description="take each stage that finished before on the same inputs from the cache even "
+        "where the project's code changed since: a fix to a later stage keeps the stages before "
+        "it; the stages that never finished run under the code as it is now",
+    )
+
+
 class PipelineConfig(Strict):
     """A whole profile: what the flow takes as its parameter and what MLflow logs."""
 
@@ -225,6 +236,7 @@ class PipelineConfig(Strict):
     distillation: DistillConfig = DistillConfig()
     evaluation: EvalConfig = EvalConfig()
     faults: FaultConfig = FaultConfig()
+    cache: CacheConfig = CacheConfig()
     cluster: ClusterConfig = Field(
         ClusterConfig(), description="Ray and training nodes; never part of a stage's key"
     )

@@ -45,6 +45,7 @@ class RunContext:
     fail_at: str | None = None  # `faults.fail_once_at`: "stage" or "stage@step"
     cluster: ClusterConfig | None = None  # where stages run beyond this machine; not in keys
     stages: tuple[str, ...] = ()  # the stages the flow will run, in order (tasks.plan)
+    keep_finished: bool = False  # `cache.keep_finished` (tasks/stage_cache.py); not in keys
 
     @property
     def paths(self) -> StatePaths:

@@ -30,7 +30,7 @@ from host.threads import process_threads, usable_cpus, wait_vars
 from models.loading import use_device
 from problems.fit import check_data_fit
 from storage.paths import StatePaths
-from storage.pipeline_runs import end_leftover_children
+from storage.pipeline_runs import CODE_TAG, end_leftover_children
 from storage.tracking import (
     FLOW_RUN_TAG,
     PARENT_TAG,
@@ -46,6 +46,7 @@ from tasks.context import RunContext, StageResult
 from tasks.plan import planned_stages
 from tasks.resume import hold_pipeline_run, resumed_command_run
 from tasks.run_pages import RUN_DESCRIPTION_TAG, report_description
+from tasks.stage_cache import code_version
 from training.memory_fit import check_memory_fit
 
 log = logging.getLogger(__name__)
@@ -106,8 +107,11 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
     fail_at = config.faults.fail_once_at
     cluster = config.cluster.active()
     plan = planned_stages(config, flow)
+    keep = config.cache.keep_finished
+    if keep:
+        logger.info("cache.keep_finished: stages that finished before are kept, whatever the code")
     return RunContext(
-        paths.root, run_id, flow_run_id, config.name, fail_at, cluster=cluster, stages=plan
+        paths.root, run_id, flow_run_id, config.name, fail_at, cluster, plan, keep_finished=keep
     )
 
 
@@ -178,7 +182,7 @@ def close_pipeline_run(
         notes = dict(result.notes)
         if (origin := cached_from(client, ctx, result)) is not None:
             client.set_tag(ctx.parent_run_id, f"r1.cached.{result.stage}", result.run_id)
-            notes = {"cached from run": origin[:8]} | notes
+            notes = cache_note(client, ctx, result.stage, origin) | notes
         note = ", ".join(f"{k} {v}" for k, v in notes.items())
         rows.append(StageRow(result.stage, result.seconds, metrics, note))
     publish_report(ctx, rows, k)
@@ -187,6 +191,17 @@ def close_pipeline_run(
     finish_run(client, ctx.parent_run_id)
     counts = next((r.output.filter_counts for r in stages if isinstance(r.output, CuratedSet)), {})
     return PipelineResult(ctx.parent_run_id, ctx.flow_run_id, str(ctx.state_root), rows, counts)
+
+
+def cache_note(client: MlflowClient, ctx: RunContext, stage: str, origin: str) -> dict[str, str]:
+    """The report's note on a stage from the cache: the pipeline run that computed it, and the
+    code it ran under where that is not this run's (`cache.keep_finished` kept it), also as the
+    parent run's tag `r1.kept.<stage>`."""
+    code = client.get_run(origin).data.tags.get(CODE_TAG, "")
+    if not code or code == code_version():
+        return {"cached from run": origin[:8]}
+    client.set_tag(ctx.parent_run_id, f"r1.kept.{stage}", code)
+    return {"kept from run": origin[:8], "code": code[:8]}
 
 
 def cached_from(client: MlflowClient, ctx: RunContext, result: StageResult) -> str | None:

@@ -7,13 +7,22 @@ cache and starts at the first stage whose key it has not seen. The key also name
 working folder (`runs/<stage>/<key>`), so a training stage that died mid-way finds its own
 checkpoints again and resumes from the last one.
 
-Set `PREFECT_TASKS_REFRESH_CACHE=true` to recompute every stage regardless.
+Every key a stage is called with is remembered beside its key without the code version
+(`state/stage_keys/<inputs key>/<key>`). With `cache.keep_finished` on, a stage whose key has no
+result takes the latest earlier one on the same inputs that has: a run resumed after a fix to its
+fourth stage keeps the three before it, though the code changed, and runs the stages that never
+finished under the code as it is now (the report says which stages were kept, from which code).
+
+Set `PREFECT_TASKS_REFRESH_CACHE=true` to recompute every stage regardless (keep_finished then
+keeps nothing).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from functools import cache
@@ -22,10 +31,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from prefect import Task, task
 from prefect.context import TaskRunContext
+from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 from pydantic import BaseModel
 
 from storage.digests import file_digest, tree_digest
-from tasks.progress import name_task_run_logs
+from tasks.progress import name_task_run_logs, run_logger
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CODE_PACKAGES = (
@@ -48,6 +58,7 @@ CODE_PACKAGES = (
     "training",
 )
 KEY_LENGTH = 16  # hex characters of the key in folder names
+STAGE_KEYS = "stage_keys"  # the state folder's index of keys by inputs
 
 
 @runtime_checkable
@@ -97,14 +108,26 @@ def stage_key(task_name: str, parameters: dict[str, Any], stage: StageName = Non
     """The key of a stage task's call; a call that runs the stage `faults.fail_once_at` names
     has a key of its own, so the fault fires instead of the stage coming from the cache (a
     retry of that flow run, with the same setting, resumes it)."""
+    return _digest(_key_payload(task_name, parameters, stage) | {"code": code_version()})
+
+
+def inputs_key(task_name: str, parameters: dict[str, Any], stage: StageName = None) -> str:
+    """The stage key without the code version: the same call under any version of the code."""
+    return _digest(_key_payload(task_name, parameters, stage))
+
+
+def _key_payload(task_name: str, parameters: dict[str, Any], stage: StageName) -> dict[str, Any]:
     payload = {
         "task": task_name,
-        "code": code_version(),
         "parameters": {name: identity(v) for name, v in sorted(parameters.items())},
     }
     fault = fault_for(parameters, stage)
     if fault:
         payload["fault"] = fault
+    return payload
+
+
+def _digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -124,7 +147,60 @@ def fault_for(parameters: dict[str, Any], stage: StageName) -> str | None:
 
 
 def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    return stage_key(context.task.name, parameters, getattr(context.task, STAGE_ATTR, None))
+    """The call's stage key, remembered in the state folder's index; with the run's
+    `keep_finished` on and no result under it, the latest earlier key on the same inputs that
+    has one (its result is then the task's, from the cache)."""
+    stage = getattr(context.task, STAGE_ATTR, None)
+    key = stage_key(context.task.name, parameters, stage)
+    index = _index_of(parameters.get("ctx"))
+    if index is None:
+        return key
+    same_inputs = inputs_key(context.task.name, parameters, stage)
+    remember_key(index, same_inputs, key)
+    if not getattr(parameters.get("ctx"), "keep_finished", False) or _refreshing(context.task):
+        return key
+    exists = context.result_store.exists
+    if exists(key):
+        return key
+    earlier = finished_key(index, same_inputs, exists)
+    if earlier is None:
+        return key
+    run_logger().info(
+        "%s: kept, finished under earlier code (cache.keep_finished)",
+        stage_name(parameters, stage) or context.task.name,
+    )
+    return earlier
+
+
+def _index_of(ctx: Any) -> Path | None:
+    """The state folder's key index, for a call with a run context."""
+    root = getattr(ctx, "state_root", None)
+    return Path(root) / STAGE_KEYS if root is not None else None
+
+
+def _refreshing(made: Task) -> bool:
+    """Whether this task recomputes whatever its cache holds (Prefect's own rule)."""
+    refresh = made.refresh_cache
+    return bool(PREFECT_TASKS_REFRESH_CACHE.value() if refresh is None else refresh)
+
+
+def remember_key(index: Path, same_inputs: str, key: str) -> None:
+    """Note `key` under its inputs key; the file's time says when it was last used."""
+    folder = index / same_inputs
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / key
+    path.touch()
+    now = time.time_ns()  # finer than the file system's own clock, which `touch` takes
+    os.utime(path, ns=(now, now))
+
+
+def finished_key(index: Path, same_inputs: str, exists: Callable[[str], bool]) -> str | None:
+    """The most recently used key on these inputs whose result `exists`; None if none."""
+    folder = index / same_inputs
+    if not folder.is_dir():
+        return None
+    keys = sorted(folder.iterdir(), key=lambda path: path.stat().st_mtime_ns, reverse=True)
+    return next((path.name for path in keys if exists(path.name)), None)
 
 
 def current_stage_key() -> str:

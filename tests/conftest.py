@@ -45,6 +45,21 @@ def prefect_server():
 
 
 @pytest.fixture
+def code_version(monkeypatch):
+    """Sets the code version that stage keys and pipeline runs see (tasks.stage_cache), as an
+    edit of the project's code would change it: `code_version("v2")`."""
+    import sys
+
+    from tasks import stage_cache
+
+    original, current = stage_cache.code_version, {}
+    for module in list(sys.modules.values()):
+        if getattr(module, "code_version", None) is original:
+            monkeypatch.setattr(module, "code_version", lambda: current["version"])
+    return lambda version: current.update(version=version)
+
+
+@pytest.fixture
 def private_environment(monkeypatch):
     """A copy of the process environment for one test: `r1` points the environment at its state
     folder, which must not leak into the next test. Use with

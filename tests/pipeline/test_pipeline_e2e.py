@@ -535,3 +535,29 @@ def test_a_fault_named_for_a_cached_stage_still_fires(micro_run):
         r1_pipeline(profile="micro", overrides=["faults.fail_once_at=reasoning_rl@1"])
     assert runs("cold_start_sft") == before["cold_start_sft"]
     assert runs("reasoning_rl") == before["reasoning_rl"] + 1
+
+
+def test_after_a_code_change_keep_finished_keeps_every_stage_and_says_so(micro_run, code_version):
+    """The code changed since the run (as a fix does): with `cache.keep_finished` every stage
+    that finished comes from the cache, computed nothing, and the report, the log and the
+    parent run's tags say from which run and which code."""
+    state, pipeline = micro_run
+    from flows.r1_pipeline import r1_pipeline
+
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    stage_runs = len(client.search_runs(experiments, filter_string="tags.`r1.stage` != 'pipeline'"))
+    earlier = client.get_run(pipeline.parent_run_id).data.tags["r1.code"]
+    code_version("edited")
+    result = r1_pipeline(profile="micro", overrides=["cache.keep_finished=true"])
+    assert [row.stage for row in result.rows] == ROW_STAGES
+    kept = f"kept from run {pipeline.parent_run_id[:8]}, code {earlier[:8]}"
+    assert all(row.note.startswith(kept) for row in result.rows), [r.note for r in result.rows]
+    tags = client.get_run(result.parent_run_id).data.tags
+    assert {tags[f"r1.kept.{stage}"] for stage in ROW_STAGES} == {earlier}
+    assert tags["r1.code"] == "edited"
+    messages = [" ".join(m.split()) for m in flow_run_messages(result.flow_run_id)]
+    said = "reasoning_rl: kept, finished under earlier code (cache.keep_finished)"
+    assert any(said in m for m in messages), messages
+    after = len(client.search_runs(experiments, filter_string="tags.`r1.stage` != 'pipeline'"))
+    assert after == stage_runs
