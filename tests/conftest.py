@@ -21,6 +21,50 @@ from host.threads import settle_process  # noqa: E402
 settle_process()
 
 
+# ---- several workers (tests/workers.py) ---------------------------------------------------------
+
+ROOM_FOLDER = pytest.StashKey[str]()  # the controller's: where the room's locks are
+ROOM = pytest.StashKey["Room"]()  # a worker's
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller of a run on several workers makes the room's folder; each worker opens
+    the room it names."""
+    from tests.workers import ROOM_KEY, Room, new_room_folder
+
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and ROOM_KEY in workerinput:
+        config.stash[ROOM] = Room(workerinput[ROOM_KEY])
+    elif workerinput is None and config.getoption("numprocesses", None):  # xdist's -n
+        config.stash[ROOM_FOLDER] = new_room_folder()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist's hook, in the controller: tell a worker where the room is."""
+    from tests.workers import ROOM_KEY
+
+    node.workerinput[ROOM_KEY] = node.config.stash[ROOM_FOLDER]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.workers import remove_room_folder
+
+    if ROOM_FOLDER in config.stash:
+        remove_room_folder(config.stash[ROOM_FOLDER])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """On a worker, each test (its fixtures' set-up and teardown too) in the room: shared, or
+    to itself for a test marked `alone`."""
+    room = item.config.stash.get(ROOM, None)
+    if room is None:
+        return (yield)
+    with room.enter(alone=item.get_closest_marker("alone") is not None):
+        return (yield)
+
+
 # Fixtures shared by several rooms. Imports stay inside them, so that collecting a room that
 # does not use them loads no model library.
 

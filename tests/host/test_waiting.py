@@ -166,6 +166,7 @@ IDLE_SPIN = """
 
 @linux_only
 @pytest.mark.heavy  # a fresh process loads torch
+@pytest.mark.alone  # the CPU time a spinning thread takes: less where another test takes a core
 def test_a_parked_team_stops_idle_threads_spinning_and_letting_it_go_brings_the_spin_back():
     """CPU time a gap of 10 ms costs the process after a two-thread op: libgomp's default spin
     (several ms of polling), then with the ballast held (the short spin: next to nothing), then

@@ -41,6 +41,7 @@ LOOPING_AT_LOAD = "while True:\n    pass\n\n" + GOOD
 
 
 @pytest.mark.slow  # a minute of programs at their wall clock: python -m pytest -m slow
+@pytest.mark.alone  # a second to spare at the wall clock: no other test's load beside it
 def test_slow_and_looping_siblings_never_leave_a_sample_unscored() -> None:
     """Through the code reward, as GRPO calls it: 0 for each stuck or looping sample, 1 for
     each right one, slow or not, however long it waited; nothing unscorable. With a budget for
