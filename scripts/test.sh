@@ -10,9 +10,10 @@ bash scripts/browser.sh  # Chromium for tests/operations/test_mlflow_ui.py; neve
 python="${R1_VENV:-.venv}/bin/python"
 # Several workers (pytest-xdist), one a usable CPU, at most four: on 2 cores much of a test is a
 # process starting, a server answering or a heartbeat waited out, and the other core runs the
-# next test meanwhile. A module's tests stay on one worker (its fixtures are made once); a test
-# marked `alone` runs with no other beside it (tests/workers.py). R1_TEST_WORKERS sets how many;
+# next test meanwhile. A module's tests stay on one worker (its fixtures are made once; the
+# cluster tests' Ray cluster too: tests/conftest.py); a test marked `alone` runs with no other
+# beside it (tests/workers.py). R1_TEST_WORKERS sets how many;
 # 0 or 1 runs every test in this process.
 workers="${R1_TEST_WORKERS:-$("$python" -c 'from host.threads import usable_cpus; print(min(4, usable_cpus()))')}"
 if [ "$workers" -le 1 ]; then workers=0; fi
-exec "$python" -m pytest -n "$workers" --dist loadscope "$@"
+exec "$python" -m pytest -n "$workers" --dist loadgroup "$@"

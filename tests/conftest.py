@@ -54,6 +54,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         remove_room_folder(config.stash[ROOM_FOLDER])
 
 
+# tests sharing a fixture wider than a module: one worker runs them all, and the fixture once
+PACKAGE_GROUPS = ("tests/cluster",)  # the two-node Ray cluster (tests/cluster/conftest.py)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test in the group of its module (xdist's `--dist loadgroup`, as scripts/test.sh
+    runs it): a module's tests on one worker, its module fixtures made once; the tests of a
+    folder in `PACKAGE_GROUPS` in the group of that folder."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = item.nodeid.split("::", 1)[0]
+            group = next((g for g in PACKAGE_GROUPS if module.startswith(g + "/")), module)
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """On a worker, each test (its fixtures' set-up and teardown too) in the room: shared, or

@@ -12,27 +12,50 @@ from tests.workers import Room
 FORK = multiprocessing.get_context("fork")
 
 
-def hold(folder: Path, alone: bool, name: str, events, release) -> None:
+def hold(folder: Path, alone: bool, name: str, release) -> None:
     """In a process of its own (its own open files: flock is per open file), enter the room,
-    say so, stay until `release` is set, and say it left."""
+    say so, stay until `release` is set, and say it left, each line written before the next
+    step (a file, in the order written)."""
     with Room(folder).enter(alone):
-        events.put(f"{name} in")
+        say(folder, f"{name} in")
         release.wait(30)
-        events.put(f"{name} out")
+        say(folder, f"{name} out")
 
 
-def start(folder: Path, alone: bool, name: str, events):
+def say(folder: Path, event: str) -> None:
+    fd = os.open(folder / "events", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{event}\n".encode())
+    finally:
+        os.close(fd)
+
+
+class Events:
+    """The lines the processes wrote, read in order."""
+
+    def __init__(self, folder: Path):
+        self.path, self.read = folder / "events", 0
+
+    def new(self) -> list[str]:
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        fresh, self.read = lines[self.read :], len(lines)
+        return fresh
+
+    def next(self, count: int = 1) -> list[str]:
+        """The next `count` lines, waiting up to 30 s for them."""
+        seen: list[str] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < count and time.monotonic() < deadline:
+            seen += self.new()
+            time.sleep(0.02)
+        return seen
+
+
+def start(folder: Path, alone: bool, name: str):
     release = FORK.Event()
-    process = FORK.Process(target=hold, args=(folder, alone, name, events, release))
+    process = FORK.Process(target=hold, args=(folder, alone, name, release))
     process.start()
     return process, release
-
-
-def drained(events) -> list[str]:
-    seen = []
-    while not events.empty():
-        seen.append(events.get())
-    return seen
 
 
 def turnstile_taken(folder: Path) -> bool:
@@ -47,29 +70,28 @@ def turnstile_taken(folder: Path) -> bool:
 
 
 def test_shared_tests_go_in_together_and_one_alone_goes_before_those_that_ask_after_it(tmp_path):
-    events = FORK.Queue()
-    first, release_first = start(tmp_path, False, "first", events)
-    second, release_second = start(tmp_path, False, "second", events)
-    assert sorted([events.get(timeout=30), events.get(timeout=30)]) == ["first in", "second in"]
+    events = Events(tmp_path)
+    first, release_first = start(tmp_path, False, "first")
+    second, release_second = start(tmp_path, False, "second")
+    assert sorted(events.next(2)) == ["first in", "second in"]
     release_second.set()
-    assert events.get(timeout=30) == "second out"
+    assert events.next() == ["second out"]
 
-    alone, release_alone = start(tmp_path, True, "alone", events)
+    alone, release_alone = start(tmp_path, True, "alone")
     deadline = time.monotonic() + 30
     while not turnstile_taken(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.05)  # `alone` waits for the room, the turnstile taken
-    later, release_later = start(tmp_path, False, "later", events)
+    later, release_later = start(tmp_path, False, "later")
     time.sleep(0.5)
-    assert drained(events) == []  # `first` still in: neither `alone` nor `later` got in
+    assert events.new() == []  # `first` still in: neither `alone` nor `later` got in
     release_first.set()
-    assert events.get(timeout=30) == "first out"
-    assert events.get(timeout=30) == "alone in"
+    assert events.next(2) == ["first out", "alone in"]
     time.sleep(0.5)
-    assert drained(events) == []  # `later` waits while `alone` is in
+    assert events.new() == []  # `later` waits while `alone` is in
     release_alone.set()
-    assert [events.get(timeout=30), events.get(timeout=30)] == ["alone out", "later in"]
+    assert events.next(2) == ["alone out", "later in"]
     release_later.set()
-    assert events.get(timeout=30) == "later out"
+    assert events.next() == ["later out"]
     for process in (first, second, alone, later):
         process.join(30)
         assert process.exitcode == 0
