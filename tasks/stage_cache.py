@@ -156,19 +156,24 @@ def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     if index is None:
         return key
     same_inputs = inputs_key(context.task.name, parameters, stage)
-    remember_key(index, same_inputs, key)
+    name = stage_name(parameters, stage) or context.task.name
+    try:
+        remember_key(index, same_inputs, key)
+    except OSError as error:  # the cache itself still works: only a later keep cannot see it
+        run_logger().warning("%s: its key is not noted in %s: %s", name, index, error)
     if not getattr(parameters.get("ctx"), "keep_finished", False) or _refreshing(context.task):
         return key
     exists = context.result_store.exists
     if exists(key):
         return key
-    earlier = finished_key(index, same_inputs, exists)
+    try:
+        earlier = finished_key(index, same_inputs, exists)
+    except OSError as error:
+        run_logger().warning("%s: %s cannot be read, nothing kept: %s", name, index, error)
+        return key
     if earlier is None:
         return key
-    run_logger().info(
-        "%s: kept, finished under earlier code (cache.keep_finished)",
-        stage_name(parameters, stage) or context.task.name,
-    )
+    run_logger().info("%s: kept, finished under earlier code (cache.keep_finished)", name)
     return earlier
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.workers import Room
 
-FORK = multiprocessing.get_context("fork")
+SPAWN = multiprocessing.get_context("spawn")  # a fresh process: no state of the worker forked
 
 
 def hold(folder: Path, alone: bool, name: str, release) -> None:
@@ -52,8 +52,8 @@ class Events:
 
 
 def start(folder: Path, alone: bool, name: str):
-    release = FORK.Event()
-    process = FORK.Process(target=hold, args=(folder, alone, name, release))
+    release = SPAWN.Event()
+    process = SPAWN.Process(target=hold, args=(folder, alone, name, release))
     process.start()
     return process, release
 

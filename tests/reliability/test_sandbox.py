@@ -56,7 +56,8 @@ def nothing_left_behind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     assert [d for d in dirs if os.path.exists(d)] == []
     assert _live_descendants() == []
     if IS_ROOT:
-        assert _live_sandbox_processes() == []
+        left = _live_sandbox_processes()
+        assert left == [], [_described(p) for p in left]
     assert sorted(set(_session_cgroups()) - before) == []
 
 
@@ -74,13 +75,50 @@ def _own_sessions() -> str:
 
 
 def _in_anothers_session(p: psutil.Process) -> bool:
-    """Whether `p` runs in a session cgroup another process opened (where cgroups are read)."""
+    """Whether `p` runs in a session another process opened: in its session cgroup (where
+    cgroups are read), or under its session's launcher (another test worker's, a pipeline run
+    beside the tests). A process that escaped its session has no launcher above it: counted."""
     try:
         with open(f"/proc/{p.pid}/cgroup") as f:
             groups = f.read()
     except OSError:
+        groups = ""
+    if runner.SESSION_PREFIX in groups:
+        return _own_sessions() not in groups
+    launcher = next((a for a in _ancestors(p) if _is_launcher(a)), None)
+    return launcher is not None and _parent_pid(launcher) != os.getpid()
+
+
+def _described(p: psutil.Process) -> str:
+    """A process left behind, for the failure's message: its command, parents and cgroups."""
+    try:
+        with open(f"/proc/{p.pid}/cgroup") as f:
+            groups = " ".join(line.rsplit(":", 1)[-1] for line in f.read().split())
+        parents = [(a.pid, a.cmdline()[-1:]) for a in _ancestors(p)]
+        return f"{p.pid} {p.cmdline()} parents {parents} cgroups {groups}"
+    except (OSError, psutil.Error) as error:
+        return f"{p.pid}: {error}"
+
+
+def _ancestors(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return p.parents()
+    except psutil.Error:
+        return []
+
+
+def _is_launcher(p: psutil.Process) -> bool:
+    try:
+        return any(arg.endswith("launcher.py") for arg in p.cmdline())
+    except psutil.Error:
         return False
-    return runner.SESSION_PREFIX in groups and _own_sessions() not in groups
+
+
+def _parent_pid(p: psutil.Process) -> int | None:
+    try:
+        return p.ppid()
+    except psutil.Error:
+        return None
 
 
 def _live_descendants() -> list[psutil.Process]:
@@ -100,7 +138,8 @@ def _live_sandbox_processes() -> list[psutil.Process]:
         uids = (p.info["uids"].real, p.info["uids"].effective)
         if any(low <= uid < high for uid in uids) and not _in_anothers_session(p):
             found.append(p)
-    return found
+    # one that ended while it was looked at (another session's, at its end) is not left behind
+    return [p for p in found if _status(p) not in (None, psutil.STATUS_ZOMBIE)]
 
 
 def _status(p: psutil.Process) -> str | None:

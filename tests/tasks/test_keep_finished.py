@@ -89,3 +89,12 @@ def test_the_index_names_the_most_recently_used_key_with_a_result(tmp_path):
     remember_key(index, "inputs", "old")  # used again: now the latest
     assert finished_key(index, "inputs", with_results.__contains__) == "old"
     assert finished_key(index, "other inputs", with_results.__contains__) is None
+
+
+def test_an_index_that_cannot_be_written_leaves_the_cache_working(tmp_path, code_version, caplog):
+    (tmp_path / "stage_keys").write_text("not a folder")
+    code_version("v1")
+    assert two_stages(str(tmp_path), keep=True) == "v1 then v1"
+    assert two_stages(str(tmp_path), keep=True) == "v1 then v1"
+    assert runs_of_first(tmp_path) == 1  # from the cache, as without the index
+    assert "first: its key is not noted in" in caplog.text
