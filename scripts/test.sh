@@ -16,4 +16,4 @@ python="${R1_VENV:-.venv}/bin/python"
 # 0 or 1 runs every test in this process.
 workers="${R1_TEST_WORKERS:-$("$python" -c 'from host.threads import usable_cpus; print(min(4, usable_cpus()))')}"
 if [ "$workers" -le 1 ]; then workers=0; fi
-exec "$python" -m pytest -n "$workers" --dist loadgroup "$@"
+exec "$python" -m pytest -n "$workers" --dist loadscope "$@"

@@ -58,16 +58,28 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 PACKAGE_GROUPS = ("tests/cluster",)  # the two-node Ray cluster (tests/cluster/conftest.py)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test in the group of its module (xdist's `--dist loadgroup`, as scripts/test.sh
-    runs it): a module's tests on one worker, its module fixtures made once; the tests of a
-    folder in `PACKAGE_GROUPS` in the group of that folder."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            module = item.nodeid.split("::", 1)[0]
-            group = next((g for g in PACKAGE_GROUPS if module.startswith(g + "/")), module)
-            item.add_marker(pytest.mark.xdist_group(group))
+def scope_of(nodeid: str) -> str:
+    """The unit of work a test goes to a worker in: its module, or a folder of
+    `PACKAGE_GROUPS` it is in."""
+    module = nodeid.split("::", 1)[0]
+    return next((group for group in PACKAGE_GROUPS if module.startswith(group + "/")), module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's hook, for `--dist loadscope` (as scripts/test.sh runs it): its scheduling, each
+    module's tests to one worker (its module fixtures made once), with the folders of
+    `PACKAGE_GROUPS` whole. (xdist's `loadgroup` marks do not reach its scheduler under pytest 9:
+    it renames a test by an attribute pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return ByModule(config, log)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -95,3 +95,12 @@ def test_shared_tests_go_in_together_and_one_alone_goes_before_those_that_ask_af
     for process in (first, second, alone, later):
         process.join(30)
         assert process.exitcode == 0
+
+
+def test_a_test_goes_to_a_worker_with_its_module_or_its_grouped_folder_whole():
+    from tests.conftest import scope_of
+
+    assert scope_of("tests/rl/test_grpo.py::test_a[x::y]") == "tests/rl/test_grpo.py"
+    assert scope_of("tests/rl/test_grpo.py::TestA::test_b") == "tests/rl/test_grpo.py"
+    assert scope_of("tests/cluster/test_training_nodes.py::test_a") == "tests/cluster"
+    assert scope_of("tests/clusters/test_a.py::test_b") == "tests/clusters/test_a.py"
