@@ -15,5 +15,8 @@ python="${R1_VENV:-.venv}/bin/python"
 # beside it (tests/workers.py). R1_TEST_WORKERS sets how many;
 # 0 or 1 runs every test in this process.
 workers="${R1_TEST_WORKERS:-$("$python" -c 'from host.threads import usable_cpus; print(min(4, usable_cpus()))')}"
+case "$workers" in
+  ''|*[!0-9]*) echo "test.sh: R1_TEST_WORKERS=$workers: expected a whole number of workers (0 runs in this process)" >&2; exit 2 ;;
+esac
 if [ "$workers" -le 1 ]; then workers=0; fi
 exec "$python" -m pytest -n "$workers" --dist loadscope "$@"

@@ -111,12 +111,9 @@ def stage_key(task_name: str, parameters: dict[str, Any], stage: StageName = Non
     return _digest(_key_payload(task_name, parameters, stage) | {"code": code_version()})
 
 
-def inputs_key(task_name: str, parameters: dict[str, Any], stage: StageName = None) -> str:
-    """The stage key without the code version: the same call under any version of the code."""
-    return _digest(_key_payload(task_name, parameters, stage))
-
-
 def _key_payload(task_name: str, parameters: dict[str, Any], stage: StageName) -> dict[str, Any]:
+    """A stage key's content but the code version; its digest alone is the call's inputs key
+    (the same call under any version of the code)."""
     payload = {
         "task": task_name,
         "parameters": {name: identity(v) for name, v in sorted(parameters.items())},
@@ -151,11 +148,12 @@ def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     `keep_finished` on and no result under it, the latest earlier key on the same inputs that
     has one (its result is then the task's, from the cache)."""
     stage = getattr(context.task, STAGE_ATTR, None)
-    key = stage_key(context.task.name, parameters, stage)
+    payload = _key_payload(context.task.name, parameters, stage)  # input digests: read once
+    key = _digest(payload | {"code": code_version()})
     index = _index_of(parameters.get("ctx"))
     if index is None:
         return key
-    same_inputs = inputs_key(context.task.name, parameters, stage)
+    same_inputs = _digest(payload)
     name = stage_name(parameters, stage) or context.task.name
     try:
         remember_key(index, same_inputs, key)
