@@ -22,10 +22,11 @@ ZeRO-3 with gradient checkpointing unless `--no-zero3-checkpointing`):
 Beside them, in the same run (benchmarks/gpu_peers.py): the packed-attention kernels on one
 micro-batch, and the peer, a plain transformers SFT loop (SDPA, bf16 weights, fused AdamW, rows
 padded to the longest of their batch) on the same rows in the same batches. With `--compile`, the
-ZeRO-2 SFT steps again with compiled layers. `--phases` picks among sft, peer, attention, sampler
-and grpo. Each phase runs on an engine of its own over a fresh model, closed after it (a step that
-fails inside its backward pass leaves ZeRO's buckets holding gradients), and says how much device
-memory an earlier phase still held when it began (0.00 GiB is the aim).
+ZeRO-2 SFT steps again with compiled layers; with `--fused-head`, ZeRO-2's SFT and GRPO steps
+again with the head's chunks fused (training/fused_head.py). `--phases` picks among sft, peer,
+attention, sampler and grpo. Each phase runs on an engine of its own over a fresh model, closed
+after it (a step that fails inside its backward pass leaves ZeRO's buckets holding gradients),
+and says how much device memory an earlier phase still held when it began (0.00 GiB is the aim).
 For each it prints tokens/s and MFU with the FLOPs it counted (benchmarks/throughput.py: 6N a
 trained token, 2N a generated or prefilled one, the LM head in N, causal attention on top); for
 SFT, ours and the peer's alike, the headline counts only the positions that carry loss (loss
@@ -245,6 +246,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gradient-checkpointing", action="store_true", help="under ZeRO-2 too")
     p.add_argument("--no-zero3-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true", help="also: ZeRO-2 SFT, compiled layers")
+    p.add_argument(
+        "--fused-head",
+        action="store_true",
+        help="also: ZeRO-2 SFT and GRPO with the head's chunks fused (fused_head.py)",
+    )
     p.add_argument("--sft-steps", type=int, default=4)
     p.add_argument("--sft-shapes", nargs="+", default=None,
                    help="ROWSxTOKENS or varMAX[@TOKENS] (rows of drawn lengths up to MAX); by "
@@ -307,6 +313,9 @@ def settings(args: argparse.Namespace) -> list[Setting]:
         out.append(
             Setting(args.device, 2, False, args.micro_batch_tokens, args.logits_chunk_mb, True)
         )
+    if args.fused_head:
+        out.append(Setting(args.device, 2, args.gradient_checkpointing, args.micro_batch_tokens,
+                           args.logits_chunk_mb, fused_head=True))  # fmt: skip
     if "mixed" in args.phases:  # SFT on one process's engine beside ZeRO's (training/mixed.py)
         mixed = Setting(args.device, 2, args.gradient_checkpointing, args.micro_batch_tokens,
                         args.logits_chunk_mb, mixed=True)  # fmt: skip
@@ -368,7 +377,7 @@ def run_phases(args, run: ShapeRun, peak: float | None) -> list[Phase]:
                 run.examples[c.name], args.sft_steps, diag))  # fmt: skip
         if s.compile or s.mixed:
             continue
-        if "sampler" in args.phases:
+        if "sampler" in args.phases and not s.fused_head:  # the sampler has no chunked head
             on_engine(s, "hf sampler", lambda e, s=s: sample_phase(
                 s, e.module, run.tokenizer, run.n_flop, args))  # fmt: skip
         if "grpo" in args.phases:

@@ -63,6 +63,7 @@ class Setting:
     logits_chunk_mb: float
     compile: bool = False
     mixed: bool = False  # one process's bf16 engine with fp32 master weights (training/mixed.py)
+    fused_head: bool = False  # the chunked head's elementwise work compiled (fused_head.py)
 
     def engine(self) -> EngineConfig:
         return EngineConfig(
@@ -70,7 +71,7 @@ class Setting:
             precision="bf16" if self.device == "cuda" else "fp32", bucket_size=2e8,
             micro_batch_tokens=self.micro_batch_tokens, compile=self.compile,
             gradient_checkpointing=self.gradient_checkpointing,
-            logits_chunk_mb=self.logits_chunk_mb,
+            logits_chunk_mb=self.logits_chunk_mb, fused_head=self.fused_head,
         )  # fmt: skip
 
     def placement(self, reference: bool) -> Placement:
@@ -86,6 +87,7 @@ class Setting:
         extras = [
             " ckpt" if self.gradient_checkpointing else "",
             " compiled" if self.compile else "",
+            " fused head" if self.fused_head else "",
         ]
         if self.mixed:
             return f"one process, mixed{''.join(extras)}"
@@ -167,7 +169,8 @@ def _worst_micro_batch(batches: list[list[Example]], budget: int, setting: Setti
         worst = max([worst, *(sum(lengths[i] for i in g) for g in groups)])
         most = max(most, len(groups))
     budget_elements = setting.engine().logits_budget
-    return Step(worst, worst, "sft", logits_budget=budget_elements, micro_batches=most)
+    return Step(worst, worst, "sft", logits_budget=budget_elements, micro_batches=most,
+                fused_head=setting.fused_head)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -333,7 +336,7 @@ def _grpo_figures(phase, setting, shape, cfg, tokenizer, problems, history, time
     total_rows = cfg.prompts_per_step * cfg.group_size
     budget = _update_budget(setting, shape, cfg, per_row, total_rows)
     step = micro_step("grpo", per_row, cfg.max_new_tokens, total_rows, budget // per_row,
-                      cfg.engine.logits_budget)  # fmt: skip
+                      cfg.engine.logits_budget, cfg.engine.fused_head)  # fmt: skip
     phase.predicted_bytes = step_estimate(shape, setting.placement(True), step).peak
     last = history[-1] if history else {}
     trained = sum(m["samples/trained"] for m in history)

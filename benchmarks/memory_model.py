@@ -91,6 +91,26 @@ CASES = (
         engine=EngineConfig(logits_chunk_mb=16),
     ),  # fmt: skip
     Case(
+        "mid grpo chunked fused",
+        MID,
+        32768,
+        "grpo",
+        rows=16,
+        prompt_tokens=64,
+        completion_tokens=128,
+        engine=EngineConfig(logits_chunk_mb=16, fused_head=True),
+    ),  # fmt: skip
+    Case(
+        "mid sft chunked fused",
+        MID,
+        32768,
+        "sft",
+        rows=8,
+        prompt_tokens=64,
+        completion_tokens=192,
+        engine=EngineConfig(logits_chunk_mb=16, fused_head=True),
+    ),  # fmt: skip
+    Case(
         "mid sft checkpointed",
         MID,
         32768,
@@ -201,6 +221,7 @@ def predicted(case: Case, model, tokenizer) -> tuple[int, list[str]]:
         loss=case.kind,  # type: ignore[arg-type]
         logits_budget=case.engine.logits_budget,
         micro_batches=-(-case.rows // rows_per_micro),
+        fused_head=case.engine.fused_head,
     )
     estimate = step_estimate(shape, place, step)
     return estimate.peak, estimate.lines()

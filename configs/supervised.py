@@ -212,6 +212,13 @@ class EngineConfig(Strict):
         description="MiB of float32 logits one SFT or GRPO pass may hold; a larger pass computes "
         "its loss or log-probabilities a chunk of positions at a time (training/logits.py)",
     )
+    fused_head: bool = Field(
+        False,
+        description="compile the chunked head's elementwise work (log-sum-exp, softmax "
+        "gradient, casts) into fused kernels, per chunk: about 6 bytes a logit moved instead "
+        "of about 52, no float32 chunk held (training/fused_head.py); applies where a pass's "
+        "logits exceed logits_chunk_mb; the first step pays the compilation",
+    )
     compile: bool = Field(
         False,
         description="torch.compile each decoder layer (DeepSpeed engines): fused norms, rotary "

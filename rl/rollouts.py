@@ -108,6 +108,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     packed: bool = True,
     logits_budget: int | None = None,
+    fused_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (N, C) of the completion tokens under `model` at `temperature`, and
     their entropies when asked; 0 past each completion's end.
@@ -121,10 +122,13 @@ def completion_logprobs(
     fit it (or there is no budget), the model's own forward computes them, as it always has;
     otherwise the model returns its final hidden states and the output projection runs a chunk
     of positions at a time (training/logits.py), recomputed in the backward pass, so a step's
-    logits cost one chunk's memory, not positions x vocabulary.
+    logits cost one chunk's memory, not positions x vocabulary; `fused_head` compiles each
+    chunk's elementwise work (training/fused_head.py).
     """
     if not packed:
-        return _padded_completion_logprobs(model, batch, temperature, with_entropy, logits_budget)
+        return _padded_completion_logprobs(
+            model, batch, temperature, with_entropy, logits_budget, fused_head
+        )
     rows = pack_policy_batch(batch)
     targets = batch.input_ids[:, batch.prompt_width :][rows.valid]  # (K,), K completion tokens
     positions = rows.source[rows.valid]  # (K,) the row positions that predict them
@@ -139,7 +143,7 @@ def completion_logprobs(
             hidden = final_hidden_states(model, inputs)[0]  # (T, H)
             token_logp, token_entropy = chunked_token_logprobs(
                 output_head(model), hidden[positions], targets, temperature, with_entropy,
-                chunk_positions(logits_budget, vocabulary_size(model)),
+                chunk_positions(logits_budget, vocabulary_size(model)), fused_head,
             )  # fmt: skip
     return _scatter(rows.valid, token_logp, token_entropy)
 
@@ -161,6 +165,7 @@ def _padded_completion_logprobs(
     temperature: float,
     with_entropy: bool,
     logits_budget: int | None,
+    fused_head: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     position_ids = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     width = batch.completion_width
@@ -183,7 +188,7 @@ def _padded_completion_logprobs(
     predicting = hidden[:, batch.prompt_width - 1 : -1]  # (N, C, H): position t predicts t + 1
     token_logp, token_entropy = chunked_token_logprobs(
         output_head(model), predicting[valid], targets[valid], temperature, with_entropy,
-        chunk_positions(logits_budget, vocabulary_size(model)),
+        chunk_positions(logits_budget, vocabulary_size(model)), fused_head,
     )  # fmt: skip
     return _scatter(valid, token_logp, token_entropy)
 

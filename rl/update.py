@@ -135,6 +135,7 @@ class PolicyUpdate:
             with_entropy=with_entropy,
             packed=cfg.packing,
             logits_budget=cfg.engine.logits_budget,
+            fused_head=cfg.engine.fused_head,
         )
 
     def _frozen_passes(self, micros: list[MicroBatch]) -> None:

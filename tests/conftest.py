@@ -137,3 +137,23 @@ def private_environment(monkeypatch):
     folder, which must not leak into the next test. Use with
     `pytestmark = pytest.mark.usefixtures("private_environment")`."""
     monkeypatch.setattr(os, "environ", os.environ.copy())
+
+
+@pytest.fixture
+def fused_middle_calls(monkeypatch) -> list[str]:
+    """The names of the fused head's middles (training/fused_head.py) the chunked head calls
+    in this test, each still the real compiled one."""
+    import training.logits
+    from training.fused_head import compiled
+
+    calls: list[str] = []
+
+    def counting(middle):
+        def call(*args):
+            calls.append(middle.__name__)
+            return compiled(middle)(*args)
+
+        return call
+
+    monkeypatch.setattr(training.logits, "compiled", counting)
+    return calls

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from training.examples import IGNORE
+from training.fused_head import compiled, logprob_grad_middle, logprob_middle, nll_middle
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -132,12 +133,20 @@ class _HeadLogprobs(torch.autograd.Function):
     parameter's gradient once per backward pass)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy, fused):
         n = hidden.shape[0]
         logp = hidden.new_empty(n, dtype=torch.float32)
         lse = hidden.new_empty(n, dtype=torch.float32)
         entropy = hidden.new_empty(n if with_entropy else 0, dtype=torch.float32)
         for part in _chunks(n, chunk):
+            if fused:
+                middle = compiled(logprob_middle)
+                logits = F.linear(hidden[part], weight, bias)
+                logp[part], lse[part], e = middle(logits, targets[part], temperature, with_entropy)
+                del logits
+                if e is not None:
+                    entropy[part] = e
+                continue
             z = _chunk_logits(hidden[part], weight, bias, temperature)  # (c, V)
             lse[part] = torch.logsumexp(z, dim=-1)
             logp[part] = z.gather(-1, targets[part, None]).squeeze(-1) - lse[part]
@@ -145,7 +154,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 p = (z - lse[part, None]).exp_()
                 entropy[part] = lse[part] - (p[:, None, :] @ z[:, :, None]).view(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.fused = temperature, chunk, fused
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -158,6 +167,15 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_b = _bias_gradient(weight, bias) if need_b else None
         rows = torch.arange(min(ctx.chunk, hidden.shape[0]), device=hidden.device)
         for part in _chunks(hidden.shape[0], ctx.chunk):
+            if ctx.fused:
+                logits = F.linear(hidden[part], weight, bias)
+                dlogits = compiled(logprob_grad_middle)(
+                    logits, targets[part], lse[part], grad_logp[part], ctx.temperature,
+                    hidden.dtype,
+                )  # fmt: skip
+                del logits
+                _head_gradients(dlogits, hidden[part], weight, part, grad_h, grad_w, grad_b)
+                continue
             z = _chunk_logits(hidden[part], weight, bias, ctx.temperature)
             g = grad_logp[part].float()
             # d logp_t / d z = onehot(t) - softmax(z): the gradient on the logits, in place
@@ -170,7 +188,7 @@ class _HeadLogprobs(torch.autograd.Function):
             grad_h,
             None if grad_w is None else grad_w.to(weight.dtype),
             None if grad_b is None else grad_b.to(bias.dtype),
-            None, None, None, None,
+            None, None, None, None, None,
         )  # fmt: skip
 
 
@@ -201,7 +219,7 @@ class _HeadNLL(torch.autograd.Function):
     kept (the hidden states' gradient and the head's, once) by the loss's gradient."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk):
+    def forward(ctx, hidden, weight, bias, targets, chunk, fused):
         n = hidden.shape[0]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -210,6 +228,16 @@ class _HeadNLL(torch.autograd.Function):
         total = hidden.new_zeros((), dtype=torch.float32)
         rows = torch.arange(min(chunk, n), device=hidden.device)
         for part in _chunks(n, chunk):
+            if fused:
+                logits = F.linear(hidden[part], weight, bias)
+                nll, dlogits = compiled(nll_middle)(
+                    logits, targets[part], hidden.dtype, need_h or need_w or need_b
+                )
+                del logits
+                total += nll
+                if dlogits is not None:
+                    _head_gradients(dlogits, hidden[part], weight, part, grad_h, grad_w, grad_b)
+                continue
             z = _chunk_logits(hidden[part], weight, bias, 1.0)
             lse = torch.logsumexp(z, dim=-1)
             total += (lse - z.gather(-1, targets[part, None]).squeeze(-1)).sum()
@@ -232,7 +260,7 @@ class _HeadNLL(torch.autograd.Function):
         if grads is None:
             raise RuntimeError("the chunked loss's gradients were taken once already")
         scaled = [None if g is None else g.mul_(grad_total.to(g.dtype)) for g in grads]
-        return (*scaled, None, None)
+        return (*scaled, None, None, None)
 
 
 def _call_head(head: torch.nn.Module, run, hidden: torch.Tensor):
@@ -257,24 +285,35 @@ def chunked_token_logprobs(
     temperature: float,
     with_entropy: bool,
     chunk: int,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs(head(hidden), ...)` for hidden states (K, H) and targets (K,), `chunk`
     positions at a time; each chunk's logits are recomputed in the backward pass instead of
-    kept."""
+    kept. `fused`: each chunk's elementwise work in compiled kernels (training/fused_head.py)."""
 
     def run(h, weight, bias):
-        return _HeadLogprobs.apply(h, weight, bias, targets, temperature, chunk, with_entropy)
+        return _HeadLogprobs.apply(
+            h, weight, bias, targets, temperature, chunk, with_entropy, fused
+        )
 
     logp, entropy = _call_head(head, run, hidden)
     return logp, entropy if with_entropy else None
 
 
 def chunked_nll(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, chunk: int
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int,
+    fused: bool = False,
 ) -> torch.Tensor:
     """The summed cross-entropy of targets (K,) under `head(hidden)` for hidden states (K, H),
-    `chunk` positions at a time (`_HeadNLL`)."""
-    return _call_head(head, lambda h, w, b: _HeadNLL.apply(h, w, b, targets, chunk), hidden)
+    `chunk` positions at a time (`_HeadNLL`); `fused` as in `chunked_token_logprobs`."""
+
+    def run(h, weight, bias):
+        return _HeadNLL.apply(h, weight, bias, targets, chunk, fused)
+
+    return _call_head(head, run, hidden)
 
 
 def causal_lm_loss(
@@ -282,10 +321,12 @@ def causal_lm_loss(
     inputs: Mapping[str, torch.Tensor],
     num_items: int | None,
     budget: int | None,
+    fused_head: bool = False,
 ) -> torch.Tensor:
     """The causal-LM loss of `inputs` (with `labels`): the mean over their target tokens, or
     the sum over `num_items`, as transformers computes it. When the pass's logits exceed
-    `budget` (float32 elements), they are computed a chunk at a time (`chunked_nll`)."""
+    `budget` (float32 elements), they are computed a chunk at a time (`chunked_nll`, its
+    elementwise work compiled with `fused_head`)."""
     labels = inputs["labels"]
     if fits(budget, labels.numel(), vocabulary_size(model)):
         extra = {} if num_items is None else {"num_items_in_batch": num_items}
@@ -295,5 +336,6 @@ def causal_lm_loss(
     targets = labels[:, 1:]  # position t predicts token t + 1
     valid = targets != IGNORE
     chunk = chunk_positions(budget, vocabulary_size(model))
-    nll = chunked_nll(output_head(model), hidden[:, :-1][valid], targets[valid], chunk)
+    head = output_head(model)
+    nll = chunked_nll(head, hidden[:, :-1][valid], targets[valid], chunk, fused_head)
     return nll / (num_items if num_items is not None else valid.sum())

@@ -20,7 +20,8 @@ log-probability and loss paths, torch's AdamW, DeepSpeed ZeRO's partitions) rath
   transformers' cross-entropy over every position (logits, their float32 copy and log-softmax
   forward; log-softmax and two float32 gradients backward), GRPO through a log-softmax over the
   completion positions; else both run the head a chunk of positions at a time
-  (training/logits.py), holding one chunk's logits and the head's float32 gradient.
+  (training/logits.py), holding one chunk's logits and the head's float32 gradient (with
+  `engine.fused_head`, a chunk's logits and their gradient in the model's precision only).
 - **optimizer step**: AdamW's temporaries (one float32 tensor per parameter tensor on CPU, one
   per parameter group, i.e. the whole model, with its multi-tensor kernels on a GPU).
 
@@ -121,6 +122,7 @@ class Step:
     logits_budget: int | None = None  # float32 elements one pass may hold
     entropy: bool = True  # GRPO logs the policy's entropy
     micro_batches: int = 1  # in the step: from the second on, gradients accumulate
+    fused_head: bool = False  # a chunk's elementwise work compiled (training/fused_head.py)
 
 
 @dataclass
@@ -240,6 +242,8 @@ def _chunked_moments(shape: ModelShape, place: Placement, step: Step) -> tuple[i
     is summed in float32 (V x H) and, in bf16, each chunk's share passes through a bf16 matrix
     first. The completion positions' hidden states are copied out (K x H) and their gradient
     is K x H.
+    Fused (`step.fused_head`), a chunk holds its logits and, beside them, their gradient, both
+    in b bytes, and nothing in float32.
     SFT computes its gradients in the forward pass and keeps them until the backward pass (the
     head's converted to the weight's dtype at the end); GRPO keeps the positions' hidden
     states and log-sum-exps, and computes the gradients in the backward pass."""
@@ -252,6 +256,13 @@ def _chunked_moments(shape: ModelShape, place: Placement, step: Step) -> tuple[i
     product = v * h * b if upcast else 0  # a chunk's share of the head's gradient, bf16
     head_grad = v * h * FP32
     positions = k * h * b  # the positions' hidden states, copied out
+    if step.fused_head:  # the logits and their gradient in b bytes, no float32 chunk between
+        middle, after = 2 * c * v * b, c * v * b + product
+        if step.loss == "sft":
+            forward = positions + positions + head_grad + max(middle, after)
+            return forward, positions + v * h * b
+        forward = positions + k * FP32 + c * v * b
+        return forward, positions + k * FP32 + positions + head_grad + max(middle, after)
     if step.loss == "sft":
         forward = positions + positions + head_grad + max(chunk_forward, chunk_backward + product)
         return forward, positions + v * h * b

@@ -101,8 +101,9 @@ def placement(engine: EngineConfig, reference: bool, engine_share: int, sleeps: 
 
 
 def micro_step(
-    loss: str, per_row: int, completion: int, rows: int, per_micro: int, logits_budget: int
-) -> Step:
+    loss: str, per_row: int, completion: int, rows: int, per_micro: int, logits_budget: int,
+    fused_head: bool = False,
+) -> Step:  # fmt: skip
     """The worst micro-batch of a step of `rows` rows of `per_row` tokens (`completion` of them
     read by the loss, GRPO), `per_micro` rows to a micro-batch."""
     per_micro = max(1, min(rows, per_micro))
@@ -110,21 +111,21 @@ def micro_step(
     return Step(
         per_micro * per_row, per_micro * read, loss,  # type: ignore[arg-type]
         logits_budget=logits_budget, micro_batches=math.ceil(rows / per_micro),
+        fused_head=fused_head,
     )  # fmt: skip
 
 
 def largest_fitting_rows(
     shape: ModelShape, place: Placement, loss: str, per_row: int, completion: int, rows: int,
-    capacity: int, logits_budget: int,
+    capacity: int, logits_budget: int, fused_head: bool = False,
 ) -> int:  # fmt: skip
     """The most rows a micro-batch can take within `capacity` bytes (the training moments only:
     a colocated engine's sampling moment does not depend on it); 1 when even one does not fit
     (the preflight says so)."""
 
     def fits(k: int) -> bool:
-        estimate = step_estimate(
-            shape, place, micro_step(loss, per_row, completion, rows, k, logits_budget)
-        )
+        step = micro_step(loss, per_row, completion, rows, k, logits_budget, fused_head)
+        estimate = step_estimate(shape, place, step)
         return max(estimate.moment_bytes(m) for m in estimate.moments if m != "sampling") <= (
             capacity
         )
@@ -147,8 +148,9 @@ def rows_per_micro(
     if total is None:
         return max(1, rows)
     return largest_fitting_rows(
-        shape, place, loss, per_row, completion, rows, usable_bytes(total), engine.logits_budget
-    )
+        shape, place, loss, per_row, completion, rows, usable_bytes(total), engine.logits_budget,
+        engine.fused_head,
+    )  # fmt: skip
 
 
 def micro_batch_tokens(
@@ -182,7 +184,7 @@ def sft_step(train: TrainConfig, engine: EngineConfig, shape: ModelShape, total:
     place = placement(engine, False, 0, True)
     per = train.max_length
     k = rows_per_micro(engine, shape, place, "sft", per, per, rows, total)
-    return micro_step("sft", per, per, rows, k, engine.logits_budget)
+    return micro_step("sft", per, per, rows, k, engine.logits_budget, engine.fused_head)
 
 
 def grpo_step(cfg: GRPOConfig, prompt_tokens: int, shape: ModelShape, total: int) -> Step:
@@ -192,7 +194,9 @@ def grpo_step(cfg: GRPOConfig, prompt_tokens: int, shape: ModelShape, total: int
     per_row = prompt_tokens + cfg.max_new_tokens
     place = placement(engine, cfg.beta > 0, 0, True)
     k = rows_per_micro(engine, shape, place, "grpo", per_row, cfg.max_new_tokens, rows, total)
-    return micro_step("grpo", per_row, cfg.max_new_tokens, rows, k, engine.logits_budget)
+    return micro_step(
+        "grpo", per_row, cfg.max_new_tokens, rows, k, engine.logits_budget, engine.fused_head
+    )
 
 
 def gpu_stages(config: PipelineConfig) -> Iterator[tuple[str, str, object, ModelShape]]:

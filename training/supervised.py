@@ -70,7 +70,7 @@ class SFTStepper:
         self.micro_batch_tokens = micro_batch_tokens(
             memory, engine.module, "sft", longest, longest, rows
         )
-        self.logits_budget = memory.logits_budget
+        self.logits_budget, self.fused_head = memory.logits_budget, memory.fused_head
         self.order = batch_order(len(examples), cfg, [len(e.input_ids) for e in examples])
         self.lay_out = batch_inputs(cfg)
         self.tokens = 0  # the tokens this call of the loop has trained on
@@ -118,7 +118,9 @@ class SFTStepper:
         inputs = self.lay_out(rows, self.pad_id)
         device = next(self.engine.module.parameters()).device
         inputs = {key: value.to(device) for key, value in inputs.items()}
-        return causal_lm_loss(self.engine.forward_model, inputs, num_items, self.logits_budget)
+        return causal_lm_loss(
+            self.engine.forward_model, inputs, num_items, self.logits_budget, self.fused_head
+        )
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {}

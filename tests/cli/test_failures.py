@@ -129,7 +129,10 @@ def test_r1_runs_rows_fit_80_columns_with_every_reason_line_under_the_run(tmp_pa
 
 
 def test_r1_watch_says_how_a_run_ended_in_lines_that_fit_80_columns(tmp_path):
+    from cli.runs import command_path
     from cli.watch import ending
+
+    bin_dir = command_path("r1")[: -len("r1")]  # .venv/bin/, or another environment's whole path
 
     for kind, message in (
         ("CRASHED", "Execution was aborted by a termination signal."),
@@ -141,7 +144,7 @@ def test_r1_watch_says_how_a_run_ended_in_lines_that_fit_80_columns(tmp_path):
         run.state.is_failed = lambda kind=kind: kind == "FAILED"
         run.state.is_crashed = lambda kind=kind: kind == "CRASHED"
         lines, status = ending(Client(STAGES), run, served(tmp_path))
-        commands = [line for line in lines if line.startswith(("  PREFECT_API", "  .venv/"))]
+        commands = [line for line in lines if line.startswith(("  PREFECT_API", "  " + bin_dir))]
         assert status == 1 and all(len(line) <= WIDTH for line in lines if line not in commands)
         assert lines[0] == f"flow run {run.id} {kind.title()}:"
         if kind == "CRASHED":

@@ -55,8 +55,9 @@ def batch_of(tokenizer, lengths=(5, 9, 3, 7)):
     return build_batch(tokenizer, PROMPTS, completions, tokenizer.pad_token_id), completions
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("packed", [True, False])
-def test_chunked_log_probabilities_equal_the_whole_pass(tokenizer, packed):
+def test_chunked_log_probabilities_equal_the_whole_pass(tokenizer, packed, fused):
     model = gqa_model(tokenizer)
     batch, _ = batch_of(tokenizer)
     whole, whole_h = completion_logprobs(model, batch, 0.7, with_entropy=True, packed=packed)
@@ -66,7 +67,7 @@ def test_chunked_log_probabilities_equal_the_whole_pass(tokenizer, packed):
     vocab = model.config.vocab_size
     small = 3 * vocab  # three positions of logits per chunk
     chunked, chunked_h = completion_logprobs(
-        model, batch, 0.7, with_entropy=True, packed=packed, logits_budget=small
+        model, batch, 0.7, with_entropy=True, packed=packed, logits_budget=small, fused_head=fused
     )
     (chunked * batch.completion_mask).sum().backward()
     assert torch.allclose(chunked, whole, atol=1e-5) and torch.allclose(
@@ -143,10 +144,16 @@ def assert_same_gradients(a: list[dict], b: list[dict]) -> None:
         {"importance_sampling_cap": 2.0},
     ],
 )
-def test_micro_batches_and_chunks_give_the_one_pass_update(tokenizer, overrides):
+@pytest.mark.parametrize("fused", [False, True])
+def test_micro_batches_and_chunks_give_the_one_pass_update(
+    tokenizer, overrides, fused, fused_middle_calls
+):
     whole_grads, whole = update_once(tokenizer, EngineConfig(), **overrides)
-    small = EngineConfig(micro_batch_tokens=20, logits_chunk_mb=0.01)  # 4 micro-batches
+    # 4 micro-batches, the head in chunks (eager or fused: training/fused_head.py)
+    small = EngineConfig(micro_batch_tokens=20, logits_chunk_mb=0.01, fused_head=fused)
     split_grads, split = update_once(tokenizer, small, **overrides)
+    expected = {"logprob_middle", "logprob_grad_middle"} if fused else set()
+    assert set(fused_middle_calls) == expected
     assert whole.keys() == split.keys()
     for key in whole:
         assert split[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key

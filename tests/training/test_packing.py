@@ -176,7 +176,8 @@ def test_the_packed_kernel_is_chosen_by_device_and_refused_where_it_cannot_run(m
 def test_the_chunked_sft_loss_has_the_whole_losss_value_and_gradients(tokenizer, packing):
     """A micro-batch whose logits exceed the budget computes its loss a chunk of positions at a
     time (training/logits.py `causal_lm_loss`): the same loss and gradients as transformers'
-    cross-entropy over the whole batch, packed or padded, as a mean or over `num_items`."""
+    cross-entropy over the whole batch, packed or padded, as a mean or over `num_items`, its
+    chunks eager or fused (training/fused_head.py)."""
     from training.logits import causal_lm_loss
 
     model = gqa_model(tokenizer, "qwen2")
@@ -189,13 +190,15 @@ def test_the_chunked_sft_loss_has_the_whole_losss_value_and_gradients(tokenizer,
     for num_items in (None, 50):
         grads = []
         losses = []
-        for budget in (None, 3 * len(tokenizer)):  # whole, then three positions a chunk
+        chunked = 3 * len(tokenizer)  # three positions a chunk
+        for budget, fused in ((None, False), (chunked, False), (chunked, True)):
             with packed_attention(model):
-                loss = causal_lm_loss(model, batch, num_items, budget)
+                loss = causal_lm_loss(model, batch, num_items, budget, fused)
             loss.backward()
             losses.append(float(loss.detach()))
             grads.append([p.grad.clone() for p in model.parameters()])
             model.zero_grad()
-        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
-        for a, b in zip(*grads, strict=True):
-            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+        for loss, got in zip(losses[1:], grads[1:], strict=True):
+            assert loss == pytest.approx(losses[0], rel=1e-5)
+            for a, b in zip(got, grads[0], strict=True):
+                assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
