@@ -111,6 +111,26 @@ CASES = (
         engine=EngineConfig(logits_chunk_mb=16, fused_head=True),
     ),  # fmt: skip
     Case(
+        "mid sft zero-2",
+        MID,
+        32768,
+        "sft",
+        rows=8,
+        prompt_tokens=64,
+        completion_tokens=192,
+        engine=EngineConfig(kind="deepspeed", processes=1, zero_stage=2),
+    ),  # fmt: skip
+    Case(
+        "mid sft zero-3",
+        MID,
+        32768,
+        "sft",
+        rows=8,
+        prompt_tokens=64,
+        completion_tokens=192,
+        engine=EngineConfig(kind="deepspeed", processes=1, zero_stage=3),
+    ),  # fmt: skip
+    Case(
         "mid sft checkpointed",
         MID,
         32768,
@@ -163,16 +183,28 @@ def rows_of(case: Case, tokenizer, seed: int = 0) -> list[tuple[list[int], list[
     ]
 
 
-def sft_step(case: Case, model, tokenizer) -> Callable[[], None]:
+def engine_for(case: Case, model, learning_rate: float):
+    """The case's engine over `model`: DeepSpeed's ZeRO on a world of one here (gloo), or the
+    single-process engine."""
+    if case.engine.kind != "deepspeed":
+        checkpointing = case.engine.gradient_checkpointing
+        return LocalEngine(model, learning_rate, 1.0, gradient_checkpointing=checkpointing)
+    if not torch.distributed.is_initialized():
+        from benchmarks.gpu_check import start_rank
+
+        start_rank("cpu")
+    from training.engines import DeepSpeedEngine
+
+    return DeepSpeedEngine(model, learning_rate, 1.0, case.engine, world=1)
+
+
+def sft_step(case: Case, engine, tokenizer) -> Callable[[], None]:
     examples = []
     for prompt, completion in rows_of(case, tokenizer):
         ids = prompt + completion
         labels = [-100] * len(prompt) + completion
         examples.append(Example(ids, labels))
     cfg = TrainConfig(batch_size=case.rows, epochs=2, warmup_steps=0)
-    engine = LocalEngine(
-        model, 1e-4, 1.0, gradient_checkpointing=case.engine.gradient_checkpointing
-    )
     stepper = SFTStepper(
         engine, examples, cfg, tokenizer.pad_token_id, "memory",
         memory=case.engine,
@@ -182,11 +214,10 @@ def sft_step(case: Case, model, tokenizer) -> Callable[[], None]:
     return lambda: stepper.run_step(next(steps))
 
 
-def grpo_step(case: Case, model, tokenizer) -> Callable[[], None]:
+def grpo_step(case: Case, engine, tokenizer) -> Callable[[], None]:
+    if case.engine.kind == "deepspeed":
+        raise ValueError(f"{case.name}: GRPO cases run on the single-process engine only")
     cfg = GRPOConfig(engine=case.engine, beta=case.beta, max_new_tokens=case.completion_tokens)
-    engine = LocalEngine(
-        model, 1e-6, 1.0, gradient_checkpointing=case.engine.gradient_checkpointing
-    )
     reference = None
     if case.beta > 0:
         reference = build_model(case.model, case.vocab, 0, 1, seed=1).eval()
@@ -208,9 +239,12 @@ def grpo_step(case: Case, model, tokenizer) -> Callable[[], None]:
 def predicted(case: Case, model, tokenizer) -> tuple[int, list[str]]:
     config = model.config.to_dict()
     shape = ModelShape.from_config(config)
+    deepspeed = case.engine.kind == "deepspeed"
     place = Placement(
-        gradient_checkpointing=case.engine.gradient_checkpointing, reference=case.beta > 0
-    )
+        zero_stage=case.engine.zero_stage if deepspeed else 0,  # type: ignore[arg-type]
+        gradient_checkpointing=case.engine.gradient_checkpointing, reference=case.beta > 0,
+        bucket_elements=int(case.engine.bucket_size) if deepspeed else 0,
+    )  # fmt: skip
     prompt = len(rows_of(case, tokenizer)[0][0])
     per_row = prompt + case.completion_tokens
     rows_per_micro = max(1, min(case.rows, case.engine.micro_batch_tokens // per_row))
@@ -230,13 +264,45 @@ def predicted(case: Case, model, tokenizer) -> tuple[int, list[str]]:
 def run_case(case: Case, tokenizer) -> tuple[int, int]:
     torch.manual_seed(0)
     model = build_model(case.model, case.vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+    engine = engine_for(case, model, 1e-4 if case.kind == "sft" else 1e-6)
     make = sft_step if case.kind == "sft" else grpo_step
-    step = make(case, model, tokenizer)
+    step = make(case, engine, tokenizer)
     step()  # warm-up: AdamW's moments exist from here on
     measured = measured_peak(step)
     prediction, lines = predicted(case, model, tokenizer)
     print("\n".join("    " + line for line in lines))
+    if case.engine.kind == "deepspeed":
+        for name, size in optimizer_tensors(engine.engine.optimizer).items():
+            print(f"    held by DeepSpeed's optimizer after the step: {name} {size / MiB:.1f} MiB")
+        engine.close()
     return prediction, measured
+
+
+def optimizer_tensors(optimizer, smallest: int = MiB) -> dict[str, int]:
+    """Bytes of the tensors a DeepSpeed ZeRO optimizer holds, by its attribute (the wrapped
+    torch optimizer's state as `state`), each storage counted once; attributes holding less
+    than `smallest` left out."""
+    seen: dict[int, tuple[str, int]] = {}
+
+    def walk(value, name: str, depth: int = 0) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            seen.setdefault(storage.data_ptr(), (name, storage.nbytes()))
+        elif isinstance(value, (list, tuple)) and depth < 3:
+            for item in value:
+                walk(item, name, depth + 1)
+        elif isinstance(value, dict) and depth < 3:
+            for item in value.values():
+                walk(item, name, depth + 1)
+
+    for name, value in vars(optimizer).items():
+        if name != "optimizer":
+            walk(value, name)
+    walk(list(optimizer.optimizer.state.values()), "state")
+    totals: dict[str, int] = {}
+    for name, size in seen.values():
+        totals[name] = totals.get(name, 0) + size
+    return {k: v for k, v in sorted(totals.items(), key=lambda kv: -kv[1]) if v >= smallest}
 
 
 # The published config.json of the GPU profile's checkpoints (the shapes the estimate reads).

@@ -3,7 +3,11 @@ that cannot fit, with settings that do."""
 
 import contextlib
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from benchmarks.memory_model import PUBLISHED
 from configs.profiles import load_profile
 from configs.supervised import ModelConfig
 from models.loading import build_model
+from training import distributed
 from training.memory import GiB, ModelShape, Placement, activation_bytes_per_token, step_estimate
 from training.memory_fit import MemoryFitError, check_memory_fit, memory_fits
 from training.varlen import packed_attention
@@ -159,3 +164,45 @@ def test_auto_micro_batches_are_the_largest_the_model_fits(gpu_profile):
     whole = rows_per_micro(cfg.engine, shape, place, "grpo", per_row, 256, rows, None)
     assert whole == rows
     check_memory_fit(config, "gpu-qwen", 80 * GiB)  # auto always fits when one row does
+
+
+ROOT = Path(__file__).resolve().parents[2]
+ZERO3_RESIDENT = """
+import json, sys, torch
+import benchmarks.memory_model as mm
+from configs.supervised import EngineConfig
+from models.loading import build_model
+from training.memory import ModelShape, Placement, resident
+
+case = mm.Case("tiny zero-3", mm.TINY, 1024, "sft", rows=4, prompt_tokens=16, completion_tokens=48,
+               engine=EngineConfig(kind="deepspeed", processes=1, zero_stage=3))
+tokenizer = mm.tokenizer_for_cases()
+model = build_model(case.model, case.vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+shape = ModelShape.from_config(model.config.to_dict())
+engine = mm.engine_for(case, model, 1e-4)
+mm.sft_step(case, engine, tokenizer)()
+held = mm.optimizer_tensors(engine.engine.optimizer, smallest=0)
+modelled = resident(shape, Placement(zero_stage=3, world=1))
+print(json.dumps({"held": held, "modelled": modelled}))
+engine.close()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not distributed.deepspeed_installed(), reason="deepspeed is not installed")
+def test_zero3_holds_what_the_model_calls_resident(tmp_path):
+    """DeepSpeed's ZeRO-3 optimizer on a world of one (gloo, fp32) holds, after a step, the
+    weights' partition, the fp32 master partition, AdamW's moments and the gradient partition:
+    the memory model's resident state, and nothing more of any size."""
+    env = os.environ | {"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", ZERO3_RESIDENT],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    held, modelled = sum(result["held"].values()), sum(result["modelled"].values())
+    assert abs(held - modelled) <= 0.01 * modelled, result
+    assert result["held"]["grad_partitions_flat_buffer"] == result["modelled"][
+        "fp32 gradient partition"
+    ]
