@@ -203,6 +203,7 @@ def test_zero3_holds_what_the_model_calls_resident(tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     held, modelled = sum(result["held"].values()), sum(result["modelled"].values())
     assert abs(held - modelled) <= 0.01 * modelled, result
-    assert result["held"]["grad_partitions_flat_buffer"] == result["modelled"][
-        "fp32 gradient partition"
-    ]
+    assert (
+        result["held"]["grad_partitions_flat_buffer"]
+        == result["modelled"]["fp32 gradient partition"]
+    )
