@@ -10,6 +10,8 @@ tokens at `--temperature` and `--top-p` (1 and 1: GRPO's draw), in one call of e
   engine decoded through before the plain-ops step ran there);
 - `lean`: the plain-ops step over the growing, compacting cache;
 - `static`: the plain-ops step over a static cache, as CUDA graphs on a GPU (the default there);
+- `static-compiled`: the same, the step compiled by Inductor inside the graphs (its elementwise
+  ops fused: sampling/static_decode.py `compiled_step`);
 - `peer`: transformers' `generate` with a static cache, its forward compiled by torch.compile
   (transformers' own auto-compile; `top_k` off so that it samples the whole vocabulary as ours).
 Each is called once to warm up (compiling, capturing) and once timed; the warm-up's seconds are
@@ -41,7 +43,7 @@ from models.loading import build_model  # noqa: E402
 from sampling.hf import HFSampler, stop_token_ids  # noqa: E402
 from sampling.interface import SamplingParams  # noqa: E402
 
-WAYS = ("forward", "lean", "static", "peer")
+WAYS = ("forward", "lean", "static", "static-compiled", "peer")
 
 
 @dataclass
@@ -85,7 +87,8 @@ def ours(model, tokenizer, prompts: Sequence[str], n: int, max_new: int, way: st
     """One call of our sampler over every row, decoding the `way` asked."""
     sampler = HFSampler(
         model, tokenizer, batch_size=len(prompts) * n, show_progress=False,
-        plain_step=way != "forward", static=way == "static",
+        plain_step=way != "forward", static=way.startswith("static"),
+        compile_step=way == "static-compiled",
     )  # fmt: skip
 
     def call(tokens: int = max_new) -> int:
@@ -149,14 +152,14 @@ def run_way(way: str, model, tokenizer, args) -> Run:
 def report(runs: list[Run]) -> str:
     peer_rate = next((r.rate for r in runs if r.way == "peer" and r.ok), 0.0)
     lines = [
-        f"{'way':<8} {'tokens':>8} {'seconds':>8} {'tokens/s':>10} {'x peer':>7} {'warm-up s':>9}"
+        f"{'way':<15} {'tokens':>8} {'seconds':>8} {'tokens/s':>10} {'x peer':>7} {'warm-up s':>9}"
     ]
     for r in runs:
         if not r.ok:
-            lines.append(f"{r.way:<8} FAILED {r.error.splitlines()[0]}")
+            lines.append(f"{r.way:<15} FAILED {r.error.splitlines()[0]}")
             continue
         ratio = f"{r.rate / peer_rate:.2f}" if peer_rate else "-"
-        lines.append(f"{r.way:<8} {r.tokens:>8} {r.seconds:>8.2f} {r.rate:>10,.0f} "
+        lines.append(f"{r.way:<15} {r.tokens:>8} {r.seconds:>8.2f} {r.rate:>10,.0f} "
                      f"{ratio:>7} {r.warmup_seconds:>9.1f}")  # fmt: skip
     return "\n".join(lines)
 

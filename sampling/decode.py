@@ -269,6 +269,7 @@ def decode(
     plain_step: bool = True,
     lockstep: LockStep | None = None,
     static: bool | None = None,
+    compile_step: bool = False,
 ) -> list[Decoded]:
     """Continue prompt `rows[i]` once for each i; the results are in the order of `rows`.
 
@@ -289,7 +290,8 @@ def decode(
 
     With `static` (by default on a GPU, where the plain-ops step is used and no `lockstep`),
     the steps run over a static cache as CUDA graphs instead (sampling/static_decode.py): no
-    row leaves the batch, nothing is read back to the host each token.
+    row leaves the batch, nothing is read back to the host each token; with `compile_step`
+    the step is compiled by Inductor, its elementwise ops fused (`compiled_step`).
     """
     grad_off = torch.no_grad() if lockstep is not None else torch.inference_mode()
     with grad_off, matmul_decoding(model):
@@ -300,7 +302,7 @@ def decode(
             static = model.device.type == "cuda"
         if lean is not None and lockstep is None and static:
             return _decode_static(model, lean, cache, logits, run, keys, max_new_tokens,
-                                  (temperature, top_p), stop_ids, pad_id)  # fmt: skip
+                                  (temperature, top_p), stop_ids, pad_id, compile_step)  # fmt: skip
         cache_name = cache_argument(model)  # once, not per step
         width = run.mask.shape[1] - max_new_tokens
         out = _Outputs.empty(len(rows), max_new_tokens, pad_id, model.device)
@@ -352,6 +354,7 @@ def _decode_static(
     sampling: tuple[float, float],
     stop_ids: Sequence[int],
     pad_id: int,
+    compile_step: bool = False,
 ) -> list[Decoded]:
     """`decode`'s steps over a static cache (sampling/static_decode.py), CUDA graphs on a GPU."""
     width = run.mask.shape[1] - max_new_tokens
@@ -368,6 +371,7 @@ def _decode_static(
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
     on_gpu = device.type == "cuda"
     fused = temperature == 0 or top_p >= 1  # the nucleus's width is read back to the host
-    decoder = StaticDecoder(lean, state, choose, stop, pad_id, graphs=on_gpu, fused=fused)
+    decoder = StaticDecoder(lean, state, choose, stop, pad_id, graphs=on_gpu, fused=fused,
+                            compiled=compile_step)  # fmt: skip
     static_decode(decoder, logits, max_new_tokens)
     return out.decoded()

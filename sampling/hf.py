@@ -63,17 +63,19 @@ class HFSampler:
         lockstep: LockStep | None = None,
         materialize: Materialize | None = None,
         static: bool | None = None,
+        compile_step: bool = False,
     ):
         """`lockstep`: this rank decodes a ZeRO-3 model in step with the others
         (sampling/decode.py). `materialize`: for each generate call, a whole model to decode
         with instead (a ZeRO-3 model gathered once, training/whole_copy.py), or None when
         `model` itself must be used. `static`: decode over a static cache (CUDA graphs on a
-        GPU; by default there, sampling/static_decode.py)."""
+        GPU; by default there, sampling/static_decode.py), its step compiled by Inductor with
+        `compile_step`."""
         self.model = model.eval()
         self.lockstep = lockstep
         self.materialize = materialize
         self.plain_step = plain_step  # decode steps in plain tensor ops (sampling/decode_step.py)
-        self.static = static
+        self.static, self.compile_step = static, compile_step
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.show_progress = show_progress
@@ -153,6 +155,7 @@ class HFSampler:
             plain_step=self.plain_step,
             lockstep=lockstep,
             static=self.static,
+            compile_step=self.compile_step,
         )
 
     def _completion(self, done: Decoded) -> Completion:

@@ -126,8 +126,10 @@ class StaticDecoder:
     graph, the choice in it when `fused` (no read-back in it), else after it as plain ops."""
 
     def __init__(self, step: DecodeStep, state: StaticState, choose: Choose, stop: torch.Tensor,
-                 pad_id: int, graphs: bool, fused: bool) -> None:  # fmt: skip
-        self.model_step, self.state, self.choose = step, state, choose
+                 pad_id: int, graphs: bool, fused: bool,
+                 compiled: bool = False) -> None:  # fmt: skip
+        self.model_step = compiled_step(step) if compiled else step
+        self.state, self.choose = state, choose
         self.stop, self.pad_id, self.graphs, self.fused = stop, pad_id, graphs, fused
         self._captured: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if graphs else None
@@ -187,6 +189,14 @@ class StaticDecoder:
         with torch.cuda.graph(graph, pool=self._pool):
             logits = self._body(span)
         return graph, logits
+
+
+def compiled_step(step: DecodeStep) -> Callable[..., torch.Tensor]:
+    """`step` compiled by Inductor, whole: its elementwise ops (RMSNorm, the rotary embedding,
+    the mask, softmax, SiLU) fused into a few kernels a layer. Compiled on the first call of each
+    span (a CUDA graph's warm-up) until torch's automatic dynamic shapes make the span a
+    symbol: a few graphs a call, not one a span (tests/sampling/test_static_decode.py)."""
+    return torch.compile(step.__call__, fullgraph=True)
 
 
 @dataclass

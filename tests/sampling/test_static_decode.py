@@ -75,3 +75,30 @@ def test_a_call_whose_rows_all_stop_ends_at_the_next_check(tokenizer, monkeypatc
     assert [d.token_ids for d in static] == [d.token_ids for d in growing]
     assert all(d.finish_reason == "stop" for d in static)
     assert len(steps) < static_decode.CHECK_EVERY + max(len(d.token_ids) for d in static)
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+def test_the_compiled_step_samples_what_the_plain_step_samples(
+    architecture, tokenizer, monkeypatch
+):
+    """The static step compiled by Inductor (`compile_step`, its elementwise ops fused): the
+    same tokens and logprobs as the uncompiled static step over many spans, with at most three
+    graphs compiled however many spans the call reads (torch's automatic dynamic shapes: a
+    graph a span would pass torch's recompile limit, past which the step runs uncompiled)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(static_decode, "SPAN", 16)  # 120 tokens: eight spans and more
+    model = _model(architecture, tokenizer)
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    rows = [0, 1, 2, 2]
+    keys = row_keys(3, torch.tensor(rows), torch.tensor([0, 0, 0, 1]))
+    args = (model, prompts, rows, 1.0, 1.0, 120, [10], tokenizer.pad_token_id, keys)
+    plain = decode(*args, static=True)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = decode(*args, static=True, compile_step=True)
+    assert [d.token_ids for d in compiled] == [d.token_ids for d in plain]
+    for c, p in zip(compiled, plain, strict=True):
+        assert c.logprobs == pytest.approx(p.logprobs, abs=1e-4)
+    assert max(len(d.token_ids) for d in plain) > 16 * 8 - 10  # the call read eight spans
+    assert 1 <= counters["stats"]["unique_graphs"] <= 3
