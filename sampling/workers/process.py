@@ -41,7 +41,9 @@ class _Process:
 
 
 class ProcessWorkers:
-    """`workers` sampler processes over the model at `model_path` (`Workers`)."""
+    """`workers` sampler processes over the model at `model_path` (`Workers`), their models on
+    `device` ("cpu" or "cuda"; by default this process's, models/loading.py `use_device`): a
+    trainer on a GPU has its sampler processes sample on the same GPU."""
 
     def __init__(
         self,
@@ -51,9 +53,15 @@ class ProcessWorkers:
         workers: int = 1,
         threads: int = 1,
         max_restarts: int = 3,
+        device: str | None = None,
     ):
+        from models.loading import model_device
+
         self.size = workers
-        self.spec = (config.model_dump(mode="json"), str(Path(model_path).resolve()), batch_size)
+        device = device or model_device().type
+        self.spec = (
+            config.model_dump(mode="json"), str(Path(model_path).resolve()), batch_size, device
+        )  # fmt: skip
         self.threads, self.max_restarts, self.restarts = threads, max_restarts, 0
         self.limit = config.start_timeout_s + config.generate_timeout_s
         # The trainer keeps its own thread count beside them: a stage's arithmetic must not
@@ -175,11 +183,13 @@ class ProcessWorkers:
 
 def serve(conn: Connection) -> None:
     """Open the worker, then answer each job until told to close or the trainer is gone."""
+    from models.loading import use_device
     from sampling.workers.worker import RolloutWorker
 
     worker = None
     try:
-        _, config, model_path, batch_size, threads = conn.recv()
+        _, config, model_path, batch_size, device, threads = conn.recv()
+        use_device(device)  # the trainer's: its models, and so this sampler's, live there
         worker = RolloutWorker.open(
             SamplerConfig.model_validate(config), Path(model_path), batch_size, threads
         )

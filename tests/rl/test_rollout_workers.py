@@ -149,3 +149,33 @@ def test_a_job_sent_to_a_dead_sampler_process_goes_to_its_replacement(tokenizer,
             workers.result()
     finally:
         workers.close()
+
+
+def test_sampler_processes_open_their_models_on_the_trainer_s_device(tokenizer, policy, tmp_path):
+    """A sampler process puts its model where the trainer's process puts its models (a GPU
+    trainer's sampler samples on the GPU, not on the host): told cuda on a machine without
+    one, the process refuses with the device's error, where it would have sampled on the CPU."""
+    from models.loading import model_device
+    from sampling.interface import SamplingParams
+    from sampling.workers import DrawJob
+    from sampling.workers.versions import VersionFolder
+
+    config = grpo_config()
+    version = VersionFolder(tmp_path / "v").publish(tiny_model(tokenizer), 0)
+    job = DrawJob(0, 0, ["What is 1 + 1?"], 2, SamplingParams(max_new_tokens=4), version)
+    assert model_device().type == "cpu"
+    workers = ProcessWorkers(config.sampler, policy, 8)  # this process's device: the CPU
+    try:
+        workers.submit(job)
+        assert workers.result().groups
+    finally:
+        workers.close()
+    if torch.cuda.is_available():
+        pytest.skip("a machine with CUDA would open the model there")
+    workers = ProcessWorkers(config.sampler, policy, 8, device="cuda")
+    try:
+        with pytest.raises(RolloutWorkerError, match="device: cuda"):
+            workers.submit(job)
+            workers.result()
+    finally:
+        workers.close()
