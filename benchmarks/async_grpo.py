@@ -1,7 +1,8 @@
 """Asynchronous GRPO against synchronous on one GRPO stage of the tiny world, at equal steps.
 
 The stage is R1-Zero as the tiny profile runs it (`r1_zero`: 40 steps of 8 prompts x 8 samples
-on the bootstrap model, held-out probes every 5 steps), run five ways for each seed:
+on the bootstrap model, held-out probes every 5 steps; `--profile gpu-tiny`: that profile's, on
+its GPU, the trainer on one process's engine), run five ways for each seed:
 synchronous (today's colocated sampler), and with `max_staleness` 1 and 2 on one sampler process
 beside the trainer and on the two sampling actors of a two-node loopback Ray cluster (one CPU
 per node). `--modes sync-t1 process-k1-t1` runs the synchronous and the process run with the
@@ -56,6 +57,7 @@ from benchmarks.compare_stages import paired, per_problem  # noqa: E402
 from configs import load_profile  # noqa: E402
 from configs.cluster import ClusterConfig  # noqa: E402
 from configs.schema import PipelineConfig  # noqa: E402
+from models.loading import use_device  # noqa: E402
 from models.saved import ModelRef  # noqa: E402
 from problems.types import ProblemSet  # noqa: E402
 from stages import bootstrap, evaluate, reasoning_rl  # noqa: E402
@@ -74,8 +76,20 @@ CAP = 3.0  # importance_sampling_cap of the asynchronous runs (TRL's default)
 POLL_S = 0.2
 
 
+PROFILE = {"name": "tiny"}  # --profile
+
+
 def profile() -> PipelineConfig:
-    return load_profile("tiny", [])
+    """The profile the runs take their stage, problems and base from (`--profile`). Its R1-Zero
+    trains on one process's engine (fp32, as GRPO in one process trains) whatever the profile
+    says: sampling workers draw only for such a trainer (DeepSpeed ranks sample colocated), and
+    the synchronous run it is compared with trains on the same engine."""
+    config = load_profile(PROFILE["name"], [])
+    if config.r1_zero.engine.kind == "single":
+        return config
+    engine = config.r1_zero.engine.model_copy(update={"kind": "single", "precision": "fp32"})
+    r1_zero = config.r1_zero.model_copy(update={"engine": engine})
+    return config.model_copy(update={"r1_zero": r1_zero})
 
 
 def prepare(out: Path) -> tuple[ProblemSet, ModelRef]:
@@ -294,13 +308,21 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--modes", nargs="+", choices=MODES + EXTRA, default=list(MODES))
     parser.add_argument(
+        "--profile",
+        default="tiny",
+        help="whose R1-Zero, problems and base (gpu-tiny: on its GPU, the sampler process too)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         help="torch threads of this process (default: the tiny profile's); 1 suits preparing "
         "or evaluating on a shared machine, the timed runs keep the profile's",
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads or profile().torch_threads or 2)
+    PROFILE["name"] = args.profile
+    config = profile()
+    use_device(config.device)  # the trainer's models, and so its sampler processes'
+    torch.set_num_threads(args.threads or config.torch_threads or 2)
     if args.command == "prepare":
         prepare(args.out)
     elif args.command == "time":

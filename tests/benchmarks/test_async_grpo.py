@@ -35,3 +35,23 @@ def test_only_this_processs_own_samplers_are_its_workers():
         mine.kill()
         for pid in others:
             psutil.Process(pid).kill()
+
+
+def test_a_profile_s_deepspeed_r1_zero_runs_on_one_process_s_engine(monkeypatch):
+    """`--profile gpu-tiny`: its R1-Zero (DeepSpeed in the profile, whose ranks sample
+    colocated) trains on one process's engine, so that a sampler process can draw for it and
+    the synchronous run it is compared with trains the same way; the rest is the profile's."""
+    from benchmarks import async_grpo
+    from configs import load_profile
+
+    monkeypatch.setitem(async_grpo.PROFILE, "name", "gpu-tiny")
+    config, original = async_grpo.profile(), load_profile("gpu-tiny", [])
+    assert original.r1_zero.engine.kind == "deepspeed"
+    assert config.r1_zero.engine.kind == "single" and config.device == "cuda"
+    assert config.r1_zero.engine.precision == "fp32"  # what GRPO in one process trains in
+    unchanged = {"engine"}
+    assert config.r1_zero.model_dump(exclude=unchanged) == original.r1_zero.model_dump(
+        exclude=unchanged
+    )
+    monkeypatch.setitem(async_grpo.PROFILE, "name", "tiny")
+    assert async_grpo.profile() == load_profile("tiny", [])
