@@ -141,3 +141,21 @@ def test_sft_training_with_the_fused_head_is_training_with_the_eager_one(
     assert runs[True][0] == pytest.approx(runs[False][0], rel=1e-5)
     for got, expected in zip(runs[True][1], runs[False][1], strict=True):
         assert torch.allclose(got, expected, atol=1e-6, rtol=1e-4)
+
+
+def test_a_temperature_each_compiles_nothing_more():
+    """A pipeline whose stages sample at a dozen temperatures compiles the log-probabilities'
+    kernels once (with dynamic shapes torch takes a float argument as a symbol; a constant each
+    would pass its recompile limit)."""
+    from torch._dynamo.utils import counters
+
+    head = _head(30, 8, False, torch.float32)
+    h, targets = _inputs(9, 8, 30, torch.float32)
+    chunked_token_logprobs(head, h, targets, 1.0, False, 4, fused=True)[0].sum().backward()
+    counters.clear()
+    for temperature in [0.3 + 0.1 * i for i in range(12)]:
+        logp, _ = chunked_token_logprobs(head, h, targets, temperature, False, 4, fused=True)
+        logp.sum().backward()
+        expected, _ = chunked_token_logprobs(head, h, targets, temperature, False, 4)
+        assert torch.allclose(logp.detach(), expected, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 0
