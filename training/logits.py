@@ -13,7 +13,8 @@ in both directions:
   gradients on the hidden states and the head as it goes, and the backward pass only scales
   them: nothing is recomputed.
 Either way the head's weight gets its gradient once per call, summed over the chunks in float32
-(ZeRO-3 takes a parameter's gradient once per backward pass).
+(ZeRO-3 takes a parameter's gradient once per backward pass). With `fused` (`engine.fused_head`)
+a chunk's elementwise work between its matmuls runs in compiled kernels (training/fused_head.py).
 
 The projection is called as the model's own head module, so wrappers that manage its weight
 (DeepSpeed ZeRO-3's gather hooks) see an ordinary call of it.
