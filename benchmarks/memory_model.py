@@ -63,93 +63,31 @@ MID = ModelConfig(
     hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536,
     max_position_embeddings=2048,
 )  # fmt: skip
+
+
+def mid_sft(name: str, engine: EngineConfig | None = None) -> Case:
+    return Case(name, MID, 32768, "sft", rows=8, prompt_tokens=64, completion_tokens=192,
+                engine=engine or EngineConfig())  # fmt: skip
+
+
+def mid_grpo(name: str, engine: EngineConfig | None = None, beta: float = 0.0) -> Case:
+    return Case(name, MID, 32768, "grpo", rows=16, prompt_tokens=64, completion_tokens=128,
+                engine=engine or EngineConfig(), beta=beta)  # fmt: skip
+
+
 CASES = (
     Case("tiny sft", TINY, 1024, "sft", rows=16, prompt_tokens=40, completion_tokens=120),
     Case("tiny grpo", TINY, 1024, "grpo", rows=64, prompt_tokens=40, completion_tokens=100),
-    Case("mid sft", MID, 32768, "sft", rows=8, prompt_tokens=64, completion_tokens=192),
-    Case(
-        "mid grpo", MID, 32768, "grpo", rows=16, prompt_tokens=64, completion_tokens=128, beta=0.04
-    ),
-    Case(
-        "mid grpo chunked",
-        MID,
-        32768,
-        "grpo",
-        rows=16,
-        prompt_tokens=64,
-        completion_tokens=128,
-        engine=EngineConfig(logits_chunk_mb=16),
-    ),  # fmt: skip
-    Case(
-        "mid sft chunked",
-        MID,
-        32768,
-        "sft",
-        rows=8,
-        prompt_tokens=64,
-        completion_tokens=192,
-        engine=EngineConfig(logits_chunk_mb=16),
-    ),  # fmt: skip
-    Case(
-        "mid grpo chunked fused",
-        MID,
-        32768,
-        "grpo",
-        rows=16,
-        prompt_tokens=64,
-        completion_tokens=128,
-        engine=EngineConfig(logits_chunk_mb=16, fused_head=True),
-    ),  # fmt: skip
-    Case(
-        "mid sft chunked fused",
-        MID,
-        32768,
-        "sft",
-        rows=8,
-        prompt_tokens=64,
-        completion_tokens=192,
-        engine=EngineConfig(logits_chunk_mb=16, fused_head=True),
-    ),  # fmt: skip
-    Case(
-        "mid sft zero-2",
-        MID,
-        32768,
-        "sft",
-        rows=8,
-        prompt_tokens=64,
-        completion_tokens=192,
-        engine=EngineConfig(kind="deepspeed", processes=1, zero_stage=2),
-    ),  # fmt: skip
-    Case(
-        "mid sft zero-3",
-        MID,
-        32768,
-        "sft",
-        rows=8,
-        prompt_tokens=64,
-        completion_tokens=192,
-        engine=EngineConfig(kind="deepspeed", processes=1, zero_stage=3),
-    ),  # fmt: skip
-    Case(
-        "mid sft checkpointed",
-        MID,
-        32768,
-        "sft",
-        rows=8,
-        prompt_tokens=64,
-        completion_tokens=192,
-        engine=EngineConfig(gradient_checkpointing=True),
-    ),  # fmt: skip
-    Case(
-        "mid grpo micro-batched",
-        MID,
-        32768,
-        "grpo",
-        rows=16,
-        prompt_tokens=64,
-        completion_tokens=128,
-        engine=EngineConfig(micro_batch_tokens=1024),
-    ),  # fmt: skip
+    mid_sft("mid sft"),
+    mid_grpo("mid grpo", beta=0.04),
+    mid_grpo("mid grpo chunked", EngineConfig(logits_chunk_mb=16)),
+    mid_sft("mid sft chunked", EngineConfig(logits_chunk_mb=16)),
+    mid_grpo("mid grpo chunked fused", EngineConfig(logits_chunk_mb=16, fused_head=True)),
+    mid_sft("mid sft chunked fused", EngineConfig(logits_chunk_mb=16, fused_head=True)),
+    mid_sft("mid sft zero-2", EngineConfig(kind="deepspeed", processes=1, zero_stage=2)),
+    mid_sft("mid sft zero-3", EngineConfig(kind="deepspeed", processes=1, zero_stage=3)),
+    mid_sft("mid sft checkpointed", EngineConfig(gradient_checkpointing=True)),
+    mid_grpo("mid grpo micro-batched", EngineConfig(micro_batch_tokens=1024)),
 )
 QUICK = ("tiny sft", "tiny grpo")
 

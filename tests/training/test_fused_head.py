@@ -7,29 +7,9 @@ kernels are torch.compile's real ones (a few seconds each to compile here)."""
 import pytest
 import torch
 
+from tests.training.test_chunked_head import _grads, _head, _inputs
 from training.logits import chunked_nll, chunked_token_logprobs
 from training.memory import FP32, ModelShape, Placement, Step, logits_moments
-
-
-def _head(vocab: int, hidden: int, bias: bool, dtype: torch.dtype) -> torch.nn.Linear:
-    torch.manual_seed(0)
-    return torch.nn.Linear(hidden, vocab, bias=bias, dtype=dtype)
-
-
-def _inputs(n: int, hidden: int, vocab: int, dtype: torch.dtype):
-    generator = torch.Generator().manual_seed(1)
-    h = (torch.randn(n, hidden, generator=generator) * 2).to(dtype).requires_grad_()
-    targets = torch.randint(0, vocab, (n,), generator=generator)
-    return h, targets
-
-
-def _grads(head: torch.nn.Linear, h: torch.Tensor) -> list[torch.Tensor]:
-    out = [h.grad.clone(), head.weight.grad.clone()]
-    if head.bias is not None:
-        out.append(head.bias.grad.clone())
-    h.grad = None
-    head.zero_grad(set_to_none=True)
-    return out
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
