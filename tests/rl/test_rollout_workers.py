@@ -153,8 +153,9 @@ def test_a_job_sent_to_a_dead_sampler_process_goes_to_its_replacement(tokenizer,
 
 def test_sampler_processes_open_their_models_on_the_trainer_s_device(tokenizer, policy, tmp_path):
     """A sampler process puts its model where the trainer's process puts its models (a GPU
-    trainer's sampler samples on the GPU, not on the host): told cuda on a machine without
-    one, the process refuses with the device's error, where it would have sampled on the CPU."""
+    trainer's sampler samples on the GPU, not on the host): told cuda, it samples there on a
+    machine with one, and on a machine without refuses with the device's error, where it
+    would have sampled on the CPU."""
     from models.loading import model_device
     from sampling.interface import SamplingParams
     from sampling.workers import DrawJob
@@ -170,12 +171,13 @@ def test_sampler_processes_open_their_models_on_the_trainer_s_device(tokenizer, 
         assert workers.result().groups
     finally:
         workers.close()
-    if torch.cuda.is_available():
-        pytest.skip("a machine with CUDA would open the model there")
     workers = ProcessWorkers(config.sampler, policy, 8, device="cuda")
     try:
-        with pytest.raises(RolloutWorkerError, match="device: cuda"):
-            workers.submit(job)
-            workers.result()
+        workers.submit(job)
+        if torch.cuda.is_available():  # there it samples on the GPU
+            assert workers.result().groups
+        else:  # here the process refuses: the device reached it
+            with pytest.raises(RolloutWorkerError, match="device: cuda"):
+                workers.result()
     finally:
         workers.close()
