@@ -2,6 +2,8 @@
 compacting cache's: the same tokens, the same logprobs up to float summation order, rows that
 stop early padded as before, across the spans a step's attention reads."""
 
+import copy
+
 import pytest
 import torch
 
@@ -102,3 +104,15 @@ def test_the_compiled_step_samples_what_the_plain_step_samples(
         assert c.logprobs == pytest.approx(p.logprobs, abs=1e-4)
     assert max(len(d.token_ids) for d in plain) > 16 * 8 - 10  # the call read eight spans
     assert 1 <= counters["stats"]["unique_graphs"] <= 3
+    # another model of the shape (the next stage's) samples from its own weights, not the
+    # first one's compiled in
+    other = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    others = (other, *args[1:])
+    moved = decode(*others, static=True)
+    assert [d.token_ids for d in moved] != [d.token_ids for d in plain]
+    compiled = decode(*others, static=True, compile_step=True)
+    assert [d.token_ids for d in compiled] == [d.token_ids for d in moved]
