@@ -18,6 +18,7 @@ cd "$(dirname "$0")/.."
 budget="${1:-540}"
 out="${OUT:-gpu_session}"
 reserve="${R1_SESSION_RESERVE:-150}"  # seconds kept for steps 3 and 4
+shortest="${R1_SESSION_SHORTEST:-20}"  # a step given less than this is skipped
 python="${PYTHON:-python3}"
 state="${R1_SESSION_STATE:-/tmp/r1-gpu-tiny}"
 mkdir -p "$out"
@@ -27,23 +28,39 @@ export PYTHONUNBUFFERED=1 COLUMNS=180 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=fa
 say() { echo "gpu_session: $*" | tee -a "$out/session.log" >&2; }
 left() { echo $((budget - ($(date +%s) - start))); }
 
-# step NAME SECONDS COMMAND...: COMMAND under `timeout SECONDS` (at most what is left), its
-# output in $out/NAME.log, its ending and wall time said.
+# left_behind NAME MARKER: processes a step left running, found by the marker in their
+# environment (a step's processes inherit it, also those in a session of their own, such as a
+# stage's DeepSpeed workers, which the step's end does not reach), killed and said: the next
+# step measures on a device no one else holds.
+left_behind() {
+  local pids
+  pids=$(grep -lszFx -- "$2" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | tr '\n' ' ' || true)
+  if [ -n "${pids// /}" ]; then
+    say "$1: killed what it left running: ${pids% }"
+    # shellcheck disable=SC2086
+    kill -9 $pids 2> /dev/null || true
+  fi
+}
+
+# step NAME SECONDS COMMAND...: COMMAND under `timeout SECONDS` (at most what is left; then
+# SIGTERM, and SIGKILL 30 s later), its output in $out/NAME.log, its ending and wall time said,
+# anything it left running killed.
 step() {
   local name="$1" limit="$2"
   shift 2
   local remaining
   remaining=$(left)
   if [ "$limit" -gt "$remaining" ]; then limit="$remaining"; fi
-  if [ "$limit" -lt 20 ]; then
+  if [ "$limit" -lt "$shortest" ]; then
     say "$name: skipped, ${remaining}s of the budget left"
     return 0
   fi
-  local t0 rc
+  local t0 rc marker="R1_SESSION_STEP=$name.$$"
   t0=$(date +%s)
   say "$name: starting (at most ${limit}s)"
-  timeout --kill-after=15 "$limit" "$@" > "$out/$name.log" 2>&1
+  timeout --kill-after=30 "$limit" env "$marker" "$@" > "$out/$name.log" 2>&1
   rc=$?
+  left_behind "$name" "$marker"
   case "$rc" in
     0) say "$name: done in $(($(date +%s) - t0))s" ;;
     124 | 137) say "$name: CUT at ${limit}s (the budget); its log: $out/$name.log" ;;
