@@ -14,6 +14,9 @@ this process had spent about 6 s importing torch, transformers and MLflow. Here:
   folder that has none yet, so that the server finds its schema at the latest revision and
   migrates nothing. Without the template, or with a database other than Prefect's default
   SQLite file, nothing is copied and Prefect migrates as it always did.
+- The server runs in a process group of its own and ends with this process
+  (`cli/server_process.py`), so that a Ctrl-C or a `timeout` stops the run, not the server the
+  run still reports to.
 """
 
 from __future__ import annotations
@@ -121,18 +124,20 @@ class EarlyServer:
     @classmethod
     def start(cls, prefect_home: Path) -> EarlyServer | None:
         """Start it, unless there is none to start (a `PREFECT_API_URL` is set, or Prefect's
-        temporary server is turned off) or `R1_PREFECT_EARLY_START=0` leaves it to Prefect."""
+        temporary server is turned off) or `R1_PREFECT_EARLY_START=0` leaves it to Prefect (which
+        then starts this same server, in its own process group, at the flow's first call)."""
         from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
-        if os.environ.get(EARLY_START_ENV) == "0":  # Prefect's own start, as benchmarks compare
-            return None
         if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+            return None
+        from cli.server_process import OwnGroupServer
+
+        server = OwnGroupServer()  # the instance the flow's client will find
+        if os.environ.get(EARLY_START_ENV) == "0":  # Prefect's own start, as benchmarks compare
             return None
         if seed_database(prefect_home):
             log.info("prefect: a new state folder, its database copied from %s", template_path())
-        from prefect.server.api.server import SubprocessASGIServer
-
-        early = cls(SubprocessASGIServer())  # the instance the flow's client will find
+        early = cls(server)
         early._thread.start()
         return early
 
