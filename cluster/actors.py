@@ -117,9 +117,10 @@ class SamplerActor:
     def _open(config: SamplerConfig, path: Path, batch: int, threads: int) -> Any:
         import torch
 
-        from models.loading import load_tokenizer
+        from models.loading import load_tokenizer, use_device
         from sampling.factory import open_sampler
 
+        use_device(actor_device())  # a node without the GPU Ray promised refuses here
         torch.set_num_threads(threads)
         os.environ.setdefault("TQDM_DISABLE", "1")  # progress is the stage's, per chunk
         return open_sampler(config, path, load_tokenizer(path), batch)
@@ -127,11 +128,14 @@ class SamplerActor:
     def ready(self) -> dict[str, Any]:
         if self.error is not None:
             raise self.error
+        from models.loading import model_device
+
         return {
             "node": self.node,
             "pid": os.getpid(),
             "load_seconds": self.load_seconds,
             "threads": runtime_threads(),
+            "device": model_device().type,
         }
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> ChunkResult:
@@ -176,6 +180,7 @@ class ActorSampler:
         from cluster.connect import connect
 
         ray = connect(cluster)
+        _warn_if_gpus_idle(cluster)
         digests = {"model": digest or tree_digest(model_path), "code": code_digest()}
         remote = ray.remote(
             num_cpus=cluster.cpus_per_worker,
@@ -194,9 +199,10 @@ class ActorSampler:
                 ray.kill(actor)
             raise
         log.info(
-            "%d sampling actors ready on %s",
+            "%d sampling actors ready on %s, sampling on %s",
             len(actors),
             ", ".join(sorted({s["node"] for s in startup})),
+            ", ".join(sorted({s["device"] for s in startup})),
         )
         return cls(ray, actors, cluster, config, [s["pid"] for s in startup], startup)
 
@@ -282,6 +288,28 @@ class ActorSampler:
         for actor in self.actors:
             self.ray.kill(actor, no_restart=True)
         self.actors = []
+
+
+def actor_device() -> str:
+    """Where a sampling actor's hf model runs: "cuda" when Ray gave the actor GPUs
+    (`cluster.gpus_per_worker` > 0; Ray names them in CUDA_VISIBLE_DEVICES), else "cpu"."""
+    import ray
+
+    return "cuda" if ray.get_gpu_ids() else "cpu"
+
+
+def _warn_if_gpus_idle(cluster: ClusterConfig) -> None:
+    """Say so when this process trains on a GPU while its sampling actors, given none, would
+    sample on their nodes' CPUs."""
+    from models.loading import model_device
+
+    if model_device().type == "cuda" and cluster.gpus_per_worker == 0:
+        log.warning(
+            "the profile trains on cuda but cluster.gpus_per_worker is 0: the %d sampling "
+            "actors sample on their nodes' CPUs. Give each a GPU (cluster.gpus_per_worker: 1) "
+            "to sample on the cluster's GPUs",
+            cluster.workers,
+        )
 
 
 def _shifted(params: SamplingParams, offset: int) -> SamplingParams:

@@ -1,9 +1,9 @@
 """A Ray cluster of two nodes on loopback, started and stopped by the tests that use it.
 
-Two raylets (a head and one joined node, one CPU each, object stores capped at 100 MiB, usage
-statistics off) in a temporary folder of their own. The fixture shuts down exactly the cluster
-it started (`Cluster.shutdown`), never `ray stop`, which would end every Ray process on the
-machine.
+Two raylets (a head and one joined node, one CPU each, the joined node declaring one GPU, object
+stores capped at 100 MiB, usage statistics off) in a temporary folder of their own. The fixture
+shuts down exactly the cluster it started (`Cluster.shutdown`), never `ray stop`, which would end
+every Ray process on the machine.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ def ray_cluster():
         head_node_args={**node, "include_dashboard": False, "temp_dir": temp},
     )
     try:
-        cluster.add_node(**node)
+        # the joined node declares one GPU (none is there): an actor that asks for it is
+        # placed and then finds no CUDA device (test_sampling_on_actors.py)
+        cluster.add_node(**node, num_gpus=1)
         cluster.wait_for_nodes()
         yield cluster.address
     finally:

@@ -180,6 +180,48 @@ def test_an_actor_that_sees_another_model_fails_at_once_saying_so(model, cluster
         ActorSampler.start(one, EVAL.sampler, model.path / "elsewhere", 8)
 
 
+def test_an_actor_samples_on_the_gpu_ray_gives_it_and_on_cpu_without_one(model, cluster):
+    """An actor given a GPU opens its model on cuda: the test cluster's joined node only declares
+    one, so here the actor finds no CUDA device and refuses, saying so (on a machine with a GPU
+    it samples on it); an actor given none samples on its node's CPU."""
+    import torch
+
+    from cluster.actors import ActorSampler
+    from models.loading import DeviceError
+
+    one = cluster.model_copy(update={"workers": 1})
+    on_cpu = ActorSampler.start(one, EVAL.sampler, model.path, 8)
+    try:
+        assert [s["device"] for s in on_cpu.startup] == ["cpu"]
+    finally:
+        on_cpu.close()
+    on_gpu = one.model_copy(update={"gpus_per_worker": 1.0})
+    if torch.cuda.is_available():
+        sampler = ActorSampler.start(on_gpu, EVAL.sampler, model.path, 8)
+        try:
+            assert [s["device"] for s in sampler.startup] == ["cuda"]
+        finally:
+            sampler.close()
+    else:
+        with pytest.raises(DeviceError, match="torch sees no CUDA device"):
+            ActorSampler.start(on_gpu, EVAL.sampler, model.path, 8)
+
+
+def test_a_gpu_run_whose_actors_have_no_gpu_is_warned(monkeypatch, caplog):
+    from cluster.actors import _warn_if_gpus_idle
+    from models import loading
+
+    config = ClusterConfig(address="auto", workers=3)
+    _warn_if_gpus_idle(config)  # trains on cpu: nothing to say
+    assert not caplog.records
+    monkeypatch.setitem(loading._DEVICE, "name", "cuda")
+    with caplog.at_level(logging.WARNING):
+        _warn_if_gpus_idle(config)
+        _warn_if_gpus_idle(config.model_copy(update={"gpus_per_worker": 1.0}))
+    (record,) = caplog.records
+    assert "the 3 sampling actors sample on their nodes' CPUs" in record.getMessage()
+
+
 def test_an_unreachable_cluster_is_a_clear_error_before_anything_runs(tmp_path, monkeypatch):
     from cluster.connect import ClusterUnreachableError
     from configs import load_profile
