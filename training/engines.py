@@ -92,8 +92,9 @@ def enable_gradient_checkpointing(model: torch.nn.Module, reentrant: bool = Fals
 
 def compile_layers(model: torch.nn.Module) -> None:
     """torch.compile each decoder layer in place (regional compilation: the layers share one
-    compiled graph, so the cost is one layer's compilation; the packed-attention kernels read
-    their row's bounds outside the graph)."""
+    compiled graph, so the cost is one layer's compilation). The varlen and flex kernels get
+    their row's bounds as arguments, found before the first layer (training/varlen.py), so a
+    layer is one graph with no device sync in it; the per-sequence kernel (CPU's) breaks it."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     for layer in decoder.layers:
         layer.compile()

@@ -16,9 +16,14 @@ within the sequences; the loss and gradients are those of each sequence run alon
   with the causal mask built in, the outputs joined again: one SDPA call per sequence. The
   default on CPU, where it is exactly the reference and the cost of a call is small.
 
-The cumulative lengths come from the position ids, once per row: the layers of a forward pass
-(and a checkpointed layer recomputed in the backward pass) get the same position-ids tensor,
-and the first layer's lengths are kept for the rest (`row_bounds`).
+The cumulative lengths come from the position ids, once per row, before the first layer: a
+forward pre-hook on the decoder finds them (a device sync) and hands them to every layer as the
+attention's arguments (`cu_seq_lens_q`, `max_length_q`, transformers' names for them; the flex
+kernel's block mask as `packed_block_mask`), so that a compiled layer is one graph with no sync
+in it (`engine.compile`). A checkpointed layer recomputed in the backward pass gets the same
+arguments. Called without the hook, the kernels find the bounds themselves (`row_bounds`, kept
+per position-ids tensor); the per-sequence kernel always does (its pieces' lengths are host
+integers), which is why it is CPU's kernel and not one to compile.
 
 `packed_attention(model)` switches an SDPA or eager model to the kernel for the forward passes in
 its block and back after. Models on other implementations (flash-attention reads the restarts
@@ -200,21 +205,28 @@ def varlen_attention(
         )
     from torch.nn.attention.varlen import varlen_attn
 
-    assert position_ids is not None
-    bounds = row_bounds(position_ids)
+    cumulative, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if cumulative is None or longest is None:  # called without the decoder's hook
+        assert position_ids is not None
+        bounds = row_bounds(position_ids)
+        cumulative, longest = bounds.cumulative, bounds.longest
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, heads, D)
     out = varlen_attn(
-        q, k, v, bounds.cumulative, bounds.cumulative, bounds.longest, bounds.longest,
+        q, k, v, cumulative, cumulative, longest, longest,
         scale=scaling, window_size=(-1, 0), **_varlen_gqa_flag(),
     )  # fmt: skip
     return out[None], None  # (1, T, H, D)
 
 
-@functools.cache
-def _compiled_flex():
+def _raw_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)
+    return flex_attention
+
+
+@functools.cache
+def _compiled_flex():
+    return torch.compile(_raw_flex())
 
 
 class _FlexMasks:
@@ -269,9 +281,14 @@ def flex_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    assert position_ids is not None
-    out = _compiled_flex()(
-        query, key, value, block_mask=_flex_masks.get(position_ids), scale=scaling,
+    mask = kwargs.get("packed_block_mask")
+    if mask is None:  # called without the decoder's hook
+        assert position_ids is not None
+        mask = _flex_masks.get(position_ids)
+    # inside a compiled layer the layer's graph takes flex attention in; else its own compile
+    flex = _raw_flex() if torch.compiler.is_compiling() else _compiled_flex()
+    out = flex(
+        query, key, value, block_mask=mask, scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1],
     )  # fmt: skip
     return out.transpose(1, 2).contiguous(), None
@@ -328,8 +345,41 @@ def packed_attention(model: torch.nn.Module, kernel: Kernel = "auto") -> Iterato
     chosen = choose_kernel(device, kernel)
     if chosen == "varlen":
         _varlen_gqa_flag()  # here, not inside a compiled layer
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    hook = decoder.register_forward_pre_hook(
+        functools.partial(_row_arguments, chosen), with_kwargs=True
+    )
     model.set_attn_implementation(NAMES[chosen])
     try:
         yield
     finally:
+        hook.remove()
         model.set_attn_implementation(impl)
+
+
+def _row_arguments(
+    kernel: str, _decoder: torch.nn.Module, args: tuple, kwargs: dict
+) -> tuple[tuple, dict] | None:
+    """The decoder's forward pre-hook: a packed row's bounds found once, before the layers, and
+    added to the arguments every layer hands its attention (`row_arguments`)."""
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None or kwargs.get("attention_mask") is not None:
+        return None
+    if position_ids.dim() != 2 or position_ids.shape[0] != 1:
+        return None
+    return args, {**kwargs, **row_arguments(kernel, position_ids)}
+
+
+def row_arguments(kernel: str, position_ids: torch.Tensor) -> dict[str, object]:
+    """What `kernel` reads of a packed row (1, T) given as attention arguments: the cumulative
+    starts and the longest sequence (varlen: transformers' FlashAttention names), the block
+    mask (flex), nothing (per_sequence, which finds its host-side lengths itself)."""
+    if kernel == "varlen":
+        bounds = row_bounds(position_ids)
+        return {
+            "cu_seq_lens_q": bounds.cumulative, "cu_seq_lens_k": bounds.cumulative,
+            "max_length_q": bounds.longest, "max_length_k": bounds.longest,
+        }  # fmt: skip
+    if kernel == "flex":
+        return {"packed_block_mask": _flex_masks.get(position_ids)}
+    return {}

@@ -172,6 +172,52 @@ def test_the_packed_kernel_is_chosen_by_device_and_refused_where_it_cannot_run(m
         choose_kernel(cpu)
 
 
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        "flex",  # on CPU: forward only (FlexAttention has no CPU backward)
+        pytest.param("varlen", marks=pytest.mark.gpu),  # CUDA only: forward and backward
+    ],
+)
+def test_compiled_layers_take_packed_rows_whole(tokenizer, kernel):
+    """The row's bounds (varlen) or block mask (flex) are found before the first layer and handed
+    to every layer as attention arguments, so that each decoder layer compiles to one graph
+    (`fullgraph`: a graph break raises) with no device sync in it; rows of other lengths give
+    the uncompiled model's logits (and gradients, where the kernel has a backward)."""
+    from training.varlen import varlen_available
+
+    device = torch.device("cuda" if kernel == "varlen" else "cpu")
+    if kernel == "varlen" and not varlen_available(device):
+        pytest.skip("the varlen kernel needs a CUDA GPU with FlashAttention 2")
+    backward = device.type == "cuda"
+    # the reference: the model uncompiled, through the per-sequence kernel on CPU (exactly each
+    # sequence alone), through the same kernel on a GPU
+    reference = kernel if device.type == "cuda" else "per_sequence"
+    eager, compiled = (gqa_model(tokenizer, "qwen2").to(device) for _ in range(2))
+    # on CPU, Inductor's C++ FlexAttention template fails to build for a dynamic row length
+    # (torch 2.13); the graphs dynamo captures are the point, run by AOT autograd there
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    for layer in compiled.model.layers:
+        layer.compile(fullgraph=True, backend=backend)
+    vocab = len(tokenizer)
+    for lengths in ([10, 17, 13], [5, 30], [8, 8, 8, 9]):
+        examples = _examples(vocab, lengths, seed=len(lengths))
+        batch = {k: v.to(device) for k, v in pack(examples, pad_id=0).items() if k != "labels"}
+        outputs = []
+        for model, used in ((eager, reference), (compiled, kernel)):
+            model.zero_grad()
+            with packed_attention(model, used), torch.set_grad_enabled(backward):
+                logits = model(**batch, use_cache=False).logits
+                if backward:
+                    logits.float().square().mean().backward()
+            grads = [p.grad for p in model.parameters()] if backward else []
+            outputs.append((logits.detach(), grads))
+        (want, want_grads), (got, got_grads) = outputs
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        for g, w in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("packing", [True, False])
 def test_the_chunked_sft_loss_has_the_whole_losss_value_and_gradients(tokenizer, packing):
     """A micro-batch whose logits exceed the budget computes its loss a chunk of positions at a
