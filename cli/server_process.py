@@ -4,9 +4,10 @@ Prefect starts its temporary server as a plain child, in the process group of th
 started it. A signal to that group (Ctrl-C in a terminal, `timeout`, a scheduler stopping a job)
 then reaches the server as well as `r1 run`: the server stops at once while the run is still
 marking its flow run crashed and closing its MLflow runs, and Prefect's client retries the dead
-server for minutes (seven, measured, after a Ctrl-C) before the run can exit, its flow run left
-RUNNING. Here the server has a session of its own, so such a signal reaches only `r1 run`, which
-reports through the still-running server and stops it at exit (Prefect's exit handler).
+server for minutes before the run can exit (under `timeout 14 r1 run --profile micro`, still
+there when `timeout` killed it 90 s later), its flow run left RUNNING. Here the server has a
+session of its own, so such a signal reaches only `r1 run`, which reports through the
+still-running server and stops it at exit (Prefect's exit handler).
 
 A session of its own would outlive a run killed outright (SIGKILL, an out-of-memory kill), which
 no exit handler sees; so the server watches the process that started it and stops itself when
