@@ -123,6 +123,17 @@ def _parent_pid(p: psutil.Process) -> int | None:
         return None
 
 
+def _resource_tracker(p: psutil.Process) -> bool:
+    """Python's multiprocessing resource tracker: started once in a process's life by whatever
+    first uses multiprocessing in it (another test on this worker, or a pool it left starting
+    in the background: seen in CI at a sandbox test's teardown), kept until the process ends.
+    The sandbox uses no multiprocessing."""
+    try:
+        return any("multiprocessing.resource_tracker" in a for a in p.cmdline())
+    except psutil.Error:
+        return False
+
+
 DYING_S = 5.0  # a killed session's processes may take this long to exit on a loaded machine
 
 
@@ -134,7 +145,7 @@ def _live_descendants() -> list[psutil.Process]:
         live = [
             p
             for p in psutil.Process().children(recursive=True)
-            if _status(p) not in (None, psutil.STATUS_ZOMBIE)
+            if _status(p) not in (None, psutil.STATUS_ZOMBIE) and not _resource_tracker(p)
         ]
         if not live or time.monotonic() > deadline:
             return live
