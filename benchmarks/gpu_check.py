@@ -23,7 +23,8 @@ Beside them, in the same run (benchmarks/gpu_peers.py): the packed-attention ker
 micro-batch, and the peer, a plain transformers SFT loop (SDPA, bf16 weights, fused AdamW, rows
 padded to the longest of their batch) on the same rows in the same batches. With `--compile`, the
 ZeRO-2 SFT steps again with compiled layers; with `--fused-head`, ZeRO-2's SFT and GRPO steps
-again with the head's chunks fused (training/fused_head.py). `--phases` picks among sft, peer,
+again with the head's chunks fused (training/fused_head.py); with `--no-overflow-scan`, again
+without DeepSpeed's bf16 overflow scan (training/finite.py). `--phases` picks among sft, peer,
 attention, sampler and grpo. Each phase runs on an engine of its own over a fresh model, closed
 after it (a step that fails inside its backward pass leaves ZeRO's buckets holding gradients),
 and says how much device memory an earlier phase still held when it began (0.00 GiB is the aim).
@@ -251,6 +252,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also: ZeRO-2 SFT and GRPO with the head's chunks fused (fused_head.py)",
     )
+    p.add_argument(
+        "--no-overflow-scan",
+        action="store_true",
+        help="also: ZeRO-2 SFT and GRPO without DeepSpeed's bf16 overflow scan, the global "
+        "norm checked once instead (engine.overflow_scan: false)",
+    )
     p.add_argument("--sft-steps", type=int, default=4)
     p.add_argument("--sft-shapes", nargs="+", default=None,
                    help="ROWSxTOKENS or varMAX[@TOKENS] (rows of drawn lengths up to MAX); by "
@@ -316,6 +323,9 @@ def settings(args: argparse.Namespace) -> list[Setting]:
     if args.fused_head:
         out.append(Setting(args.device, 2, args.gradient_checkpointing, args.micro_batch_tokens,
                            args.logits_chunk_mb, fused_head=True))  # fmt: skip
+    if args.no_overflow_scan:
+        out.append(Setting(args.device, 2, args.gradient_checkpointing, args.micro_batch_tokens,
+                           args.logits_chunk_mb, overflow_scan=False))  # fmt: skip
     if "mixed" in args.phases:  # SFT on one process's engine beside ZeRO's (training/mixed.py)
         mixed = Setting(args.device, 2, args.gradient_checkpointing, args.micro_batch_tokens,
                         args.logits_chunk_mb, mixed=True)  # fmt: skip
@@ -377,7 +387,7 @@ def run_phases(args, run: ShapeRun, peak: float | None) -> list[Phase]:
                 run.examples[c.name], args.sft_steps, diag))  # fmt: skip
         if s.compile or s.mixed:
             continue
-        if "sampler" in args.phases and not s.fused_head:  # the sampler has no chunked head
+        if "sampler" in args.phases and not s.fused_head and s.overflow_scan:  # no update
             on_engine(s, "hf sampler", lambda e, s=s: sample_phase(
                 s, e.module, run.tokenizer, run.n_flop, args))  # fmt: skip
         if "grpo" in args.phases:

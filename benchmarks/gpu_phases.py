@@ -64,6 +64,7 @@ class Setting:
     compile: bool = False
     mixed: bool = False  # one process's bf16 engine with fp32 master weights (training/mixed.py)
     fused_head: bool = False  # the chunked head's elementwise work compiled (fused_head.py)
+    overflow_scan: bool = True  # False: DeepSpeed's bf16 overflow scan off, the norm checked
 
     def engine(self) -> EngineConfig:
         return EngineConfig(
@@ -72,6 +73,7 @@ class Setting:
             micro_batch_tokens=self.micro_batch_tokens, compile=self.compile,
             gradient_checkpointing=self.gradient_checkpointing,
             logits_chunk_mb=self.logits_chunk_mb, fused_head=self.fused_head,
+            overflow_scan=self.overflow_scan,
         )  # fmt: skip
 
     def placement(self, reference: bool) -> Placement:
@@ -88,6 +90,7 @@ class Setting:
             " ckpt" if self.gradient_checkpointing else "",
             " compiled" if self.compile else "",
             " fused head" if self.fused_head else "",
+            " no scan" if not self.overflow_scan else "",
         ]
         if self.mixed:
             return f"one process, mixed{''.join(extras)}"

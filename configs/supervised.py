@@ -235,6 +235,13 @@ class EngineConfig(Strict):
         description="recompute each decoder layer in the backward pass instead of keeping its "
         "activations: about a third more compute, activations of one layer instead of all",
     )
+    overflow_scan: bool = Field(
+        True,
+        description="deepspeed, ZeRO-2 in bf16: DeepSpeed scans every gradient for NaN and "
+        "infinity before each update; false: no scan, the global norm the clipping computes "
+        "anyway is read once and a non-finite one stops the stage before anything is applied "
+        "(training/engines.py); ZeRO-3 in bf16 and fp32 engines scan nothing either way",
+    )
 
     @field_validator("micro_batch_tokens")
     @classmethod
@@ -242,6 +249,15 @@ class EngineConfig(Strict):
         if isinstance(value, int) and value < 1:
             raise ValueError("micro_batch_tokens must be at least 1 (or auto)")
         return value
+
+    @model_validator(mode="after")
+    def _scan_switch(self) -> EngineConfig:
+        if not self.overflow_scan and self.kind == "deepspeed" and self.zero_stage == 3:
+            raise ValueError(
+                "engine.overflow_scan: false applies to zero_stage 2; ZeRO-3 in bf16 has no "
+                "overflow scan to turn off (its update is refused on a non-finite norm as is)"
+            )
+        return self
 
     @property
     def logits_budget(self) -> int:

@@ -22,7 +22,7 @@ import torch
 
 from configs.supervised import EngineConfig
 from training.checkpoints import load_checkpoint, save_checkpoint
-from training.finite import LossGuard
+from training.finite import LossGuard, NonFiniteNorm, check_norm_before_update
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,8 @@ def deepspeed_config(
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+    if engine.precision == "bf16" and not engine.overflow_scan:  # the norm is checked instead
+        config["bf16"]["check_grad_overflow"] = False  # (training/finite.py)
     if engine.precision == "bf16":  # micro-batches' gradients add up in fp32, not in bf16
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     return config
@@ -280,6 +282,8 @@ class DeepSpeedEngine:
         self.device = self.engine.device  # the engine moved the model to its rank's device
         if engine.zero_stage == 3:
             _LIVE_ZERO3.add(self.engine.module)
+        elif not engine.overflow_scan:
+            check_norm_before_update(self.engine.optimizer)
 
     @property
     def forward_model(self) -> torch.nn.Module:
@@ -293,7 +297,11 @@ class DeepSpeedEngine:
         self.engine.backward(loss * self.world)
 
     def step(self, guard: LossGuard) -> float:
-        self.engine.step()  # ZeRO clips to gradient_clipping; a non-finite norm skips the update
+        try:  # ZeRO clips to gradient_clipping; a non-finite norm skips the update
+            self.engine.step()
+        except NonFiniteNorm as refused:  # engine.overflow_scan false: refused before the update
+            guard.check("gradient norm", refused.norm)
+            raise
         norm = self.engine.get_global_grad_norm()
         return guard.check("gradient norm", norm) if norm is not None else float("nan")
 

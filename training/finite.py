@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,3 +68,32 @@ class LossGuard:
                 self.desc, self.step, what, number, self.checkpoint_step, self.ckpt_dir
             )
         return number
+
+
+class NonFiniteNorm(FloatingPointError):
+    """Raised inside a ZeRO optimizer's step by `check_norm_before_update`, before anything is
+    applied; the engine's `step` turns it into the guard's NonFiniteLossError."""
+
+    def __init__(self, norm: float):
+        super().__init__(f"the global gradient norm is {norm}")
+        self.norm = norm
+
+
+def check_norm_before_update(optimizer: Any) -> None:
+    """Have a DeepSpeed ZeRO-1/2 optimizer (`DeepSpeedZeroOptimizer`) raise NonFiniteNorm when
+    the global gradient norm that its step computes for clipping is NaN or infinite, before the
+    update. It stands in for DeepSpeed's bf16 overflow scan (`bf16.check_grad_overflow`), which
+    reduces every gradient twice and reads the verdict back each step: with the scan off,
+    DeepSpeed 0.19 clips a bf16 step by an infinite norm and applies the NaN. One read-back a
+    step, of a norm computed anyway. DeepSpeed marks an invalid group norm infinite or -1
+    (`combine_grad_norm_groups`), so a negative one is refused too."""
+    compute = optimizer.scaled_global_norm
+
+    def checked(*args: Any, **kwargs: Any) -> torch.Tensor:
+        norm = compute(*args, **kwargs)
+        value = float(norm)
+        if not math.isfinite(value) or value < 0:
+            raise NonFiniteNorm(value)
+        return norm
+
+    optimizer.scaled_global_norm = checked
