@@ -10,7 +10,8 @@ takes the peak of everything allocated at once over the step (torch.profiler's m
 the tensors that existed before the step included). It prints the model's prediction, the
 measured peak and their ratio. SFT steps run the stage's stepper (training.supervised
 SFTStepper), GRPO updates the trainer's update (rl.update.PolicyUpdate), both through the
-single-process engine in fp32; GRPO rows are random completions with random advantages.
+single-process engine in fp32, the "zero" cases through DeepSpeed's ZeRO on a world of one (gloo)
+in fp32 or bf16; GRPO rows are random completions with random advantages.
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ CASES = (
     mid_sft("mid sft chunked fused", EngineConfig(logits_chunk_mb=16, fused_head=True)),
     mid_sft("mid sft zero-2", EngineConfig(kind="deepspeed", processes=1, zero_stage=2)),
     mid_sft("mid sft zero-3", EngineConfig(kind="deepspeed", processes=1, zero_stage=3)),
+    mid_sft(
+        "mid sft zero-2 bf16",
+        EngineConfig(kind="deepspeed", processes=1, zero_stage=2, precision="bf16"),
+    ),
+    mid_sft(
+        "mid sft zero-3 bf16",
+        EngineConfig(kind="deepspeed", processes=1, zero_stage=3, precision="bf16"),
+    ),
     mid_sft("mid sft checkpointed", EngineConfig(gradient_checkpointing=True)),
     mid_grpo("mid grpo micro-batched", EngineConfig(micro_batch_tokens=1024)),
 )
@@ -179,6 +188,7 @@ def predicted(case: Case, model, tokenizer) -> tuple[int, list[str]]:
     shape = ModelShape.from_config(config)
     deepspeed = case.engine.kind == "deepspeed"
     place = Placement(
+        precision=case.engine.precision if deepspeed else "fp32",
         zero_stage=case.engine.zero_stage if deepspeed else 0,  # type: ignore[arg-type]
         gradient_checkpointing=case.engine.gradient_checkpointing, reference=case.beta > 0,
         bucket_elements=int(case.engine.bucket_size) if deepspeed else 0,

@@ -6,8 +6,10 @@ log-probability and loss paths, torch's AdamW, DeepSpeed ZeRO's partitions) rath
 
 - **resident**: weights; gradients (a trainer in this process keeps whole ones from the backward
   pass to the optimizer step); AdamW's two moments; under DeepSpeed, the fp32 master partition,
-  the moments and the fp32 gradient partition are 1/world each, the bf16 weights whole (ZeRO-2)
-  or 1/world (ZeRO-3), plus ZeRO's reduce buckets; a frozen reference in the policy's dtype;
+  the moments and ZeRO-3's fp32 gradient partition are 1/world each, the bf16 weights whole
+  (ZeRO-2) or 1/world (ZeRO-3); ZeRO-2's gradient partition is held from a step's first
+  reduction to its update, so not at the start of its first backward pass; a frozen reference
+  in the policy's dtype;
   a colocated vLLM engine's share of the device (none while it sleeps through the update).
 - **activations** kept for the backward pass, per token and decoder layer, where `b` is the
   compute dtype's size: each RMSNorm keeps its float32 input and its normalised output
@@ -200,7 +202,8 @@ def resident(shape: ModelShape, place: Placement, optimizer_ready: bool = True) 
         out["fp32 master partition"] = _ceil(n, w) * FP32
         if optimizer_ready:
             out["adam moments (partition)"] = 2 * _ceil(n, w) * FP32
-        out["fp32 gradient partition"] = _ceil(n, w) * FP32
+        if place.zero_stage == 3:  # ZeRO-2's is held only within a step (`gradient_partition`)
+            out["fp32 gradient partition"] = _ceil(n, w) * FP32
     if place.reference:
         out["reference"] = n * b if place.zero_stage < 3 else _ceil(n, w) * b
     return out
@@ -279,6 +282,22 @@ def gathered_bytes(shape: ModelShape, place: Placement) -> int:
     return min(shape.parameters, place.bucket_elements + layer) * place.dtype_bytes
 
 
+def gradient_partition(shape: ModelShape, place: Placement) -> int:
+    """ZeRO-2's gradient partition and its reduce bucket: DeepSpeed allocates the bucket when the
+    backward pass's first gradient is ready (after the loss's and the LM head's logits), the
+    partition when a bucket is first reduced, and frees both in the optimizer step
+    (`stage_1_and_2.py` `setup_buckets`, `copy_grads_in_partition`, `_release_ipg_buffers`).
+    ZeRO-3 holds its partition throughout (`resident`)."""
+    if place.zero_stage != 2:
+        return 0
+    return _ceil(shape.parameters, place.world) * FP32 + reduce_bucket(place)
+
+
+def reduce_bucket(place: Placement) -> int:
+    """ZeRO-2's reduce bucket, in the model's precision (one: no overlapped communication)."""
+    return place.bucket_elements * place.dtype_bytes if place.zero_stage == 2 else 0
+
+
 def gradient_bytes(shape: ModelShape, place: Placement) -> int:
     """Whole gradients, held in this process from a micro-batch's backward pass to the optimizer
     step (ZeRO reduces each into its partition during the backward pass instead)."""
@@ -302,7 +321,7 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
     Moments: the end of the forward pass; the start of the backward pass (the logits'
     gradients, before the LM head's); with gradient checkpointing, a layer recomputed; the
     optimizer step. From a step's second micro-batch on, a trainer in this process holds the
-    gradients accumulated so far through all of them."""
+    gradients accumulated so far through all of them, and ZeRO-2 its gradient partition."""
     est = Estimate(resident=resident(shape, place))
     b, h = place.dtype_bytes, shape.hidden
     per_layer = activation_bytes_per_token(shape, place, step.packed)
@@ -310,7 +329,8 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
     acts = step.tokens * (shape.layers * per_layer + rope + 8)  # + the input ids
     final = step.tokens * (FP32 * h + FP32 + 2 * b * h)  # final norm and the states it returns
     forward_logits, backward_logits = logits_moments(shape, place, step)
-    accumulated = gradient_bytes(shape, place) if step.micro_batches > 1 else 0
+    partition = gradient_partition(shape, place)
+    accumulated = gradient_bytes(shape, place) + partition if step.micro_batches > 1 else 0
     acts += gathered_bytes(shape, place)
     est.moments["forward end"] = {
         "activations": acts,
@@ -324,14 +344,22 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
         "logits (backward)": backward_logits,
         "accumulated gradients": accumulated,
     }
+    if place.zero_stage == 2:  # the first gradients reach the reduce bucket
+        est.moments["first reduction"] = {
+            "activations": acts,
+            "final hidden states": final,
+            "LM head's gradient": shape.vocab * h * b,  # summed with the embedding's, at the end
+            "reduce bucket": 0 if accumulated else reduce_bucket(place),  # else accumulated's
+            "accumulated gradients": accumulated,
+        }
     if place.gradient_checkpointing:
         est.moments["layer recomputed"] = {
             "activations": acts,
             "recomputed layer": step.tokens * layer_bytes_per_token(shape, place, step.packed),
-            "gradients": gradient_bytes(shape, place),
+            "gradients": gradient_bytes(shape, place) + partition,
         }
     est.moments["optimizer step"] = {
-        "gradients and AdamW temporaries": optimizer_step_bytes(shape, place)
+        "gradients and AdamW temporaries": optimizer_step_bytes(shape, place) + partition
     }
     if place.engine_share_bytes and not place.engine_sleeps:
         for moment in est.moments.values():
