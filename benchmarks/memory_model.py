@@ -242,6 +242,8 @@ def optimizer_tensors(optimizer, smallest: int = MiB) -> dict[str, int]:
         elif isinstance(value, dict) and depth < 3:
             for item in value.values():
                 walk(item, name, depth + 1)
+        elif hasattr(value, "buffer") and depth < 3:  # a reduce bucket (`ipg_buckets`)
+            walk(value.buffer, name, depth + 1)
 
     for name, value in vars(optimizer).items():
         if name != "optimizer":

@@ -7,9 +7,9 @@ log-probability and loss paths, torch's AdamW, DeepSpeed ZeRO's partitions) rath
 - **resident**: weights; gradients (a trainer in this process keeps whole ones from the backward
   pass to the optimizer step); AdamW's two moments; under DeepSpeed, the fp32 master partition,
   the moments and ZeRO-3's fp32 gradient partition are 1/world each, the bf16 weights whole
-  (ZeRO-2) or 1/world (ZeRO-3); ZeRO-2's gradient partition is held from a step's first
-  reduction to its update, so not at the start of its first backward pass; a frozen reference
-  in the policy's dtype;
+  (ZeRO-2) or 1/world (ZeRO-3), ZeRO-3's reduce bucket whole; ZeRO-2's gradient partition and
+  reduce bucket are held from a step's first reduction to its update, so not at the start of
+  its first backward pass; a frozen reference in the policy's dtype;
   a colocated vLLM engine's share of the device (none while it sleeps through the update).
 - **activations** kept for the backward pass, per token and decoder layer, where `b` is the
   compute dtype's size: each RMSNorm keeps its float32 input and its normalised output
@@ -202,8 +202,9 @@ def resident(shape: ModelShape, place: Placement, optimizer_ready: bool = True) 
         out["fp32 master partition"] = _ceil(n, w) * FP32
         if optimizer_ready:
             out["adam moments (partition)"] = 2 * _ceil(n, w) * FP32
-        if place.zero_stage == 3:  # ZeRO-2's is held only within a step (`gradient_partition`)
+        if place.zero_stage == 3:  # ZeRO-2's are held only within a step (`gradient_partition`)
             out["fp32 gradient partition"] = _ceil(n, w) * FP32
+            out["reduce bucket"] = place.bucket_elements * b  # allocated with the optimizer
     if place.reference:
         out["reference"] = n * b if place.zero_stage < 3 else _ceil(n, w) * b
     return out
@@ -294,7 +295,8 @@ def gradient_partition(shape: ModelShape, place: Placement) -> int:
 
 
 def reduce_bucket(place: Placement) -> int:
-    """ZeRO-2's reduce bucket, in the model's precision (one: no overlapped communication)."""
+    """ZeRO-2's reduce bucket, in the model's precision (one: no overlapped communication);
+    ZeRO-3's, the same size, is resident (`stage3.py` allocates it with the optimizer)."""
     return place.bucket_elements * place.dtype_bytes if place.zero_stage == 2 else 0
 
 

@@ -182,7 +182,7 @@ shape = ModelShape.from_config(model.config.to_dict())
 engine = mm.engine_for(case, model, 1e-4)
 mm.sft_step(case, engine, tokenizer)()
 held = mm.optimizer_tensors(engine.engine.optimizer, smallest=0)
-modelled = resident(shape, Placement(zero_stage=3, world=1))
+modelled = resident(shape, Placement(zero_stage=3, world=1, bucket_elements=int(5e6)))
 print(json.dumps({"held": held, "modelled": modelled}))
 engine.close()
 """
@@ -192,8 +192,9 @@ engine.close()
 @pytest.mark.skipif(not distributed.deepspeed_installed(), reason="deepspeed is not installed")
 def test_zero3_holds_what_the_model_calls_resident(tmp_path):
     """DeepSpeed's ZeRO-3 optimizer on a world of one (gloo, fp32) holds, after a step, the
-    weights' partition, the fp32 master partition, AdamW's moments and the gradient partition:
-    the memory model's resident state, and nothing more of any size."""
+    weights' partition, the fp32 master partition, AdamW's moments, the gradient partition and
+    the reduce bucket (5e6 elements, the engine's default): the memory model's resident state,
+    and nothing more of any size."""
     env = os.environ | {"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-c", ZERO3_RESIDENT],
@@ -207,6 +208,7 @@ def test_zero3_holds_what_the_model_calls_resident(tmp_path):
         result["held"]["grad_partitions_flat_buffer"]
         == result["modelled"]["fp32 gradient partition"]
     )
+    assert result["held"]["ipg_buckets"] == result["modelled"]["reduce bucket"]
 
 
 ZERO2_PEAKS = """
