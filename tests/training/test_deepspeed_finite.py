@@ -20,10 +20,13 @@ from training.engines import deepspeed_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(
-    not distributed.deepspeed_installed(),
-    reason="deepspeed is not installed (the `dev` extra installs it)",
-)
+pytestmark = [
+    pytest.mark.heavy,  # DeepSpeed in a process of its own
+    pytest.mark.skipif(
+        not distributed.deepspeed_installed(),
+        reason="deepspeed is not installed (the `dev` extra installs it)",
+    ),
+]
 
 
 def _run(*cases: str) -> dict:
