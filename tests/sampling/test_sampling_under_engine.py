@@ -6,17 +6,10 @@ only for the prompts' prefill."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.deepspeed_cpu import driver_result
 from training import distributed
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
     not distributed.deepspeed_installed(),
@@ -25,14 +18,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _run(stage: int) -> dict:
-    env = os.environ | {"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.sampling.engine_sampling_driver", str(stage)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    return driver_result("tests.sampling.engine_sampling_driver", str(stage), timeout=300)
 
 
 def test_zero2_engine_module_samples_through_the_plain_step():

@@ -6,19 +6,12 @@ own (tests/training/finite_driver.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from configs.supervised import EngineConfig
+from tests.deepspeed_cpu import driver_result
 from training import distributed
 from training.engines import deepspeed_config
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.heavy,  # DeepSpeed in a process of its own
@@ -30,14 +23,7 @@ pytestmark = [
 
 
 def _run(*cases: str) -> dict:
-    env = os.environ | {"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.training.finite_driver", *cases],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    return driver_result("tests.training.finite_driver", *cases)
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,10 @@ module stack flat while training as it trains without it. A ZeRO-3 engine's repl
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.deepspeed_cpu import driver_result
 from training import distributed
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
     not distributed.deepspeed_installed(),
@@ -24,14 +17,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _run(*cases: str) -> dict:
-    env = os.environ | {"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.training.release_driver", *cases],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    return driver_result("tests.training.release_driver", *cases)
 
 
 def test_closed_engines_free_their_model_optimizer_and_reference():

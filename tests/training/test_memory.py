@@ -3,11 +3,7 @@ that cannot fit, with settings that do."""
 
 import contextlib
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +12,7 @@ from benchmarks.memory_model import PUBLISHED
 from configs.profiles import load_profile
 from configs.supervised import ModelConfig
 from models.loading import build_model
+from tests.deepspeed_cpu import run_python
 from training import distributed
 from training.memory import GiB, ModelShape, Placement, activation_bytes_per_token, step_estimate
 from training.memory_fit import MemoryFitError, check_memory_fit, memory_fits
@@ -166,7 +163,6 @@ def test_auto_micro_batches_are_the_largest_the_model_fits(gpu_profile):
     check_memory_fit(config, "gpu-qwen", 80 * GiB)  # auto always fits when one row does
 
 
-ROOT = Path(__file__).resolve().parents[2]
 ZERO3_RESIDENT = """
 import json, sys, torch
 import benchmarks.memory_model as mm
@@ -195,11 +191,7 @@ def test_zero3_holds_what_the_model_calls_resident(tmp_path):
     weights' partition, the fp32 master partition, AdamW's moments, the gradient partition and
     the reduce bucket (5e6 elements, the engine's default): the memory model's resident state,
     and nothing more of any size."""
-    env = os.environ | {"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", ZERO3_RESIDENT],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = run_python(["-c", ZERO3_RESIDENT], cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     held, modelled = sum(result["held"].values()), sum(result["modelled"].values())
@@ -242,11 +234,7 @@ def test_zero2_peaks_count_the_bucket_and_the_partition_when_deepspeed_holds_the
     bucket: the peak comes once the first gradients reach the bucket, not at the backward pass's
     start (where the gradient partition does not exist yet). Counted as resident, the partition
     and no bucket, the model was 19% (fp32) and 4% (bf16) under the allocator's record."""
-    env = os.environ | {"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", ZERO2_PEAKS],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = run_python(["-c", ZERO2_PEAKS], cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     for precision, run in result.items():
