@@ -87,7 +87,13 @@ def check_norm_before_update(optimizer: Any) -> None:
     DeepSpeed 0.19 clips a bf16 step by an infinite norm and applies the NaN. One read-back a
     step, of a norm computed anyway. DeepSpeed marks an invalid group norm infinite or -1
     (`combine_grad_norm_groups`), so a negative one is refused too."""
-    compute = optimizer.scaled_global_norm
+    compute = getattr(optimizer, "scaled_global_norm", None)
+    if compute is None:
+        raise TypeError(
+            f"engine.overflow_scan: false needs a DeepSpeed ZeRO-1/2 optimizer with "
+            f"`scaled_global_norm` (DeepSpeed 0.19's); this one is {type(optimizer).__name__}: "
+            "set engine.overflow_scan: true"
+        )
 
     def checked(*args: Any, **kwargs: Any) -> torch.Tensor:
         norm = compute(*args, **kwargs)

@@ -102,7 +102,7 @@ class Placement:
     world: int = 1
     gradient_checkpointing: bool = False
     reference: bool = False  # GRPO with beta > 0
-    bucket_elements: int = 0  # ZeRO-3's prefetch bucket: parameters gathered ahead of use
+    bucket_elements: int = 0  # ZeRO's reduce bucket; ZeRO-3's prefetch of parameters too
     engine_share_bytes: int = 0  # a colocated vLLM engine's memory while it is awake
     engine_sleeps: bool = True  # ... and whether it gives it back for the update
     device: Literal["cpu", "cuda"] = "cpu"
@@ -202,7 +202,7 @@ def resident(shape: ModelShape, place: Placement, optimizer_ready: bool = True) 
         out["fp32 master partition"] = _ceil(n, w) * FP32
         if optimizer_ready:
             out["adam moments (partition)"] = 2 * _ceil(n, w) * FP32
-        if place.zero_stage == 3:  # ZeRO-2's are held only within a step (`gradient_partition`)
+        if place.zero_stage == 3:  # ZeRO-2's only within a step (`zero2_reduction_bytes`)
             out["fp32 gradient partition"] = _ceil(n, w) * FP32
             out["reduce bucket"] = place.bucket_elements * b  # allocated with the optimizer
     if place.reference:
@@ -283,7 +283,7 @@ def gathered_bytes(shape: ModelShape, place: Placement) -> int:
     return min(shape.parameters, place.bucket_elements + layer) * place.dtype_bytes
 
 
-def gradient_partition(shape: ModelShape, place: Placement) -> int:
+def zero2_reduction_bytes(shape: ModelShape, place: Placement) -> int:
     """ZeRO-2's gradient partition and its reduce bucket: DeepSpeed allocates the bucket when the
     backward pass's first gradient is ready (after the loss's and the LM head's logits), the
     partition when a bucket is first reduced, and frees both in the optimizer step
@@ -321,8 +321,9 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
     """Peak bytes of a step: a micro-batch's forward and backward, and the optimizer step.
 
     Moments: the end of the forward pass; the start of the backward pass (the logits'
-    gradients, before the LM head's); with gradient checkpointing, a layer recomputed; the
-    optimizer step. From a step's second micro-batch on, a trainer in this process holds the
+    gradients, before the LM head's); under ZeRO-2, the first reduction (the backward pass's
+    first gradients reach the reduce bucket); with gradient checkpointing, a layer recomputed;
+    the optimizer step. From a step's second micro-batch on, a trainer in this process holds the
     gradients accumulated so far through all of them, and ZeRO-2 its gradient partition."""
     est = Estimate(resident=resident(shape, place))
     b, h = place.dtype_bytes, shape.hidden
@@ -331,7 +332,7 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
     acts = step.tokens * (shape.layers * per_layer + rope + 8)  # + the input ids
     final = step.tokens * (FP32 * h + FP32 + 2 * b * h)  # final norm and the states it returns
     forward_logits, backward_logits = logits_moments(shape, place, step)
-    partition = gradient_partition(shape, place)
+    partition = zero2_reduction_bytes(shape, place)
     accumulated = gradient_bytes(shape, place) + partition if step.micro_batches > 1 else 0
     acts += gathered_bytes(shape, place)
     est.moments["forward end"] = {

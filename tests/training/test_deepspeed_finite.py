@@ -73,3 +73,10 @@ def test_the_switch_reaches_deepspeed_in_bf16_only():
 def test_zero3_has_no_scan_to_turn_off():
     with pytest.raises(ValueError, match="overflow_scan: false applies to zero_stage 2"):
         EngineConfig(kind="deepspeed", zero_stage=3, overflow_scan=False)
+
+
+def test_an_optimizer_without_the_norm_is_named():
+    from training.finite import check_norm_before_update
+
+    with pytest.raises(TypeError, match="overflow_scan: true"):
+        check_norm_before_update(object())
