@@ -5,6 +5,7 @@ disk and a rerun resumes from it."""
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,16 +88,18 @@ def check_norm_before_update(optimizer: Any) -> None:
     DeepSpeed 0.19 clips a bf16 step by an infinite norm and applies the NaN. One read-back a
     step, of a norm computed anyway. DeepSpeed marks an invalid group norm infinite or -1
     (`combine_grad_norm_groups`), so a negative one is refused too."""
-    compute = getattr(optimizer, "scaled_global_norm", None)
-    if compute is None:
+    if getattr(optimizer, "scaled_global_norm", None) is None:
         raise TypeError(
             f"engine.overflow_scan: false needs a DeepSpeed ZeRO-1/2 optimizer with "
             f"`scaled_global_norm` (DeepSpeed 0.19's); this one is {type(optimizer).__name__}: "
             "set engine.overflow_scan: true"
         )
 
+    compute = type(optimizer).scaled_global_norm
+    owner = weakref.ref(optimizer)  # the optimizer holds `checked`: no cycle back to it
+
     def checked(*args: Any, **kwargs: Any) -> torch.Tensor:
-        norm = compute(*args, **kwargs)
+        norm = compute(owner(), *args, **kwargs)
         value = float(norm)
         if not math.isfinite(value) or value < 0:
             raise NonFiniteNorm(value)

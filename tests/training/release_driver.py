@@ -26,7 +26,7 @@ from training.supervised import SFTStepper  # noqa: E402
 LINEAR = torch.nn.functional.linear  # torch's own, before any engine
 
 
-def train_and_close(zero_stage: int, checkpointing: bool) -> dict:
+def train_and_close(zero_stage: int, checkpointing: bool, scan: bool = True) -> dict:
     from deepspeed.runtime.zero import parameter_offload
 
     spec, vocab = SHAPES["tiny"]
@@ -34,7 +34,7 @@ def train_and_close(zero_stage: int, checkpointing: bool) -> dict:
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     engine_cfg = EngineConfig(
         kind="deepspeed", processes=1, zero_stage=zero_stage, bucket_size=2e8,
-        gradient_checkpointing=checkpointing,
+        gradient_checkpointing=checkpointing, overflow_scan=scan,
     )  # fmt: skip
     engine = DeepSpeedEngine(build_model(spec, vocab, pad, eos, 0), 1e-3, 1.0, engine_cfg, world=1)
     reference = engine.frozen_reference(build_model(spec, vocab, pad, eos, 1))
@@ -74,5 +74,5 @@ if __name__ == "__main__":
     runs = {}
     for arg in sys.argv[1:]:
         stage, checkpointing = arg.split(":")
-        runs[arg] = train_and_close(int(stage), checkpointing == "ckpt")
+        runs[arg] = train_and_close(int(stage), checkpointing == "ckpt", checkpointing != "noscan")
     print("RESULT " + json.dumps(runs))
