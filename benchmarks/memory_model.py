@@ -5,18 +5,21 @@
     python -m benchmarks.memory_model --profile gpu-qwen --gpu-gib 80   # what fits a GPU
 
 Each case builds a random Qwen2-style model, runs one warm-up step (so AdamW's moments exist, as
-in every step after the first), then one step under torch's profiler with its memory record, and
-takes the peak of everything allocated at once over the step (torch.profiler's memory timeline,
-the tensors that existed before the step included). It prints the model's prediction, the
-measured peak and their ratio. SFT steps run the stage's stepper (training.supervised
-SFTStepper), GRPO updates the trainer's update (rl.update.PolicyUpdate), both through the
-single-process engine in fp32, the "zero" cases through DeepSpeed's ZeRO on a world of one (gloo)
-in fp32 or bf16; GRPO rows are random completions with random advantages.
+in every step after the first), then one step, all of it under torch's profiler with its memory
+record, and takes the peak of everything live at once during the step (`AllocationRecord`:
+every block the CPU allocator handed out since before the model was built and has not taken
+back). It prints the model's prediction, the measured peak and their ratio. SFT steps run the
+stage's stepper (training.supervised SFTStepper), GRPO updates the trainer's update
+(rl.update.PolicyUpdate), both through the single-process engine in fp32, the "zero" cases
+through DeepSpeed's ZeRO on a world of one (gloo) in fp32 or bf16; GRPO rows are random
+completions with random advantages.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -25,7 +28,8 @@ from dataclasses import dataclass
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from torch._C._profiler import _EventType  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 from configs.reinforcement import GRPOConfig  # noqa: E402
 from configs.supervised import EngineConfig, ModelConfig, TrainConfig  # noqa: E402
@@ -101,15 +105,97 @@ CASES = (
 QUICK = ("tiny sft", "tiny grpo")
 
 
-def measured_peak(step: Callable[[], None]) -> int:
-    """The most bytes allocated at once while `step` runs, tensors made before it included."""
-    from torch.profiler._memory_profiler import MemoryProfileTimeline
+class AllocationRecord:
+    """Every block torch's CPU allocator hands out and takes back while the record is open, as
+    `torch.cuda.max_memory_allocated` counts them on a GPU: open it before the model is built,
+    measure a step inside it, and `peak` is the most bytes live at once during that step, the
+    model, the optimizer's state and every buffer made since the record opened included.
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                 with_stack=True) as prof:  # fmt: skip
-        step()
-    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device("cpu"))
-    return int(max(sum(row) for row in sizes))
+    Read from the profiler's raw allocation events (`peak_bytes`). The profiler records no free
+    made in a thread it does not follow: with DeepSpeed over gloo, the warm-up step's ZeRO-2
+    reduce bucket stayed counted through the measured step in 3 of 10 runs. So when the step
+    starts, a block that no tensor's storage holds is taken off. (torch's memory timeline,
+    `torch.profiler._memory_profiler`, rebuilds a data-flow graph from the ops it saw instead:
+    it missed ZeRO-3's partitions and buffers, which a step does not pass through an op, and
+    now and then failed its own consistency check under DeepSpeed, "duplicate outputs".)"""
+
+    MARK = "## measured step ##"
+
+    def __init__(self) -> None:
+        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._held: set[int] = set()
+        self.peak = 0
+
+    def __enter__(self) -> AllocationRecord:
+        self._profile.__enter__()
+        return self
+
+    def measure(self, step: Callable[[], None]) -> None:
+        self._held = tensor_storages()
+        with record_function(self.MARK):
+            step()
+
+    def __exit__(self, *exc) -> None:
+        self._profile.__exit__(*exc)
+        if exc[0] is None:
+            self.peak = self._peak()
+
+    def _events(self) -> list:
+        events, stack = [], list(self._profile.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            event = stack.pop()
+            events.append(event)
+            stack.extend(event.children)
+        return events
+
+    def _peak(self) -> int:
+        events = self._events()
+        windows = [e for e in events if e.name == self.MARK]
+        if len(windows) != 1:
+            raise RuntimeError(f"measure one step inside the record, not {len(windows)}")
+        allocations = [
+            (e.start_time_ns, e.typed[1].ptr, e.typed[1].alloc_size)
+            for e in events
+            if e.typed[0] == _EventType.Allocation and e.typed[1].device.type == "cpu"
+        ]
+        return peak_bytes(allocations, windows[0].start_time_ns, windows[0].end_time_ns, self._held)
+
+
+def peak_bytes(
+    allocations: list[tuple[int, int, int]], start: int, end: int, held: set[int]
+) -> int:
+    """The most bytes live at once from `start` to `end`, from (time, address, bytes) records
+    (negative bytes: a free). A free of a block allocated before the record is not counted (it
+    never was); an address allocated again frees the block it held; at `start`, a live block
+    whose address is not in `held` (the storages tensors hold) was freed unseen, and goes."""
+    sizes: dict[int, int] = {}  # address: bytes, of the blocks live now
+    live, peak, started = 0, 0, False
+    for time, address, size in sorted(allocations):
+        if not started and time >= start:
+            started = True
+            for gone in [a for a in sizes if a not in held]:
+                live -= sizes.pop(gone)
+            peak = live
+        if size > 0:
+            live += size - sizes.get(address, 0)
+            sizes[address] = size
+        else:
+            live -= sizes.pop(address, 0)
+        if start <= time <= end:
+            peak = max(peak, live)
+    if not started:  # nothing allocated or freed during the step
+        peak = live - sum(n for a, n in sizes.items() if a not in held)
+    return peak
+
+
+def tensor_storages() -> set[int]:
+    """The addresses of the storages of every tensor Python holds."""
+    held = set()
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu":
+            with contextlib.suppress(RuntimeError):  # a tensor without storage (sparse, nested)
+                held.add(obj.untyped_storage().data_ptr())
+    return held
 
 
 def tokenizer_for_cases():
@@ -210,20 +296,23 @@ def predicted(case: Case, model, tokenizer) -> tuple[int, list[str]]:
 
 
 def run_case(case: Case, tokenizer) -> tuple[int, int]:
-    torch.manual_seed(0)
-    model = build_model(case.model, case.vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
-    engine = engine_for(case, model, 1e-4 if case.kind == "sft" else 1e-6)
-    make = sft_step if case.kind == "sft" else grpo_step
-    step = make(case, engine, tokenizer)
-    step()  # warm-up: AdamW's moments exist from here on
-    measured = measured_peak(step)
+    with AllocationRecord() as record:
+        torch.manual_seed(0)
+        model = build_model(
+            case.model, case.vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, 0
+        )
+        engine = engine_for(case, model, 1e-4 if case.kind == "sft" else 1e-6)
+        make = sft_step if case.kind == "sft" else grpo_step
+        step = make(case, engine, tokenizer)
+        step()  # warm-up: AdamW's moments exist from here on
+        record.measure(step)
     prediction, lines = predicted(case, model, tokenizer)
     print("\n".join("    " + line for line in lines))
     if case.engine.kind == "deepspeed":
         for name, size in optimizer_tensors(engine.engine.optimizer).items():
             print(f"    held by DeepSpeed's optimizer after the step: {name} {size / MiB:.1f} MiB")
         engine.close()
-    return prediction, measured
+    return prediction, record.peak
 
 
 def optimizer_tensors(optimizer, smallest: int = MiB) -> dict[str, int]:

@@ -175,19 +175,22 @@ def test_importance_sampling_is_logged_per_step(tokenizer):
 
 
 def update_peak(tokenizer, rows: int, micro_batch_tokens: int) -> int:
-    """The most bytes allocated at once over one update of `rows` rows (torch's record)."""
-    from benchmarks.memory_model import measured_peak
+    """The most bytes live at once over one update of `rows` rows (torch's allocation record,
+    the model and the optimizer's state included)."""
+    from benchmarks.memory_model import AllocationRecord
 
-    torch.manual_seed(0)
-    model = gqa_model(tokenizer)
-    cfg = grpo_config(engine=EngineConfig(micro_batch_tokens=micro_batch_tokens))
-    engine = LocalEngine(model, 1e-5, 1.0)
-    completions = [[(5 * i + j) % 50 + 10 for j in range(32)] for i in range(rows)]
-    prompts = [PROMPTS[i % 4] for i in range(rows)]
-    batch = UpdateRows(prompts, completions, torch.linspace(-1, 1, rows), [[-1.0] * 32] * rows)
-    update = PolicyUpdate(cfg, tokenizer, engine, Solo(), None, LossGuard("test"))
-    update(batch, fallback=batch)  # AdamW's moments exist from here on, as in every later step
-    return measured_peak(lambda: update(batch, fallback=batch))
+    with AllocationRecord() as record:
+        torch.manual_seed(0)
+        model = gqa_model(tokenizer)
+        cfg = grpo_config(engine=EngineConfig(micro_batch_tokens=micro_batch_tokens))
+        engine = LocalEngine(model, 1e-5, 1.0)
+        completions = [[(5 * i + j) % 50 + 10 for j in range(32)] for i in range(rows)]
+        prompts = [PROMPTS[i % 4] for i in range(rows)]
+        batch = UpdateRows(prompts, completions, torch.linspace(-1, 1, rows), [[-1.0] * 32] * rows)
+        update = PolicyUpdate(cfg, tokenizer, engine, Solo(), None, LossGuard("test"))
+        update(batch, fallback=batch)  # AdamW's moments exist from here on, as in later steps
+        record.measure(lambda: update(batch, fallback=batch))
+    return record.peak
 
 
 @pytest.mark.heavy
