@@ -243,7 +243,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shape", nargs="+", choices=sorted(SHAPES), default=["qwen2.5-0.5b"],
                    help="one or more: each runs in turn on fresh models")  # fmt: skip
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--zero-stage", type=int, nargs="+", choices=(2, 3), default=[2, 3])
+    p.add_argument("--zero-stage", type=int, nargs="+", choices=(1, 2, 3), default=[2, 3],
+                   help="1: DeepSpeed's BF16_Optimizer (bf16 on every device)")  # fmt: skip
     p.add_argument("--gradient-checkpointing", action="store_true", help="under ZeRO-2 too")
     p.add_argument("--no-zero3-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true", help="also: ZeRO-2 SFT, compiled layers")

@@ -69,7 +69,8 @@ class Setting:
     def engine(self) -> EngineConfig:
         return EngineConfig(
             kind="single" if self.mixed else "deepspeed", processes=1, zero_stage=self.zero_stage,
-            precision="bf16" if self.device == "cuda" else "fp32", bucket_size=2e8,
+            precision="bf16" if self.device == "cuda" or self.zero_stage == 1 else "fp32",
+            bucket_size=2e8,
             micro_batch_tokens=self.micro_batch_tokens, compile=self.compile,
             gradient_checkpointing=self.gradient_checkpointing,
             logits_chunk_mb=self.logits_chunk_mb, fused_head=self.fused_head,

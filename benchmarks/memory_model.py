@@ -99,6 +99,10 @@ CASES = (
         "mid sft zero-3 bf16",
         EngineConfig(kind="deepspeed", processes=1, zero_stage=3, precision="bf16"),
     ),
+    mid_sft(
+        "mid sft zero-1 bf16",
+        EngineConfig(kind="deepspeed", processes=1, zero_stage=1, precision="bf16"),
+    ),
     mid_sft("mid sft checkpointed", EngineConfig(gradient_checkpointing=True)),
     mid_grpo("mid grpo micro-batched", EngineConfig(micro_batch_tokens=1024)),
 )

@@ -1,4 +1,5 @@
-"""ZeRO-2's bf16 update with DeepSpeed's overflow scan, and without it (the norm checked once).
+"""ZeRO-2's bf16 update with DeepSpeed's overflow scan, without it (the norm checked once), and
+ZeRO-1's BF16_Optimizer.
 
     python -m benchmarks.overflow_scan                    # CPU: a thin model, host work only
     python -m benchmarks.overflow_scan --device cuda      # the same on a GPU
@@ -6,12 +7,16 @@
 DeepSpeed 0.19's bf16 ZeRO-2 step first scans every gradient for NaN and infinity (two
 reductions each, summed on the device, one read-back), then computes the global norm for
 clipping (one norm per gradient) and reads it back to test it again. `engine.overflow_scan:
-false` drops the scan and keeps one read-back of the norm (training/finite.py). A model of 24
-layers of width 64 in bf16 (290 parameters, as Qwen2.5-0.5B has; the compute negligible), two
-engines side by side on a world of one, one with the scan and one without: each round, each
-engine takes a forward and backward pass (untimed) and its `step` (timed, the device
-synchronised before and after), alternating. Prints each engine's median and quartiles of the
-step's time, their ratio, and each engine's gradient norms (equal: the same model, the same rows).
+false` drops the scan and keeps one read-back of the norm (training/finite.py). ZeRO-1 in bf16
+(`engine.zero_stage: 1`) is DeepSpeed's BF16_Optimizer: each bf16 gradient is added to a flat
+fp32 buffer as the backward pass makes it, and the update is one AdamW over one flat fp32 tensor,
+the norm checked once. A model of 24 layers of width 64 in bf16 (290 parameters, as Qwen2.5-0.5B
+has; the compute negligible), three engines side by side on a world of one: each round, each
+engine takes a forward pass (untimed), its backward pass (timed: ZeRO's gradient hooks run in
+it) and its `step` (timed), the device synchronised around each, alternating. Prints each
+engine's median and quartiles of the backward pass and of the step, the ratio of their sum to
+ZeRO-2 with the scan, and the gradient norms' largest relative difference (the same model, the
+same rows).
 """
 
 from __future__ import annotations
@@ -28,12 +33,18 @@ from configs.supervised import EngineConfig
 from models.loading import build_model
 from training.finite import LossGuard
 
+ENGINES = {  # name: (ZeRO stage, DeepSpeed's overflow scan)
+    "zero-2, scan": (2, True),
+    "zero-2, norm checked": (2, False),
+    "zero-1 (BF16_Optimizer)": (1, True),
+}
 
-def engine_of(scan: bool, device: str):
+
+def engine_of(stage: int, scan: bool, device: str):
     from training.engines import DeepSpeedEngine
 
     config = EngineConfig(
-        kind="deepspeed", processes=1, zero_stage=2, precision="bf16", bucket_size=2e8,
+        kind="deepspeed", processes=1, zero_stage=stage, precision="bf16", bucket_size=2e8,
         overflow_scan=scan,
     )  # fmt: skip
     with torch.device(device):
@@ -41,17 +52,28 @@ def engine_of(scan: bool, device: str):
     return DeepSpeedEngine(model, 1e-5, 1.0, config, world=1)
 
 
-def timed_step(engine, ids: torch.Tensor, device: str) -> tuple[float, float]:
-    """One forward and backward pass, then the timed update: (seconds, gradient norm)."""
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_step(engine, ids: torch.Tensor, device: str) -> tuple[float, float, float]:
+    """A forward pass, then the timed backward pass and update: (seconds of the backward pass,
+    seconds of the update, gradient norm)."""
     out = engine.forward_model(input_ids=ids, labels=ids)
-    engine.backward(out.loss)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    _sync(device)
     start = time.perf_counter()
+    engine.backward(out.loss)
+    _sync(device)
+    middle = time.perf_counter()
     norm = engine.step(LossGuard("overflow scan"))
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, norm
+    _sync(device)
+    return middle - start, time.perf_counter() - middle, norm
+
+
+def _quartiles(values: list[float]) -> str:
+    q1, median, q3 = statistics.quantiles(values, n=4)
+    return f"{median * 1e3:7.2f} ms ({q1 * 1e3:.2f}-{q3 * 1e3:.2f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,26 +86,39 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.gpu_check import start_rank
 
     start_rank(args.device)
-    engines = {"scan": engine_of(True, args.device), "norm": engine_of(False, args.device)}
-    params = sum(1 for _ in engines["scan"].module.parameters())
+    engines = {name: engine_of(*setting, args.device) for name, setting in ENGINES.items()}
+    params = sum(1 for _ in next(iter(engines.values())).module.parameters())
     ids = torch.randint(2, 1024, (4, 64), generator=torch.Generator().manual_seed(0))
     ids = ids.to(args.device)
-    times: dict[str, list[float]] = {name: [] for name in engines}
+    backward: dict[str, list[float]] = {name: [] for name in engines}
+    update: dict[str, list[float]] = {name: [] for name in engines}
     norms: dict[str, list[float]] = {name: [] for name in engines}
     for step in range(args.steps + 2):  # two untimed warm-up rounds
         for name, engine in engines.items():
-            seconds, norm = timed_step(engine, ids, args.device)
+            back, seconds, norm = timed_step(engine, ids, args.device)
             if step >= 2:
-                times[name].append(seconds)
+                backward[name].append(back)
+                update[name].append(seconds)
                 norms[name].append(norm)
-    print(f"ZeRO-2 bf16, world of one, {args.device}, {params} parameters, {args.steps} steps each")
-    for name, values in times.items():
-        q1, median, q3 = statistics.quantiles(values, n=4)
-        label = "DeepSpeed's overflow scan" if name == "scan" else "no scan, the norm checked"
-        print(f"  {label:28s} step {median * 1e3:7.2f} ms (quartiles {q1 * 1e3:.2f}-"
-              f"{q3 * 1e3:.2f}), last gradient norm {norms[name][-1]:.6f}")  # fmt: skip
-    ratio = statistics.median(times["norm"]) / statistics.median(times["scan"])
-    print(f"  no scan / scan: {ratio:.3f}x; gradient norms equal: {norms['scan'] == norms['norm']}")
+    print(f"bf16, world of one, {args.device}, {params} parameters, {args.steps} steps each; "
+          "median (quartiles)")  # fmt: skip
+    print(f"  {'engine':25s} {'backward pass':>26s} {'update':>26s} {'sum / zero-2, scan':>19s}")
+    first = next(iter(engines))
+
+    def total(name: str) -> float:
+        return statistics.median(backward[name]) + statistics.median(update[name])
+
+    for name in engines:
+        print(f"  {name:25s} {_quartiles(backward[name]):>26s} {_quartiles(update[name]):>26s} "
+              f"{total(name) / total(first):18.3f}x")  # fmt: skip
+    ratio = statistics.median(update["zero-2, norm checked"]) / statistics.median(update[first])
+    print(f"  ZeRO-2's update without the scan / with it: {ratio:.3f}x")
+    spread = max(
+        abs(a - b) / max(abs(b), 1e-30)
+        for name in engines
+        for a, b in zip(norms[name], norms[first], strict=True)
+    )
+    print(f"  gradient norms' largest relative difference from zero-2, scan: {spread:.2e}")
     for engine in engines.values():
         engine.close()
     return 0

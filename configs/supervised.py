@@ -176,8 +176,12 @@ class EngineConfig(Strict):
 
     kind: Literal["single", "deepspeed"] = "single"
     processes: int = Field(2, ge=1, description="deepspeed: worker processes (one per GPU)")
-    zero_stage: Literal[2, 3] = Field(
-        2, description="2: optimizer state and gradients sharded; 3: the parameters too"
+    zero_stage: Literal[1, 2, 3] = Field(
+        2,
+        description="1 (bf16 only): optimizer state sharded, whole fp32 gradients added up as "
+        "each bf16 one is made (DeepSpeed's BF16_Optimizer with immediate_grad_update), for one "
+        "GPU that holds the state anyway; 2: optimizer state and gradients sharded; 3: the "
+        "parameters too",
     )
     bucket_size: float = Field(
         5e6,
@@ -240,7 +244,8 @@ class EngineConfig(Strict):
         description="deepspeed, ZeRO-2 in bf16: DeepSpeed scans every gradient for NaN and "
         "infinity before each update; false: no scan, the global norm the clipping computes "
         "anyway is read once and a non-finite one stops the stage before anything is applied "
-        "(training/engines.py); ZeRO-3 in bf16 and fp32 engines scan nothing either way",
+        "(training/engines.py); ZeRO-1 and ZeRO-3 in bf16 and fp32 engines scan nothing either "
+        "way",
     )
 
     @field_validator("micro_batch_tokens")
@@ -252,10 +257,20 @@ class EngineConfig(Strict):
 
     @model_validator(mode="after")
     def _scan_switch(self) -> EngineConfig:
-        if not self.overflow_scan and self.kind == "deepspeed" and self.zero_stage == 3:
+        if not self.overflow_scan and self.kind == "deepspeed" and self.zero_stage != 2:
             raise ValueError(
-                "engine.overflow_scan: false applies to zero_stage 2; ZeRO-3 in bf16 has no "
-                "overflow scan to turn off (its update is refused on a non-finite norm as is)"
+                "engine.overflow_scan: false applies to zero_stage 2; ZeRO-1 and ZeRO-3 in bf16 "
+                "have no overflow scan to turn off (their update is refused on a non-finite "
+                "norm as is)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _zero1_in_bf16(self) -> EngineConfig:
+        if self.kind == "deepspeed" and self.zero_stage == 1 and self.precision != "bf16":
+            raise ValueError(
+                "engine.zero_stage: 1 is DeepSpeed's bf16 optimizer (fp32 master weights and "
+                "gradients beside bf16 weights): set precision: bf16, or use zero_stage 2 in fp32"
             )
         return self
 

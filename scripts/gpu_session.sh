@@ -6,10 +6,10 @@
 #   2. the gpu-tiny profile end to end (`r1 run --profile gpu-tiny`), its per-stage table at 180
 #      columns; cut, and said so, when only the reserve for steps 3-4 is left
 #   3. the head's chunks eager and fused at the 0.5B micro-batch (benchmarks/fused_head.py)
-#   4. SFT under ZeRO-2, with the fused head, without DeepSpeed's overflow scan and on one
-#      process's mixed engine, beside the plain loop, and GRPO steps on each ZeRO-2 setting, at
-#      the 0.5B shape (benchmarks/gpu_check.py --phases sft peer mixed grpo --fused-head
-#      --no-overflow-scan)
+#   4. SFT under ZeRO-2, with the fused head, without DeepSpeed's overflow scan, under ZeRO-1's
+#      BF16_Optimizer and on one process's mixed engine, beside the plain loop, and GRPO steps
+#      on each ZeRO setting, at the 0.5B shape (benchmarks/gpu_check.py --zero-stage 2 1
+#      --phases sft peer mixed grpo --fused-head --no-overflow-scan)
 # Each step runs under `timeout` of what the budget has left; a step cut or failed is said in
 # session.log and the next one starts. A CPU rehearsal of the whole sequence, small:
 #   R1_SESSION_REHEARSAL=1 bash scripts/gpu_session.sh 600
@@ -94,7 +94,7 @@ fi
 rm -rf "$state"
 step gpu_tiny $(($(left) - reserve)) "$python" -m cli.main run "${profile[@]}" --state-dir "$state"
 step fused_head 60 "$python" -m benchmarks.fused_head "${head[@]}"
-step sft_engines 600 "$python" -m benchmarks.gpu_check "${check[@]}" --zero-stage 2 \
+step sft_engines 600 "$python" -m benchmarks.gpu_check "${check[@]}" --zero-stage 2 1 \
   --phases sft peer mixed grpo --fused-head --no-overflow-scan --no-attention \
   --out "$out/gpu_check.json"
 say "finished in $(($(date +%s) - start))s of ${budget}s"

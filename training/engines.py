@@ -186,7 +186,13 @@ def deepspeed_config(
     """ZeRO at `engine.zero_stage` with `engine.bucket_size` buckets, in `engine.precision`, with
     the trainer's gradient clipping. The trainer owns the accumulation boundary
     (`managed_gradient_accumulation: false`): it runs as many backward passes as a step has
-    micro-batches (training/micro.py), then one `step()`; the batch sizes are nominal."""
+    micro-batches (training/micro.py), then one `step()`; the batch sizes are nominal.
+
+    ZeRO-1 in bf16 (the only precision `EngineConfig` admits for it) is DeepSpeed's
+    BF16_Optimizer: bf16 weights in one flat buffer, whole fp32 gradients in another, the fp32
+    master weights and AdamW's moments sharded over the ranks; it scans no gradient, and on a
+    non-finite global norm it skips the update, which `DeepSpeedEngine.step` turns into an
+    error."""
     bucket = int(engine.bucket_size)
     zero: dict[str, Any] = {
         "stage": engine.zero_stage,
@@ -212,6 +218,8 @@ def deepspeed_config(
         config["bf16"]["check_grad_overflow"] = False  # (training/finite.py)
     if engine.precision == "bf16":  # micro-batches' gradients add up in fp32, not in bf16
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+    if engine.zero_stage == 1:  # BF16_Optimizer: each bf16 gradient added to the fp32 ones and
+        config["bf16"]["immediate_grad_update"] = True  # let go as soon as it is made
     return config
 
 
@@ -233,7 +241,7 @@ def reference_config(engine: EngineConfig, world: int) -> dict[str, Any]:
 
 
 class DeepSpeedEngine:
-    """A DeepSpeed ZeRO-2/3 engine over `model` with AdamW, one per worker process.
+    """A DeepSpeed ZeRO-1/2/3 engine over `model` with AdamW, one per worker process.
 
     No rank keeps a whole copy of a ZeRO-3 model: a trainer samples from the sharded module
     itself (the hf sampler's ranks decode in step, each forward gathering a layer at a time) or
@@ -311,7 +319,7 @@ class DeepSpeedEngine:
         return self.engine.optimizer.param_groups[0]["lr"]
 
     def sampling_model(self) -> torch.nn.Module:
-        """The module itself: whole weights under ZeRO-2, shards under ZeRO-3."""
+        """The module itself: whole weights under ZeRO-1 and 2, shards under ZeRO-3."""
         return self.engine.module
 
     def after_update(self) -> None:

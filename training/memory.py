@@ -7,7 +7,9 @@ log-probability and loss paths, torch's AdamW, DeepSpeed ZeRO's partitions) rath
 - **resident**: weights; gradients (a trainer in this process keeps whole ones from the backward
   pass to the optimizer step); AdamW's two moments; under DeepSpeed, the fp32 master partition,
   the moments and ZeRO-3's fp32 gradient partition are 1/world each, the bf16 weights whole
-  (ZeRO-2) or 1/world (ZeRO-3), ZeRO-3's reduce bucket whole; ZeRO-2's gradient partition and
+  (ZeRO-1, 2) or 1/world (ZeRO-3), ZeRO-3's reduce bucket whole, ZeRO-1's fp32 gradients whole
+  (DeepSpeed's BF16_Optimizer adds each bf16 gradient to them as it is made and lets it go);
+  ZeRO-2's gradient partition and
   reduce bucket are held from a step's first reduction to its update, so not at the start of
   its first backward pass; a frozen reference in the policy's dtype;
   a colocated vLLM engine's share of the device (none while it sleeps through the update).
@@ -98,7 +100,7 @@ class Placement:
     """Where and how the step runs on one rank."""
 
     precision: Literal["fp32", "bf16"] = "fp32"
-    zero_stage: Literal[0, 2, 3] = 0  # 0: a trainer in this process (LocalEngine)
+    zero_stage: Literal[0, 1, 2, 3] = 0  # 0: a trainer in this process (LocalEngine)
     world: int = 1
     gradient_checkpointing: bool = False
     reference: bool = False  # GRPO with beta > 0
@@ -202,6 +204,8 @@ def resident(shape: ModelShape, place: Placement, optimizer_ready: bool = True) 
         out["fp32 master partition"] = _ceil(n, w) * FP32
         if optimizer_ready:
             out["adam moments (partition)"] = 2 * _ceil(n, w) * FP32
+        if place.zero_stage == 1:  # BF16_Optimizer's flat buffer, every rank the whole model's
+            out["fp32 gradients"] = n * FP32
         if place.zero_stage == 3:  # ZeRO-2's only within a step (`zero2_reduction_bytes`)
             out["fp32 gradient partition"] = _ceil(n, w) * FP32
             out["reduce bucket"] = place.bucket_elements * b  # allocated with the optimizer
@@ -314,6 +318,8 @@ def optimizer_step_bytes(shape: ModelShape, place: Placement) -> int:
         temporaries = n * b if place.device == "cuda" else largest * b  # foreach vs per tensor
         return n * b + temporaries
     part = _ceil(n, place.world)
+    if place.zero_stage == 1:  # the gradients are resident; one flat partition: one temporary
+        return part * FP32
     return part * FP32 + part * FP32  # the update's temporary over the fp32 partition
 
 
@@ -322,7 +328,9 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
 
     Moments: the end of the forward pass; the start of the backward pass (the logits'
     gradients, before the LM head's); under ZeRO-2, the first reduction (the backward pass's
-    first gradients reach the reduce bucket); with gradient checkpointing, a layer recomputed;
+    first gradients reach the reduce bucket), under ZeRO-1 the LM head's bf16 gradient made
+    (held until the embedding's is added to it, then added to the fp32 gradients); with
+    gradient checkpointing, a layer recomputed;
     the optimizer step. From a step's second micro-batch on, a trainer in this process holds the
     gradients accumulated so far through all of them, and ZeRO-2 its gradient partition."""
     est = Estimate(resident=resident(shape, place))
@@ -354,6 +362,12 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
             "LM head's gradient": shape.vocab * h * b,  # summed with the embedding's, at the end
             "reduce bucket": 0 if accumulated else reduce_bucket(place),  # else accumulated's
             "accumulated gradients": accumulated,
+        }
+    if place.zero_stage == 1:
+        est.moments["LM head's gradient made"] = {
+            "activations": acts,
+            "final hidden states": final,
+            "LM head's gradient": shape.vocab * h * b,
         }
     if place.gradient_checkpointing:
         est.moments["layer recomputed"] = {

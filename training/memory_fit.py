@@ -279,10 +279,11 @@ def remedies(
     sampler = getattr(stage, "sampler", None)
     if sampler is not None and sampler.backend == "vllm" and not sampler.sleep_mode:
         out.append(f"{key}.sampler.sleep_mode: true (the engine's share is free for the update)")
-    if engine.zero_stage == 2:
-        zero3 = peak(with_engine(zero_stage=3))
-        if zero3 <= capacity:
-            out.append(f"{key}.engine.zero_stage: 3 (peak {zero3 / GiB:.1f} GiB)")
+    for larger in range(engine.zero_stage + 1, 4):  # more of the state sharded
+        sharded = peak(with_engine(zero_stage=larger))
+        if sharded <= capacity:
+            out.append(f"{key}.engine.zero_stage: {larger} (peak {sharded / GiB:.1f} GiB)")
+            break
     if not out:
         out.append(
             "no single setting fits it: more processes (GPUs) with zero_stage 3, a smaller "

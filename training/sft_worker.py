@@ -156,6 +156,7 @@ def run(spec: WorkerSpec) -> None:
             "tokens_per_second": stepper.tokens / max(report.seconds, 1e-9),
             "seconds": report.seconds,
             "parameters": save_full_model(state, spec, tokenizer),
+            "optimizer": type(engine.engine.optimizer).__name__,  # the one DeepSpeed chose
         }
         write_result(spec, result)
     dist.barrier()

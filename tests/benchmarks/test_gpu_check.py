@@ -82,7 +82,7 @@ ARGS = [
     not distributed.deepspeed_installed(),
     reason="deepspeed is not installed (the `dev` extra installs it)",
 )
-@pytest.mark.parametrize("zero_stage", [2, 3])
+@pytest.mark.parametrize("zero_stage", [1, 2, 3])
 def test_a_failed_recorded_step_spoils_no_later_phase(tmp_path, zero_stage):
     out = tmp_path / "gpu_check.json"
     env = os.environ | {"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -53,13 +53,13 @@ class Recorder:
         self.artifacts.append(Path(path))
 
 
-def config(zero_stage: int | None, **overrides) -> GRPOConfig:
+def config(zero_stage: int | None, precision: str = "fp32", **overrides) -> GRPOConfig:
     """Four steps of two prompts (one per rank) with a frozen reference (beta > 0), two inner
     iterations, and gradient clipping that acts."""
     engine = (
         EngineConfig()
         if zero_stage is None
-        else EngineConfig(kind="deepspeed", processes=2, zero_stage=zero_stage)
+        else EngineConfig(kind="deepspeed", processes=2, zero_stage=zero_stage, precision=precision)
     )
     settings = dict(
         steps=4,
@@ -151,15 +151,14 @@ def test_zero_grpo_follows_the_single_process_stage(world, single, zero_stage, m
 
 @pytest.mark.heavy
 @needs_deepspeed
-def test_bf16_mixed_precision_follows_the_fp32_stage(world, single):
-    """`engine.precision: bf16` (the GPU setting) on the CPU accelerator: the first step's samples
-    are the fp32 ones and its loss is theirs within bf16's rounding; later steps start from weights
-    that differ by the rounding of each update, so their losses are only required to be finite;
-    the saved model is fp32."""
+@pytest.mark.parametrize("zero_stage", [2, 1])
+def test_bf16_mixed_precision_follows_the_fp32_stage(world, single, zero_stage):
+    """`engine.precision: bf16` (the GPU setting) on the CPU accelerator, under ZeRO-2 and
+    ZeRO-1's BF16_Optimizer: the first step's samples are the fp32 ones and its loss is theirs
+    within bf16's rounding; later steps start from weights that differ by the rounding of each
+    update, so their losses are only required to be finite; the saved model is fp32."""
     reference, _ = single
-    cfg = config(2)
-    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"precision": "bf16"})})
-    recorder, ref = run_stage(world, cfg, "bf16")
+    recorder, ref = run_stage(world, config(zero_stage, "bf16"), f"bf16-zero{zero_stage}")
     assert recorder.steps[1]["reward/mean"] == reference.steps[1]["reward/mean"]
     assert recorder.steps[1]["loss"] == pytest.approx(reference.steps[1]["loss"], rel=0.1, abs=0.01)
     assert all(math.isfinite(m["loss"]) for m in recorder.steps.values() if "loss" in m)

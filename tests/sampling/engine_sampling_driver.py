@@ -51,7 +51,12 @@ def main(stage: int) -> dict:
     start_rank("cpu")
     tokenizer = make_tokenizer()
     bare = gqa_model(tokenizer).eval()
-    config = EngineConfig(kind="deepspeed", processes=1, zero_stage=stage, bucket_size=2e8)
+    precision = "bf16" if stage == 1 else "fp32"  # ZeRO-1 is DeepSpeed's bf16 optimizer
+    if precision == "bf16":
+        bare = bare.to(torch.bfloat16)
+    config = EngineConfig(
+        kind="deepspeed", processes=1, zero_stage=stage, bucket_size=2e8, precision=precision
+    )
     engine = DeepSpeedEngine(copy.deepcopy(bare), 1e-3, 1.0, config, world=1)
     forwards = [0]
     prologue = engine.engine._forward_prologue  # what DeepSpeed's hook runs on each forward

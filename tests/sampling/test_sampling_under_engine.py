@@ -1,8 +1,8 @@
-"""A policy trained under DeepSpeed ZeRO-2 samples from the engine's module through the plain-ops
-decode step (sampling/decode_step.py), as a bare model does: the engine's own forward hooks
-(timers, profiler, input casts) do not change a step's logits, so they do not force every token
-through transformers' forward. Same tokens as the bare model; the wrapped model's forward runs
-only for the prompts' prefill."""
+"""A policy trained under DeepSpeed ZeRO-2 (or ZeRO-1) samples from the engine's module through
+the plain-ops decode step (sampling/decode_step.py), as a bare model does: the engine's own
+forward hooks (timers, profiler, input casts) do not change a step's logits, so they do not force
+every token through transformers' forward. Same tokens as the bare model; the wrapped model's
+forward runs only for the prompts' prefill."""
 
 from __future__ import annotations
 
@@ -21,8 +21,11 @@ def _run(stage: int) -> dict:
     return driver_result("tests.sampling.engine_sampling_driver", str(stage), timeout=300)
 
 
-def test_zero2_engine_module_samples_through_the_plain_step():
-    run = _run(2)
+@pytest.mark.parametrize("stage", [2, 1])
+def test_zero_engine_module_samples_through_the_plain_step(stage):
+    """ZeRO-2 in fp32, ZeRO-1 in bf16 (its weights moved into one flat buffer, its gradient
+    hooks on every parameter) against a bf16 bare model."""
+    run = _run(stage)
     assert run["bare_lean"] and all(run["bare_lean"])
     assert run["engine_lean"] and all(run["engine_lean"])  # was False: DeepSpeed's hooks
     assert run["engine"] == run["bare"]

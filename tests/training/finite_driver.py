@@ -1,11 +1,13 @@
 """Run by tests/training/test_deepspeed_finite.py in a process of its own (DeepSpeed needs a
-torch.distributed group): ZeRO-2 engines on a world of one on CPU, each case a fresh engine.
+torch.distributed group): ZeRO-2 (and ZeRO-1) engines on a world of one on CPU, each case a
+fresh engine.
 
 - `nan:<precision>:<check>`: one good step, then a NaN gradient under a finite loss; prints
   whether the step raised, and whether the weights, the fp32 master weights and the optimizer's
   step count are as before and finite. `<check>` is `scan` (DeepSpeed's overflow scan),
-  `norm` (the scan off, training/finite.py's check of the norm) or `none` (the scan off and
-  nothing in its place: what DeepSpeed alone does then).
+  `norm` (the scan off, training/finite.py's check of the norm), `none` (the scan off and
+  nothing in its place: what DeepSpeed alone does then) or `zero1` (ZeRO-1's BF16_Optimizer,
+  which checks the norm only).
 - `small:<precision>:<check>`: 100 AdamW steps of learning rate 1e-6 on weights of 0.02, far
   below half a bf16 step there (6.1e-5); prints how far the fp32 masters and the weights moved.
 
@@ -29,8 +31,8 @@ from training.finite import LossGuard, NonFiniteLossError  # noqa: E402
 
 def _engine(model: torch.nn.Module, lr: float, clip: float, precision: str, check: str):
     config = EngineConfig(
-        kind="deepspeed", processes=1, zero_stage=2, precision=precision,
-        overflow_scan=check == "scan",
+        kind="deepspeed", processes=1, zero_stage=1 if check == "zero1" else 2,
+        precision=precision, overflow_scan=check in ("scan", "zero1"),
     )  # fmt: skip
     engine = DeepSpeedEngine(model, lr, clip, config, world=1)
     if check == "none":  # DeepSpeed's own norm back, unchecked

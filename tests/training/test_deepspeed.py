@@ -63,8 +63,10 @@ class Recorder:
         return [self.steps[s][key] for s in sorted(self.steps)]
 
 
-def deepspeed_config(zero_stage: int = 2, train_cfg: TrainConfig = TRAIN) -> SFTConfig:
-    engine = EngineConfig(kind="deepspeed", processes=2, zero_stage=zero_stage)
+def deepspeed_config(
+    zero_stage: int = 2, train_cfg: TrainConfig = TRAIN, precision: str = "fp32"
+) -> SFTConfig:
+    engine = EngineConfig(kind="deepspeed", processes=2, zero_stage=zero_stage, precision=precision)
     return SFTConfig(train=train_cfg, engine=engine)
 
 
@@ -131,6 +133,38 @@ def test_zero_sft_follows_the_single_process_curve(world, single, zero_stage):
 
 @pytest.mark.heavy
 @needs_deepspeed
+def test_zero1_sft_in_bf16_follows_zero2(world, tmp_path):
+    """ZeRO-1's BF16_Optimizer against ZeRO-2 in bf16, two processes: the same arithmetic (bf16
+    gradients added up in fp32, clipped by the global norm, AdamW on fp32 master weights)
+    reduced in another order and precision (fp32 gradients all-reduced, where ZeRO-2 reduces
+    bf16 ones). The first step's loss is the same (no update yet); each later step's is within
+    bf16's rounding; each weight's change over the run is ZeRO-2's within 5% of its size."""
+    base = ModelRef(world["base"])
+    curves = {}
+    for stage in (1, 2):
+        recorder = Recorder()
+        ref = sft.run(
+            deepspeed_config(stage, precision="bf16"), base, world["data"],
+            tmp_path / f"zero{stage}", recorder,
+        )  # fmt: skip
+        curves[stage] = (recorder, load_model(ref.path).state_dict())
+        result = json.loads((tmp_path / f"zero{stage}" / "deepspeed" / "result.json").read_text())
+        assert result["optimizer"] == {1: "BF16_Optimizer", 2: "DeepSpeedZeroOptimizer"}[stage]
+    (zero1, trained1), (zero2, trained2) = curves[1], curves[2]
+    assert sorted(zero1.steps) == list(range(1, 9)) == sorted(zero2.steps)
+    losses1, losses2 = zero1.curve("train/loss"), zero2.curve("train/loss")
+    assert losses1[0] == losses2[0]
+    assert losses1 == pytest.approx(losses2, rel=2e-2)
+    assert zero1.curve("train/lr") == pytest.approx(zero2.curve("train/lr"), rel=1e-9)
+    start = load_model(world["base"]).state_dict()
+    for name, weight in start.items():
+        change1, change2 = trained1[name] - weight, trained2[name] - weight
+        assert change2.norm() > 0, name
+        assert (change1 - change2).norm() <= 0.05 * change2.norm(), name
+
+
+@pytest.mark.heavy
+@needs_deepspeed
 def test_distillation_sft_trains_under_the_engine_switch(world, single, tmp_path):
     """Stage 7's SFT of a student on traces takes `distillation.engine`: the student trained by
     two ZeRO-2 ranks is the one the single-process loop trains."""
@@ -190,11 +224,17 @@ def test_a_failing_tracker_stops_the_workers(world, tmp_path):
 @pytest.mark.slow  # about 20 s: CI runs it (-m slow); the default suite keeps to ten minutes
 @needs_deepspeed
 @pytest.mark.heavy
-def test_a_stopped_zero_sft_stage_resumes_from_its_checkpoint(world, tmp_path):
+@pytest.mark.parametrize(("zero_stage", "precision"), [(2, "fp32"), (1, "bf16")])
+def test_a_stopped_zero_sft_stage_resumes_from_its_checkpoint(
+    world, tmp_path, zero_stage, precision
+):
     """The tracker stops the stage at step 3 (the workers, running ahead, are stopped wherever
     they are); the rerun resumes from the last committed checkpoint and ends with the weights of
-    an uninterrupted run. 24 steps, so the workers never reach the end before they are stopped."""
-    cfg = deepspeed_config(train_cfg=TRAIN.model_copy(update={"epochs": 6, "checkpoint_every": 2}))
+    an uninterrupted run. 24 steps, so the workers never reach the end before they are stopped.
+    ZeRO-1 in bf16: its checkpoint holds the fp32 master weights, so the resumed run's bf16
+    weights are the uninterrupted run's."""
+    train_cfg = TRAIN.model_copy(update={"epochs": 6, "checkpoint_every": 2})
+    cfg = deepspeed_config(zero_stage, train_cfg, precision)
     base = ModelRef(world["base"])
     straight = sft.run(cfg, base, world["data"], tmp_path / "straight", Recorder())
     with pytest.raises(RuntimeError, match="at step 3"):
@@ -247,6 +287,6 @@ def test_engine_config_is_checked():
     with pytest.raises(ValueError, match="multiple of engine.processes"):
         SFTConfig(train=TrainConfig(batch_size=9), engine=EngineConfig(kind="deepspeed"))
     SFTConfig(train=TrainConfig(batch_size=9), engine=EngineConfig(processes=3, kind="deepspeed"))
-    for bad in ({"processes": 0}, {"zero_stage": 1}, {"launcher": "mpirun"}, {"master_port": 80}):
+    for bad in ({"processes": 0}, {"zero_stage": 4}, {"launcher": "mpirun"}, {"master_port": 80}):
         with pytest.raises(ValueError):
             EngineConfig(**bad)

@@ -1,8 +1,8 @@
-"""ZeRO-2 in bf16 without DeepSpeed's overflow scan (`engine.overflow_scan: false`): a NaN
-gradient under a finite loss is refused before anything is applied, as with the scan, where
-DeepSpeed alone would apply it; and updates far below bf16's resolution reach the fp32 master
-weights, then the bf16 weights, with the scan or without. DeepSpeed on CPU in a process of its
-own (tests/training/finite_driver.py)."""
+"""ZeRO-2 in bf16 without DeepSpeed's overflow scan (`engine.overflow_scan: false`), and ZeRO-1's
+BF16_Optimizer, which scans nothing: a NaN gradient under a finite loss is refused before
+anything is applied, as with the scan, where DeepSpeed alone would apply it; and updates far
+below bf16's resolution reach the fp32 master weights, then the bf16 weights, in each.
+DeepSpeed on CPU in a process of its own (tests/training/finite_driver.py)."""
 
 from __future__ import annotations
 
@@ -30,11 +30,13 @@ def _run(*cases: str) -> dict:
 def results() -> dict:
     return _run(
         "nan:bf16:scan", "nan:bf16:norm", "nan:bf16:none", "nan:fp32:norm",
-        "small:bf16:scan", "small:bf16:norm",
+        "small:bf16:scan", "small:bf16:norm", "nan:bf16:zero1", "small:bf16:zero1",
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("case", ["nan:bf16:scan", "nan:bf16:norm", "nan:fp32:norm"])
+@pytest.mark.parametrize(
+    "case", ["nan:bf16:scan", "nan:bf16:norm", "nan:fp32:norm", "nan:bf16:zero1"]
+)
 def test_a_nan_gradient_under_a_finite_loss_is_never_applied(results, case):
     run = results[case]
     assert run["loss_finite"]
@@ -51,7 +53,7 @@ def test_without_the_scan_deepspeed_alone_applies_the_nan(results):
     assert not run["weights_kept"] and not run["masters_kept"] and not run["weights_finite"], run
 
 
-@pytest.mark.parametrize("case", ["small:bf16:scan", "small:bf16:norm"])
+@pytest.mark.parametrize("case", ["small:bf16:scan", "small:bf16:norm", "small:bf16:zero1"])
 def test_updates_below_bf16_resolution_reach_the_weights(results, case):
     """lr 1e-6 on weights of 0.02: Adam moves each by about 1e-6 a step; after 100 steps the
     masters moved 1e-4 and the bf16 weights (half a step there: 6.1e-5) followed."""
@@ -70,9 +72,25 @@ def test_the_switch_reaches_deepspeed_in_bf16_only():
     assert "check_grad_overflow" not in deepspeed_config(fp32, 1.0, 1, 1)["bf16"]
 
 
-def test_zero3_has_no_scan_to_turn_off():
+@pytest.mark.parametrize("stage", [1, 3])
+def test_zero1_and_zero3_have_no_scan_to_turn_off(stage):
     with pytest.raises(ValueError, match="overflow_scan: false applies to zero_stage 2"):
-        EngineConfig(kind="deepspeed", zero_stage=3, overflow_scan=False)
+        EngineConfig(kind="deepspeed", zero_stage=stage, precision="bf16", overflow_scan=False)
+
+
+def test_zero1_is_deepspeeds_bf16_optimizer_and_nothing_else():
+    """ZeRO-1 in bf16 with fp32 accumulation is the one configuration DeepSpeed 0.19 serves with
+    BF16_Optimizer (engine.py `_do_optimizer_sanity_check`); in fp32 it would be another
+    optimizer the project has never measured, so it is refused by name."""
+    with pytest.raises(ValueError, match="zero_stage: 1 is DeepSpeed's bf16 optimizer"):
+        EngineConfig(kind="deepspeed", zero_stage=1)
+    zero1 = EngineConfig(kind="deepspeed", processes=1, zero_stage=1, precision="bf16")
+    config = deepspeed_config(zero1, 1.0, 1, 1)
+    assert config["zero_optimization"]["stage"] == 1
+    assert config["bf16"] == {"enabled": True, "immediate_grad_update": True}
+    assert config["data_types"] == {"grad_accum_dtype": "fp32"}
+    zero2 = zero1.model_copy(update={"zero_stage": 2})
+    assert "immediate_grad_update" not in deepspeed_config(zero2, 1.0, 1, 1)["bf16"]
 
 
 def test_an_optimizer_without_the_norm_is_named():

@@ -118,6 +118,18 @@ def test_a_stage_that_cannot_fit_is_refused_with_settings_that_do(gpu_profile):
         check_memory_fit(one_more, "gpu-qwen", 80 * GiB)  # and not more than needed
 
 
+def test_a_zero1_stage_that_cannot_fit_is_told_the_stage_that_does(gpu_profile):
+    """ZeRO-1 holds the whole model's fp32 gradients from its start (5.75 GiB at 1.5B); where
+    that is what does not fit, the refusal names ZeRO-2, which fits."""
+    fixed = "cold_start_sft.engine.micro_batch_tokens=16384"
+    with pytest.raises(MemoryFitError) as info:
+        check_memory_fit(gpu_profile("cold_start_sft.engine.zero_stage=1", fixed), "q", 74 * GiB)
+    message = str(info.value)
+    assert "fp32 gradients: 5.75 GiB (resident)" in message
+    assert "cold_start_sft.engine.zero_stage: 2 (peak 67.5 GiB)" in message
+    check_memory_fit(gpu_profile(fixed), "q", 74 * GiB)  # ZeRO-2 (the profile's) fits
+
+
 def test_without_a_gpu_or_gpu_stages_nothing_is_checked():
     check_memory_fit(load_profile("tiny", []), "tiny", 1)  # no DeepSpeed stage: nothing to fit
     if not torch.cuda.is_available():
@@ -211,7 +223,7 @@ from models.loading import build_model
 
 stage, size = int(sys.argv[1]), sys.argv[2]
 out = {}
-for precision in ("fp32", "bf16"):
+for precision in ("bf16",) if stage == 1 else ("fp32", "bf16"):
     engine = EngineConfig(kind="deepspeed", processes=1, zero_stage=stage, precision=precision)
     if size == "tiny":
         case = mm.Case("tiny zero", mm.TINY, 1024, "sft", rows=8, prompt_tokens=16,
@@ -234,8 +246,8 @@ print(json.dumps(out))
 
 
 def zero_peaks(tmp_path, stage: int, size: str) -> dict[str, dict]:
-    """A ZeRO step's measured peak and the model's, fp32 and bf16 (DeepSpeed on a world of one
-    over gloo, in a process of its own)."""
+    """A ZeRO step's measured peak and the model's, fp32 and bf16 (ZeRO-1: bf16 only; DeepSpeed
+    on a world of one over gloo, in a process of its own)."""
     done = run_python(["-c", ZERO_PEAKS, str(stage), size], cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -260,3 +272,14 @@ def test_zero3_peaks_are_within_5_percent(tmp_path):
     memory timeline, which missed ZeRO-3's partitions, put the model 6% over)."""
     for precision, run in zero_peaks(tmp_path, 3, "mid").items():
         assert abs(run["predicted"] / run["measured"] - 1) <= 0.05, (precision, run)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not distributed.deepspeed_installed(), reason="deepspeed is not installed")
+@pytest.mark.parametrize("size", ["tiny", "mid"])
+def test_zero1_peaks_count_the_whole_fp32_gradients(tmp_path, size):
+    """ZeRO-1's BF16_Optimizer in bf16, on the 42M model and on one small beside its head: its
+    fp32 gradients are the whole model's, held from the optimizer's start (counted as a ZeRO-2
+    partition would be, only within the step, the model would be under the record)."""
+    run = zero_peaks(tmp_path, 1, size)["bf16"]
+    assert abs(run["predicted"] / run["measured"] - 1) <= 0.05, run
