@@ -118,7 +118,10 @@ class AllocationRecord:
     Read from the profiler's raw allocation events (`peak_bytes`). The profiler records no free
     made in a thread it does not follow: with DeepSpeed over gloo, the warm-up step's ZeRO-2
     reduce bucket stayed counted through the measured step in 3 of 10 runs. So when the step
-    starts, a block that no tensor's storage holds is taken off. (torch's memory timeline,
+    starts, a block that no tensor's storage holds is taken off: a block that only C++ holds at
+    that moment (a collective's pending work) would be taken off too, and a block freed unseen
+    during the step stays counted unless its address is handed out again; at every case's step
+    boundary here the blocks left were the model's resident state. (torch's memory timeline,
     `torch.profiler._memory_profiler`, rebuilds a data-flow graph from the ops it saw instead:
     it missed ZeRO-3's partitions and buffers, which a step does not pass through an op, and
     now and then failed its own consistency check under DeepSpeed, "duplicate outputs".)"""
@@ -193,10 +196,15 @@ def peak_bytes(
 
 
 def tensor_storages() -> set[int]:
-    """The addresses of the storages of every tensor Python holds."""
+    """The addresses of the storages of every tensor Python holds (a compiler's fake tensors,
+    left in memory by an earlier `torch.compile`, hold none)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
     held = set()
     for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu":
+        if not issubclass(type(obj), torch.Tensor) or isinstance(obj, FakeTensor):
+            continue
+        if obj.device.type == "cpu":
             with contextlib.suppress(RuntimeError):  # a tensor without storage (sparse, nested)
                 held.add(obj.untyped_storage().data_ptr())
     return held

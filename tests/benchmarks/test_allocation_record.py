@@ -53,3 +53,22 @@ def test_the_peak_of_a_worked_record():
     assert peak_bytes(late, 10, 20, held={1}) == 22
     assert peak_bytes(late, 10, 12, held={1}) == 22  # the window ends at 12
     assert peak_bytes(late, 10, 11, held={1}) == 18
+
+
+def test_the_census_reads_no_fake_tensor_a_compiler_left_behind():
+    """torch.compile leaves fake tensors in memory; reading their storage's address warns (and
+    is to become an error), and they hold no block."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from benchmarks.memory_model import tensor_storages
+
+    with FakeTensorMode():
+        fake = torch.empty(1024)
+    real = mib(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        held = tensor_storages()
+    assert real.untyped_storage().data_ptr() in held
+    del fake
