@@ -190,9 +190,10 @@ def deepspeed_config(
 
     ZeRO-1 in bf16 (the only precision `EngineConfig` admits for it) is DeepSpeed's
     BF16_Optimizer: bf16 weights in one flat buffer, whole fp32 gradients in another, the fp32
-    master weights and AdamW's moments sharded over the ranks; it scans no gradient, and on a
-    non-finite global norm it skips the update, which `DeepSpeedEngine.step` turns into an
-    error."""
+    master weights and AdamW's moments sharded over the ranks; the fp32 gradients are
+    all-reduced in fp32 at the step (on a world of one, not at all: `DeepSpeedEngine`); it
+    scans no gradient, and on a non-finite global norm it skips the update, which
+    `DeepSpeedEngine.step` turns into an error."""
     bucket = int(engine.bucket_size)
     zero: dict[str, Any] = {
         "stage": engine.zero_stage,
@@ -220,6 +221,9 @@ def deepspeed_config(
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     if engine.zero_stage == 1:  # BF16_Optimizer: each bf16 gradient added to the fp32 ones and
         config["bf16"]["immediate_grad_update"] = True  # let go as soon as it is made
+        # reduced as they were summed: by default DeepSpeed casts them to bf16 for the
+        # all-reduce and back, which rounds the fp32 sum (on a world of one too)
+        config["communication_data_type"] = "fp32"
     return config
 
 
@@ -292,6 +296,8 @@ class DeepSpeedEngine:
             _LIVE_ZERO3.add(self.engine.module)
         elif not engine.overflow_scan:
             check_norm_before_update(self.engine.optimizer)
+        if engine.zero_stage == 1 and world == 1:  # an all-reduce over one rank: a pass over
+            self.engine.enable_backward_allreduce = False  # every fp32 gradient for nothing
 
     @property
     def forward_model(self) -> torch.nn.Module:

@@ -318,8 +318,9 @@ def optimizer_step_bytes(shape: ModelShape, place: Placement) -> int:
         temporaries = n * b if place.device == "cuda" else largest * b  # foreach vs per tensor
         return n * b + temporaries
     part = _ceil(n, place.world)
-    if place.zero_stage == 1:  # the gradients are resident; one flat partition: one temporary
-        return part * FP32
+    if place.zero_stage == 1:  # the gradients are resident; AdamW over one flat partition holds
+        return part * FP32 * (2 if place.device == "cpu" else 1)  # two temporaries at once on
+        # CPU (its denominator); torch's fused kernel on a GPU none (one kept: not measured)
     return part * FP32 + part * FP32  # the update's temporary over the fp32 partition
 
 
@@ -375,8 +376,10 @@ def step_estimate(shape: ModelShape, place: Placement, step: Step) -> Estimate:
             "recomputed layer": step.tokens * layer_bytes_per_token(shape, place, step.packed),
             "gradients": gradient_bytes(shape, place) + partition,
         }
-    est.moments["optimizer step"] = {
-        "gradients and AdamW temporaries": optimizer_step_bytes(shape, place) + partition
+    est.moments["optimizer step"] = {  # ZeRO-2's reduce bucket is let go before the update
+        "gradients and AdamW temporaries": optimizer_step_bytes(shape, place)
+        + partition
+        - reduce_bucket(place)
     }
     if place.engine_share_bytes and not place.engine_sleeps:
         for moment in est.moments.values():

@@ -8,6 +8,8 @@ fresh engine.
   `norm` (the scan off, training/finite.py's check of the norm), `none` (the scan off and
   nothing in its place: what DeepSpeed alone does then) or `zero1` (ZeRO-1's BF16_Optimizer,
   which checks the norm only).
+- `sum:bf16:zero1` and `sum:bf16:zero1-default`: the fp32 sum of three micro-batches'
+  gradients against what AdamW is handed (`sum_case`).
 - `small:<precision>:<check>`: 100 AdamW steps of learning rate 1e-6 on weights of 0.02, far
   below half a bf16 step there (6.1e-5); prints how far the fp32 masters and the weights moved.
 
@@ -112,12 +114,45 @@ def small_case(precision: str, check: str) -> dict:
     }
 
 
+def sum_case(precision: str, check: str) -> dict:
+    """Three micro-batches' gradients added up in fp32, then the step, without clipping: whether
+    AdamW is handed that fp32 sum as it was (`zero1`), or, as DeepSpeed does by default
+    (`zero1-default`: its all-reduce in bf16, run on a world of one too), rounded to bf16."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    engine = _engine(model, 1e-3, 1e9, precision, "zero1")
+    if check == "zero1-default":
+        engine.engine.communication_data_type = torch.bfloat16
+        engine.engine.enable_backward_allreduce = True
+    optimizer = engine.engine.optimizer
+    x = torch.randn(3, 32, 64, dtype=torch.bfloat16)
+    for rows in x:
+        engine.backward(engine.forward_model(rows).pow(2).sum())
+    summed = optimizer.fp32_groups_gradients_flat[0].clone()
+    applied: list[torch.Tensor] = []
+    inner = optimizer.optimizer.step
+
+    def recording(*args, **kwargs):
+        applied.append(optimizer.fp32_groups_flat_partition[0].grad.clone())
+        return inner(*args, **kwargs)
+
+    optimizer.optimizer.step = recording
+    engine.step(LossGuard("finite check"))
+    engine.close()
+    return {
+        "sum_needs_fp32": not torch.equal(summed, summed.bfloat16().float()),
+        "applied_is_the_sum": torch.equal(applied[0], summed),
+        "applied_in_bf16": torch.equal(applied[0], applied[0].bfloat16().float()),
+    }
+
+
 def main(cases: list[str]) -> None:
     start_rank("cpu")
     out = {}
     for case in cases:
         kind, precision, check = case.split(":")
-        out[case] = (nan_case if kind == "nan" else small_case)(precision, check)
+        run = {"nan": nan_case, "small": small_case, "sum": sum_case}[kind]
+        out[case] = run(precision, check)
     print("RESULT " + json.dumps(out), flush=True)
 
 

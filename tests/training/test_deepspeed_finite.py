@@ -31,6 +31,7 @@ def results() -> dict:
     return _run(
         "nan:bf16:scan", "nan:bf16:norm", "nan:bf16:none", "nan:fp32:norm",
         "small:bf16:scan", "small:bf16:norm", "nan:bf16:zero1", "small:bf16:zero1",
+        "sum:bf16:zero1", "sum:bf16:zero1-default",
     )  # fmt: skip
 
 
@@ -63,6 +64,16 @@ def test_updates_below_bf16_resolution_reach_the_weights(results, case):
     assert all(moved > 5e-5 for moved in run["weight_moved"]), run
 
 
+def test_zero1_hands_adamw_the_fp32_sum_of_the_gradients(results):
+    """Micro-batches' bf16 gradients add up in fp32; ZeRO-1 updates with that sum as it is. By
+    default DeepSpeed 0.19 all-reduces BF16_Optimizer's fp32 gradients in bf16 and copies them
+    back, on a world of one too: the update then sees the sum rounded to bf16."""
+    ours, default = results["sum:bf16:zero1"], results["sum:bf16:zero1-default"]
+    assert ours["sum_needs_fp32"] and default["sum_needs_fp32"]
+    assert ours["applied_is_the_sum"] and not ours["applied_in_bf16"], ours
+    assert not default["applied_is_the_sum"] and default["applied_in_bf16"], default
+
+
 def test_the_switch_reaches_deepspeed_in_bf16_only():
     on = EngineConfig(kind="deepspeed", processes=1, precision="bf16")
     off = on.model_copy(update={"overflow_scan": False})
@@ -89,6 +100,7 @@ def test_zero1_is_deepspeeds_bf16_optimizer_and_nothing_else():
     assert config["zero_optimization"]["stage"] == 1
     assert config["bf16"] == {"enabled": True, "immediate_grad_update": True}
     assert config["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert config["communication_data_type"] == "fp32"
     zero2 = zero1.model_copy(update={"zero_stage": 2})
     assert "immediate_grad_update" not in deepspeed_config(zero2, 1.0, 1, 1)["bf16"]
 
