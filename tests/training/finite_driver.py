@@ -8,8 +8,8 @@ fresh engine.
   `norm` (the scan off, training/finite.py's check of the norm), `none` (the scan off and
   nothing in its place: what DeepSpeed alone does then) or `zero1` (ZeRO-1's BF16_Optimizer,
   which checks the norm only).
-- `sum:bf16:zero1` and `sum:bf16:zero1-default`: the fp32 sum of three micro-batches'
-  gradients against what AdamW is handed (`sum_case`).
+- `sum:bf16:<check>`: the fp32 sum of three micro-batches' bf16 gradients against what AdamW
+  is handed (`sum_case`).
 - `small:<precision>:<check>`: 100 AdamW steps of learning rate 1e-6 on weights of 0.02, far
   below half a bf16 step there (6.1e-5); prints how far the fp32 masters and the weights moved.
 
@@ -115,33 +115,42 @@ def small_case(precision: str, check: str) -> dict:
 
 
 def sum_case(precision: str, check: str) -> dict:
-    """Three micro-batches' gradients added up in fp32, then the step, without clipping: whether
-    AdamW is handed that fp32 sum as it was (`zero1`), or, as DeepSpeed does by default
-    (`zero1-default`: its all-reduce in bf16, run on a world of one too), rounded to bf16."""
+    """Three micro-batches' bf16 gradients, added up in fp32 by a bf16 copy of the model outside
+    DeepSpeed, against what the engine hands AdamW at the step (no clipping): ZeRO-1 (`zero1`),
+    ZeRO-1 with DeepSpeed's default all-reduce in bf16, which runs on a world of one too
+    (`zero1-default`), and ZeRO-2 (`scan`)."""
+    import copy
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    engine = _engine(model, 1e-3, 1e9, precision, "zero1")
+    reference = copy.deepcopy(model).to(torch.bfloat16)
+    engine = _engine(model, 1e-3, 1e9, precision, "zero1" if "zero1" in check else check)
     if check == "zero1-default":
         engine.engine.communication_data_type = torch.bfloat16
         engine.engine.enable_backward_allreduce = True
-    optimizer = engine.engine.optimizer
-    x = torch.randn(3, 32, 64, dtype=torch.bfloat16)
-    for rows in x:
+    summed = [torch.zeros(p.shape) for p in reference.parameters()]
+    for rows in torch.randn(3, 32, 64, dtype=torch.bfloat16):
+        reference.zero_grad()
+        reference(rows).pow(2).sum().backward()
+        for total, param in zip(summed, reference.parameters(), strict=True):
+            total.add_(param.grad.float())
         engine.backward(engine.forward_model(rows).pow(2).sum())
-    summed = optimizer.fp32_groups_gradients_flat[0].clone()
+    expected = torch.cat([total.flatten() for total in summed])
+    inner = engine.engine.optimizer.optimizer  # AdamW over the fp32 partition
     applied: list[torch.Tensor] = []
-    inner = optimizer.optimizer.step
+    step = inner.step
 
     def recording(*args, **kwargs):
-        applied.append(optimizer.fp32_groups_flat_partition[0].grad.clone())
-        return inner(*args, **kwargs)
+        grads = [p.grad.flatten() for group in inner.param_groups for p in group["params"]]
+        applied.append(torch.cat(grads)[: expected.numel()].clone())
+        return step(*args, **kwargs)
 
-    optimizer.optimizer.step = recording
+    inner.step = recording
     engine.step(LossGuard("finite check"))
     engine.close()
     return {
-        "sum_needs_fp32": not torch.equal(summed, summed.bfloat16().float()),
-        "applied_is_the_sum": torch.equal(applied[0], summed),
+        "sum_needs_fp32": not torch.equal(expected, expected.bfloat16().float()),
+        "applied_is_the_sum": torch.equal(applied[0], expected),
         "applied_in_bf16": torch.equal(applied[0], applied[0].bfloat16().float()),
     }
 

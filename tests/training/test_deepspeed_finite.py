@@ -31,7 +31,7 @@ def results() -> dict:
     return _run(
         "nan:bf16:scan", "nan:bf16:norm", "nan:bf16:none", "nan:fp32:norm",
         "small:bf16:scan", "small:bf16:norm", "nan:bf16:zero1", "small:bf16:zero1",
-        "sum:bf16:zero1", "sum:bf16:zero1-default",
+        "sum:bf16:zero1", "sum:bf16:zero1-default", "sum:bf16:scan",
     )  # fmt: skip
 
 
@@ -64,13 +64,20 @@ def test_updates_below_bf16_resolution_reach_the_weights(results, case):
     assert all(moved > 5e-5 for moved in run["weight_moved"]), run
 
 
-def test_zero1_hands_adamw_the_fp32_sum_of_the_gradients(results):
-    """Micro-batches' bf16 gradients add up in fp32; ZeRO-1 updates with that sum as it is. By
-    default DeepSpeed 0.19 all-reduces BF16_Optimizer's fp32 gradients in bf16 and copies them
-    back, on a world of one too: the update then sees the sum rounded to bf16."""
-    ours, default = results["sum:bf16:zero1"], results["sum:bf16:zero1-default"]
-    assert ours["sum_needs_fp32"] and default["sum_needs_fp32"]
-    assert ours["applied_is_the_sum"] and not ours["applied_in_bf16"], ours
+@pytest.mark.parametrize("case", ["sum:bf16:zero1", "sum:bf16:scan"])
+def test_the_update_is_handed_the_fp32_sum_of_the_micro_batches_gradients(results, case):
+    """Micro-batches' bf16 gradients add up in fp32 (`grad_accum_dtype`); ZeRO-1 and ZeRO-2
+    update with that sum exactly (a bf16 copy of the model outside DeepSpeed adds them up)."""
+    run = results[case]
+    assert run["sum_needs_fp32"] and run["applied_is_the_sum"], run
+
+
+def test_deepspeeds_default_zero1_rounds_the_sum_to_bf16(results):
+    """What `communication_data_type: fp32` stands in for: by default DeepSpeed 0.19 all-reduces
+    BF16_Optimizer's fp32 gradients in bf16 and copies them back, on a world of one too, and the
+    update sees the sum rounded to bf16."""
+    default = results["sum:bf16:zero1-default"]
+    assert default["sum_needs_fp32"]
     assert not default["applied_is_the_sum"] and default["applied_in_bf16"], default
 
 
