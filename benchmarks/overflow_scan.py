@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{total(name) / total(first):18.3f}x")  # fmt: skip
     ratio = statistics.median(update["zero-2, norm checked"]) / statistics.median(update[first])
     print(f"  ZeRO-2's update without the scan / with it: {ratio:.3f}x")
+
     def spread(rounds: slice) -> float:
         return max(
             abs(a - b) / max(abs(b), 1e-30)
