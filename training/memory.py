@@ -9,9 +9,9 @@ log-probability and loss paths, torch's AdamW, DeepSpeed ZeRO's partitions) rath
   the moments and ZeRO-3's fp32 gradient partition are 1/world each, the bf16 weights whole
   (ZeRO-1, 2) or 1/world (ZeRO-3), ZeRO-3's reduce bucket whole, ZeRO-1's fp32 gradients whole
   (DeepSpeed's BF16_Optimizer adds each bf16 gradient to them as it is made and lets it go);
-  ZeRO-2's gradient partition and
-  reduce bucket are held from a step's first reduction to its update, so not at the start of
-  its first backward pass; a frozen reference in the policy's dtype;
+  ZeRO-2's gradient partition and reduce bucket are held from a step's first reduction to its
+  update (the bucket let go before the update), so not at the start of its first backward
+  pass; a frozen reference in the policy's dtype;
   a colocated vLLM engine's share of the device (none while it sleeps through the update).
 - **activations** kept for the backward pass, per token and decoder layer, where `b` is the
   compute dtype's size: each RMSNorm keeps its float32 input and its normalised output
