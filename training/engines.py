@@ -402,8 +402,9 @@ def _on_cuda() -> bool:
 
 def close_engine(engine: Any) -> None:
     """A DeepSpeed engine's teardown, the trainer's or a frozen reference's: DeepSpeed's own
-    (`destroy()`: ZeRO's gradient hooks, reduce buckets, buffers), then what DeepSpeed 0.19
-    keeps of a ZeRO-3 engine after it, each holding the model or the optimizer alive:
+    (`destroy()`: ZeRO's gradient hooks, reduce buckets, buffers), the methods and gradient
+    views its optimizers leave on every parameter (`_unlink_parameters`), then what DeepSpeed
+    0.19 keeps of a ZeRO-3 engine after it, each holding the model or the optimizer alive:
     - the root module its offload appended to `parameter_offload.FWD_MODULE_STACK`, and any
       module of it left there (a forward that raised before its post-forward hook);
     - the partitioned-parameter coordinator's `lru_cache` on `__params_to_release`, keyed by the
@@ -415,6 +416,8 @@ def close_engine(engine: Any) -> None:
     put back when the last ZeRO-3 engine of the process closes."""
     module = getattr(engine, "module", None)
     engine.destroy()
+    if module is not None:
+        _unlink_parameters(module)
     if module is None or not any(hasattr(p, "ds_id") for p in module.parameters()):
         return
     _LIVE_ZERO3.discard(module)
@@ -439,6 +442,19 @@ def close_engine(engine: Any) -> None:
 
 
 _LIVE_ZERO3: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # open ZeRO-3 engines' modules
+
+
+def _unlink_parameters(module: torch.nn.Module) -> None:
+    """Drop what DeepSpeed's optimizers hang on each parameter and `destroy()` leaves there:
+    methods bound to the parameter itself (`get_full_hp_param`, `load_hp_checkpoint_state`, ...:
+    a cycle through a tensor's `__dict__` that the collector does not free, holding the
+    parameter for the life of the process) and `_hp_grad`, a view into BF16_Optimizer's whole
+    fp32 gradient buffer."""
+    for param in module.parameters():
+        state = param.__dict__
+        for name in [n for n, v in state.items() if getattr(v, "__self__", None) is param]:
+            del state[name]
+        state.pop("_hp_grad", None)
 
 
 def _restore_linear() -> None:

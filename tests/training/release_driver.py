@@ -35,6 +35,7 @@ def train_and_close(zero_stage: int, checkpointing: bool, scan: bool = True) -> 
     engine_cfg = EngineConfig(
         kind="deepspeed", processes=1, zero_stage=zero_stage, bucket_size=2e8,
         gradient_checkpointing=checkpointing, overflow_scan=scan,
+        precision="bf16" if zero_stage == 1 else "fp32",  # ZeRO-1: DeepSpeed's bf16 optimizer
     )  # fmt: skip
     engine = DeepSpeedEngine(build_model(spec, vocab, pad, eos, 0), 1e-3, 1.0, engine_cfg, world=1)
     reference = engine.frozen_reference(build_model(spec, vocab, pad, eos, 1))

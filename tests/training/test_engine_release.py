@@ -21,7 +21,7 @@ def _run(*cases: str) -> dict:
 
 
 def test_closed_engines_free_their_model_optimizer_and_reference():
-    runs = _run("3:plain", "2:plain", "2:noscan")
+    runs = _run("3:plain", "2:plain", "2:noscan", "1:plain")
     for case, run in runs.items():
         assert run["alive"] == [], case  # nothing reachable once the caller drops it
         assert run["stack_after"] == 0, case  # the root modules left DeepSpeed's stack
