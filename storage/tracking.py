@@ -21,6 +21,13 @@ from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Run, RunStatus
 
 from storage.paths import StatePaths, env_seconds
+from storage.sqlite_lock import (
+    StoreLockedTooLong,
+    describe_holders,
+    lock_holders,
+    while_locked,
+    write_ahead_log,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +59,9 @@ def tracking_client(paths: StatePaths) -> MlflowClient:
 
 TIMEOUT_ENV = "R1_MLFLOW_TIMEOUT"
 DEFAULT_TIMEOUT = 5.0  # seconds to wait for a store another process is writing
+LOCK_WAIT_ENV = "R1_MLFLOW_LOCK_WAIT"
+# seconds a stage's write waits for another writer, MLflow's own 20 s busy wait per try included
+DEFAULT_LOCK_WAIT = 120.0
 
 
 class TrackingStoreError(RuntimeError):
@@ -62,12 +72,32 @@ def check_tracking_store(paths: StatePaths, timeout: float | None = None) -> Non
     """Fail fast, before any stage runs, if the MLflow store cannot be used: the state folder or
     the artifact folder cannot be created or written, `mlflow.db` is not an SQLite database, or
     another process keeps it locked for longer than `timeout` seconds (`R1_MLFLOW_TIMEOUT`,
-    default 5). Raises TrackingStoreError naming the store's URI and what failed."""
+    default 5). Raises TrackingStoreError naming the store's URI and what failed.
+
+    The store is then in write-ahead-log mode (made so if new): a process reading it, such as
+    the MLflow UI, never holds up a stage's write."""
     wait = env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT) if timeout is None else timeout
     uri = paths.tracking_uri
     _check_folder(uri, paths.root, "state folder")
     _check_folder(uri, paths.mlflow_artifacts, "artifact folder")
     _check_database(uri, paths.mlflow_db, wait)
+    try:
+        write_ahead_log(paths.mlflow_db, wait)
+    except sqlite3.OperationalError as err:
+        raise _locked_or(uri, paths.mlflow_db, wait, err) from None
+
+
+def _locked_or(
+    uri: str, db: Path, wait: float, err: sqlite3.OperationalError
+) -> TrackingStoreError:
+    """The preflight's error for an SQLite failure: the lock's holders named when it is a lock."""
+    if "locked" not in str(err):
+        return TrackingStoreError(f"MLflow store {uri}: cannot use {db}: {err}")
+    return TrackingStoreError(
+        f"MLflow store {uri}: {db} is locked by {describe_holders(lock_holders(db))} and was "
+        f"still locked after {wait:g} s; stop the process writing it (or set {TIMEOUT_ENV} to "
+        "wait longer)"
+    )
 
 
 def _check_folder(uri: str, folder: Path, what: str) -> None:
@@ -103,12 +133,7 @@ def _check_database(uri: str, db: Path, wait: float) -> None:
         con.execute("BEGIN IMMEDIATE")  # the write lock every MLflow call needs
         con.execute("ROLLBACK")
     except sqlite3.OperationalError as err:
-        if "locked" not in str(err):
-            raise TrackingStoreError(f"MLflow store {uri}: cannot use {db}: {err}") from None
-        raise TrackingStoreError(
-            f"MLflow store {uri}: {db} is locked by another process and was still locked after "
-            f"{wait:g} s; stop the process writing it (or set {TIMEOUT_ENV} to wait longer)"
-        ) from None
+        raise _locked_or(uri, db, wait, err) from None
     except sqlite3.DatabaseError as err:
         raise TrackingStoreError(
             f"MLflow store {uri}: {db} is not an SQLite database ({err}); move it away to start "
@@ -159,9 +184,22 @@ class Attempts:
     earlier_seconds: float = 0.0
 
 
+def store_file(client: MlflowClient) -> Path | None:
+    """The SQLite file behind `client`, None for another kind of store."""
+    uri = str(client.tracking_uri)
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def lock_wait_seconds() -> float:
+    """How long a stage's write waits for a store another process writes: `R1_MLFLOW_LOCK_WAIT`."""
+    return env_seconds(LOCK_WAIT_ENV, DEFAULT_LOCK_WAIT)
+
+
 class MlflowTracker:
     """The stages' Tracker, writing to one MLflow run. In a resumed run, a point of a curve at
-    a step an earlier attempt already logged is not logged again: one point per step."""
+    a step an earlier attempt already logged is not logged again: one point per step. A write
+    that finds the store locked by another process is tried again for `R1_MLFLOW_LOCK_WAIT`
+    seconds (default 120), then fails naming the processes that hold it."""
 
     def __init__(self, client: MlflowClient, run_id: str, attempts: Attempts | None = None):
         self.client = client
@@ -176,8 +214,21 @@ class MlflowTracker:
             for key, value in metrics.items()
             if not step or step > last.get(key, 0)  # step 0: a stage's figure, not a curve
         ]
-        if batch:
+        if not batch:
+            return
+
+        def write() -> None:
             self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
+
+        db = store_file(self.client)
+        if db is None:
+            write()
+            return
+        what = f"run {self.run_id}: metrics at step {step or 0}"
+        try:
+            while_locked(write, db, lock_wait_seconds(), what)
+        except StoreLockedTooLong as err:
+            raise TrackingStoreError(f"{err}; stop that process, or set {LOCK_WAIT_ENV}") from err
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if path.is_dir():
@@ -229,11 +280,23 @@ def stage_run(
     try:
         yield MlflowTracker(client, run_id, attempts)
     except BaseException as err:
-        client.log_metric(run_id, ATTEMPT_SECONDS, time.time() - began, step=attempts.number)
-        client.set_tag(run_id, ERROR_TAG, f"{type(err).__name__}: {err}"[:5000])
-        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+        record_failure(client, run_id, err, time.time() - began, attempts.number)
         raise
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+
+def record_failure(
+    client: MlflowClient, run_id: str, err: BaseException, seconds: float, attempt: int
+) -> None:
+    """Mark a failed stage's run FAILED with its error and time, once: a store that refuses the
+    record (locked by another process, say) is logged, never raised over the stage's own error,
+    and the run left RUNNING is taken for killed by the next attempt (`resume_stage_run`)."""
+    try:
+        client.log_metric(run_id, ATTEMPT_SECONDS, seconds, step=attempt)
+        client.set_tag(run_id, ERROR_TAG, f"{type(err).__name__}: {err}"[:5000])
+        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+    except Exception as failed:
+        log.error("stage run %s: its failure was not recorded in MLflow: %s", run_id, failed)
 
 
 def unfinished_stage_run(client: MlflowClient, parent: Run, stage: str, key: str) -> Run | None:

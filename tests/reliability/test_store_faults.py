@@ -1,6 +1,8 @@
 """The stores out of reach: a DuckDB file another process holds is retried for a bounded time and
 then refused naming the file and the holder; an MLflow store that cannot be used fails the
-pre-flight check, naming the store's URI and what failed."""
+pre-flight check, naming the store's URI and what failed; the MLflow store in write-ahead-log
+mode, so that a process reading it never holds up a stage's write, and a stage's write retried
+while another process writes it, then refused naming that process."""
 
 from __future__ import annotations
 
@@ -8,15 +10,25 @@ import pickle
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
+from mlflow import MlflowClient
 
 from storage import rollout_store, store
 from storage.paths import StatePaths
-from storage.tracking import TIMEOUT_ENV, TrackingStoreError, check_tracking_store
+from storage.tracking import (
+    LOCK_WAIT_ENV,
+    TIMEOUT_ENV,
+    MlflowTracker,
+    TrackingStoreError,
+    check_tracking_store,
+    stage_run,
+    start_pipeline_run,
+)
 
 # Holds a database file open in another process (argv = path, mode) until a line comes on its
 # stdin, or until it is killed.
@@ -32,7 +44,9 @@ sys.stdin.read()
 SQLITE_HOLDER = """
 import sqlite3, sys, time
 con = sqlite3.connect(sys.argv[1], isolation_level=None)
-con.execute("BEGIN EXCLUSIVE")
+con.execute("BEGIN EXCLUSIVE" if sys.argv[2] == "write" else "BEGIN")
+if sys.argv[2] == "read":  # a reader in the middle of its transaction
+    con.execute("SELECT count(*) FROM sqlite_master").fetchone()
 print("held", flush=True)
 time.sleep(float(sys.argv[3]))
 """
@@ -173,14 +187,15 @@ def test_an_mlflow_db_locked_by_another_process_fails_within_the_timeout(
     holder = hold(SQLITE_HOLDER, paths.mlflow_db)
     monkeypatch.setenv(TIMEOUT_ENV, "0.5")
     message = refused(paths)
-    assert "is locked by another process and was still locked after 0.5 s" in message
+    assert f"is locked by process {holder.pid} (" in message
+    assert "and was still locked after 0.5 s" in message
     assert holder.poll() is None  # refused while the lock is held, not once it was let go
 
 
 def test_a_usable_store_passes_and_is_left_as_it_was(tmp_path):
     paths = StatePaths(tmp_path / "state")
     check_tracking_store(paths)
-    assert paths.mlflow_artifacts.is_dir() and not paths.mlflow_db.exists()  # MLflow makes it
+    assert paths.mlflow_artifacts.is_dir() and in_write_ahead_log(paths.mlflow_db)
     with sqlite3.connect(paths.mlflow_db) as con:
         con.execute("CREATE TABLE experiments (name TEXT)")
         con.execute("INSERT INTO experiments VALUES ('r1-tiny')")
@@ -189,3 +204,98 @@ def test_a_usable_store_passes_and_is_left_as_it_was(tmp_path):
     with sqlite3.connect(paths.mlflow_db) as con:
         assert con.execute("SELECT name FROM experiments").fetchall() == [("r1-tiny",)]
     con.close()
+
+
+def in_write_ahead_log(db: Path) -> bool:
+    """Asked of SQLite: reading the file outside it would drop this process's locks on it."""
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        con.close()
+
+
+def stage_tracker(paths: StatePaths) -> tuple[MlflowClient, str]:
+    """A client of the store and a pipeline run in it, as a pipeline run makes them."""
+    client = MlflowClient(paths.tracking_uri)
+    experiment = client.create_experiment("r1-test", artifact_location=paths.root.as_uri())
+    return client, start_pipeline_run(client, experiment, "pipeline", "flow-run", {})
+
+
+@pytest.mark.parametrize("made_by", ["preflight", "mlflow"])
+def test_a_reader_in_the_middle_of_a_transaction_never_holds_up_a_stage_write(
+    tmp_path, hold, made_by
+):
+    """The MLflow UI, `r1 lineage` or a script reading curves holds a read transaction open; a
+    stage's write goes through meanwhile, on a store the pre-flight check made and on one that
+    MLflow made before it (in rollback-journal mode, where such a reader makes every write wait
+    out MLflow's 20 s busy timeout and then fail)."""
+    paths = StatePaths(tmp_path / "state")
+    if made_by == "mlflow":
+        paths.root.mkdir()
+        MlflowClient(paths.tracking_uri).search_experiments()
+        assert not in_write_ahead_log(paths.mlflow_db)
+    check_tracking_store(paths)
+    assert in_write_ahead_log(paths.mlflow_db)
+    client, parent = stage_tracker(paths)
+    reader = hold(SQLITE_HOLDER, paths.mlflow_db, "read", 120.0)
+    began = time.monotonic()
+    with stage_run(client, parent, "reasoning_rl", {}) as tracker:
+        tracker.log_metrics({"reward/mean": 0.5}, step=1)
+    assert time.monotonic() - began < 10
+    assert reader.poll() is None  # the reader still in its transaction
+    (run,) = client.search_runs(
+        [client.get_run(parent).info.experiment_id], "tags.`r1.stage` = 'reasoning_rl'"
+    )
+    assert run.info.status == "FINISHED" and run.data.metrics == {"reward/mean": 0.5}
+
+
+@pytest.mark.slow  # MLflow waits 20 s for a locked store before each try
+def test_a_stage_write_waits_for_another_writer_then_names_it(tmp_path, hold, monkeypatch):
+    """Another process writes the store for 25 s: a stage's metrics wait for it (MLflow's busy
+    wait of 20 s runs out once, the write is tried again) and are logged once. With no wait
+    left, the write fails naming that process and the setting that waits longer."""
+    paths = StatePaths(tmp_path / "state")
+    check_tracking_store(paths)
+    client, parent = stage_tracker(paths)
+    run_id = client.create_run(client.get_run(parent).info.experiment_id).info.run_id
+    tracker = MlflowTracker(client, run_id)
+
+    hold(SQLITE_HOLDER, paths.mlflow_db, "write", 25.0)
+    began = time.monotonic()
+    tracker.log_metrics({"reward/mean": 0.5}, step=1)
+    assert time.monotonic() - began >= 20
+    assert [m.step for m in client.get_metric_history(run_id, "reward/mean")] == [1]
+
+    monkeypatch.setenv(LOCK_WAIT_ENV, "0")
+    holder = hold(SQLITE_HOLDER, paths.mlflow_db, "write", 120.0)
+    with pytest.raises(TrackingStoreError) as info:
+        tracker.log_metrics({"reward/mean": 0.7}, step=2)
+    message = str(info.value)
+    locked = f"metrics at step 2: the MLflow store {paths.mlflow_db} was locked by process "
+    assert locked in message and f"process {holder.pid} (" in message, message
+    assert LOCK_WAIT_ENV in message
+
+
+@pytest.mark.slow  # MLflow waits 20 s for a locked store
+def test_a_failed_stage_raises_its_own_error_when_the_store_is_locked(tmp_path, hold):
+    """The stage fails while another process writes the store: its failure cannot be recorded
+    (the run stays RUNNING, which the next attempt takes for killed), and the stage's own error
+    is what the caller gets, after one busy wait, not the store's."""
+    paths = StatePaths(tmp_path / "state")
+    check_tracking_store(paths)
+    client, parent = stage_tracker(paths)
+    began = time.monotonic()
+    with (
+        pytest.raises(ValueError, match="the stage's own error"),
+        stage_run(client, parent, "reasoning_rl", {}),
+    ):
+        holder = hold(SQLITE_HOLDER, paths.mlflow_db, "write", 120.0)
+        raise ValueError("the stage's own error")
+    assert time.monotonic() - began < 35  # one busy wait, not one per record
+    holder.kill()
+    holder.wait()
+    (run,) = client.search_runs(
+        [client.get_run(parent).info.experiment_id], "tags.`r1.stage` = 'reasoning_rl'"
+    )
+    assert run.info.status == "RUNNING"
