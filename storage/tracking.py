@@ -11,7 +11,7 @@ import os
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +77,7 @@ def check_tracking_store(paths: StatePaths, timeout: float | None = None) -> Non
     The store is then in write-ahead-log mode (made so if new): a process reading it, such as
     the MLflow UI, never holds up a stage's write."""
     wait = env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT) if timeout is None else timeout
+    lock_wait_seconds()  # a bad value named now, not at a stage's first metric
     uri = paths.tracking_uri
     _check_folder(uri, paths.root, "state folder")
     _check_folder(uri, paths.mlflow_artifacts, "artifact folder")
@@ -195,6 +196,19 @@ def lock_wait_seconds() -> float:
     return env_seconds(LOCK_WAIT_ENV, DEFAULT_LOCK_WAIT)
 
 
+def patiently(client: MlflowClient, write: Callable[[], None], what: str) -> None:
+    """`write()` to the store, tried again while another process holds it for at most
+    `R1_MLFLOW_LOCK_WAIT` seconds; then TrackingStoreError naming that process."""
+    db = store_file(client)
+    if db is None:
+        write()
+        return
+    try:
+        while_locked(write, db, lock_wait_seconds(), what)
+    except StoreLockedTooLong as err:
+        raise TrackingStoreError(f"{err}; stop that process, or set {LOCK_WAIT_ENV}") from err
+
+
 class MlflowTracker:
     """The stages' Tracker, writing to one MLflow run. In a resumed run, a point of a curve at
     a step an earlier attempt already logged is not logged again: one point per step. A write
@@ -220,15 +234,7 @@ class MlflowTracker:
         def write() -> None:
             self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
 
-        db = store_file(self.client)
-        if db is None:
-            write()
-            return
-        what = f"run {self.run_id}: metrics at step {step or 0}"
-        try:
-            while_locked(write, db, lock_wait_seconds(), what)
-        except StoreLockedTooLong as err:
-            raise TrackingStoreError(f"{err}; stop that process, or set {LOCK_WAIT_ENV}") from err
+        patiently(self.client, write, f"run {self.run_id}: metrics at step {step or 0}")
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if path.is_dir():
@@ -282,7 +288,8 @@ def stage_run(
     except BaseException as err:
         record_failure(client, run_id, err, time.time() - began, attempts.number)
         raise
-    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+    finished = RunStatus.to_string(RunStatus.FINISHED)
+    patiently(client, lambda: client.set_terminated(run_id, finished), f"run {run_id}: finished")
 
 
 def record_failure(

@@ -64,3 +64,7 @@ def test_a_bad_store_wait_names_its_variable(tmp_path, monkeypatch, value):
     monkeypatch.setenv(tracking.TIMEOUT_ENV, value)
     with pytest.raises(ValueError, match=rf"^R1_MLFLOW_TIMEOUT='{value}': expected a number"):
         tracking.check_tracking_store(StatePaths(tmp_path / "state"))
+    monkeypatch.delenv(tracking.TIMEOUT_ENV)
+    monkeypatch.setenv(tracking.LOCK_WAIT_ENV, value)
+    with pytest.raises(ValueError, match=rf"^R1_MLFLOW_LOCK_WAIT='{value}': expected a number"):
+        tracking.check_tracking_store(StatePaths(tmp_path / "state"))
