@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,46 @@ class StatePaths:
         """Markers of injected one-time failures that have fired."""
         return self.root / "faults"
 
+    @property
+    def stage_keys(self) -> Path:
+        """Each stage key under its key without the code version (tasks/stage_cache.py)."""
+        return self.root / "stage_keys"
+
+    @property
+    def identity_file(self) -> Path:
+        return self.root / "state_id"
+
     def ensure(self) -> StatePaths:
         for path in (self.root, self.mlflow_artifacts, self.prefect_home, self.runs):
             path.mkdir(parents=True, exist_ok=True)
+        self.identity()
         return self
+
+    def identity(self) -> str | None:
+        """This folder's own identity: a random id made with it and kept in it. Stage keys
+        carry it, so a folder removed and made again at the same path never takes the stage
+        results an older one left in a store outside it (a PREFECT_HOME set elsewhere keeps
+        Prefect's results there): their files went with it. None while the folder does not
+        exist, and for a folder that held stages before folders had identities (its file says
+        so, empty): its keys stay what they were, and its finished stages stay finished.
+        Made once, whoever comes first: the id is written under a name of its own, then linked
+        into place, which fails if another process linked first; every reader sees a whole id."""
+        try:
+            return self.identity_file.read_text().strip() or None
+        except FileNotFoundError:
+            if not self.root.is_dir():
+                return None
+        made = "" if self._held_stages() else uuid.uuid4().hex
+        draft = self.root / f".state_id.{os.getpid()}.{uuid.uuid4().hex}"
+        draft.write_text(made)
+        try:
+            os.link(draft, self.identity_file)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+        return self.identity_file.read_text().strip() or None
+
+    def _held_stages(self) -> bool:
+        """Whether stages ran here before (their key index, or their folders)."""
+        return self.stage_keys.is_dir() or (self.runs.is_dir() and any(self.runs.iterdir()))

@@ -64,10 +64,12 @@ class RunContext:
         return tracking_client(self.paths)
 
     def stage_identity(self) -> dict[str, str]:
-        """Its part of a stage key: the state folder (stages never share results across state
-        folders), never the run's ids, nor where the stages run (`cluster`): a run on one
-        machine and one on a cluster share their stages."""
-        return {"state": str(self.state_root)}
+        """Its part of a stage key: the state folder, by its path and its own identity (stages
+        never share results across state folders, nor with a folder once at the same path),
+        never the run's ids, nor where the stages run (`cluster`): a run on one machine and one
+        on a cluster share their stages."""
+        made = self.paths.identity()
+        return {"state": str(self.state_root)} | ({"state_id": made} if made else {})
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """Stage caching: a finished stage is not computed again.
 
 A stage's key covers the task's name, its config, the content digests of its inputs, the state
-folder and the code version. The task's result is persisted by Prefect under that key, so a
-retried flow run, or a new run with the same parameters, takes every finished stage from the
-cache and starts at the first stage whose key it has not seen. The key also names the stage's
-working folder (`runs/<stage>/<key>`), so a training stage that died mid-way finds its own
-checkpoints again and resumes from the last one.
+folder (its path and its own identity, `StatePaths.identity`) and the code version. The task's
+result is persisted by Prefect under that key, so a retried flow run, or a new run with the same
+parameters, takes every finished stage from the cache and starts at the first stage whose key it
+has not seen. The key also names the stage's working folder (`runs/<stage>/<key>`), so a training
+stage that died mid-way finds its own checkpoints again and resumes from the last one.
 
 Every key a stage is called with is remembered beside its key without the code version
 (`state/stage_keys/<inputs key>/<key>`). With `cache.keep_finished` on, a stage whose key has no
@@ -35,6 +35,7 @@ from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 from pydantic import BaseModel
 
 from storage.digests import file_digest, tree_digest
+from storage.paths import StatePaths
 from tasks.progress import name_task_run_logs, run_logger
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +59,6 @@ CODE_PACKAGES = (
     "training",
 )
 KEY_LENGTH = 16  # hex characters of the key in folder names
-STAGE_KEYS = "stage_keys"  # the state folder's index of keys by inputs
 
 
 @runtime_checkable
@@ -178,7 +178,7 @@ def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 def _index_of(ctx: Any) -> Path | None:
     """The state folder's key index, for a call with a run context."""
     root = getattr(ctx, "state_root", None)
-    return Path(root) / STAGE_KEYS if root is not None else None
+    return StatePaths(Path(root)).stage_keys if root is not None else None
 
 
 def _refreshing(made: Task) -> bool:

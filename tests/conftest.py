@@ -107,12 +107,16 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def prefect_server():
+def prefect_server(tmp_path_factory):
     """A temporary Prefect API server (Prefect's test harness, tests/prefect_harness.py) for the
-    module's flow runs."""
+    module's flow runs, whose persisted results go to a folder of the test session's, not to
+    ~/.prefect/storage, where they would outlive it."""
+    from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
+
     from tests.prefect_harness import prefect_harness
 
-    with prefect_harness():
+    results = tmp_path_factory.mktemp("prefect-results")
+    with temporary_settings({PREFECT_RESULTS_LOCAL_STORAGE_PATH: results}), prefect_harness():
         yield
 
 

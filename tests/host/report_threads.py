@@ -7,5 +7,8 @@ import sys
 from host.threads import runtime_threads
 
 if __name__ == "__main__":
-    print("rank settings " + json.dumps(runtime_threads()), flush=True)
+    # one write, newline included: the ranks share one pipe, and under PYTHONUNBUFFERED print's
+    # separate write of the newline lets the other rank's line in between
+    sys.stdout.write(f"rank settings {json.dumps(runtime_threads())}\n")
+    sys.stdout.flush()
     sys.exit(0)

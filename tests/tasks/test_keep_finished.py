@@ -1,6 +1,8 @@
 """`cache.keep_finished`: a stage that finished under earlier code is taken from the cache, on a
-real Prefect server, while a stage that never finished runs under the code as it is now."""
+real Prefect server, while a stage that never finished runs under the code as it is now; a state
+folder made again where one was removed takes nothing from the old one's results."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,18 @@ def test_an_index_that_cannot_be_written_leaves_the_cache_working(tmp_path, code
     assert two_stages(str(tmp_path), keep=True) == "v1 then v1"
     assert runs_of_first(tmp_path) == 1  # from the cache, as without the index
     assert "first: its key is not noted in" in caplog.text
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_state_folder_made_again_at_the_same_path_runs_its_stages_again(
+    tmp_path, code_version, keep
+):
+    """Prefect keeps the results outside the state folder here (as under a PREFECT_HOME set
+    elsewhere); the files they name went with the old folder."""
+    state = tmp_path / "state"
+    code_version("v1")
+    for _ in range(2):
+        state.mkdir()
+        assert two_stages(str(state), keep=keep) == "v1 then v1"
+        assert runs_of_first(state) == 1
+        shutil.rmtree(state)
