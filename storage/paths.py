@@ -6,6 +6,7 @@ DuckDB file, stage outputs and checkpoints, and Prefect's home.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import uuid
@@ -100,9 +101,8 @@ class StatePaths:
         draft = self.root / f".state_id.{os.getpid()}.{uuid.uuid4().hex}"
         draft.write_text(made)
         try:
-            os.link(draft, self.identity_file)
-        except FileExistsError:
-            pass
+            with contextlib.suppress(FileExistsError):  # another process linked first: theirs
+                os.link(draft, self.identity_file)
         finally:
             draft.unlink()
         return self.identity_file.read_text().strip() or None
