@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -94,12 +94,22 @@ def follow(
         if run.state.is_final() and (since is None or run.state.timestamp >= since):
             break
         nap(poll)
-    quiet_until = time.monotonic() + STRAGGLER_SECONDS
+    quiet_until = time.monotonic() + straggler_wait(run.state.timestamp)
     while time.monotonic() < quiet_until:
         nap(poll)
         for log in ask(lambda: new_logs(client, flow_run_id, since, seen)):
             out(log_text(log))
     return run
+
+
+def straggler_wait(ended: datetime | None, now: datetime | None = None) -> float:
+    """Seconds to keep reading a run's logs after its final state: what is left of
+    `STRAGGLER_SECONDS` since it `ended` (none for a run that ended before that, whose process
+    is long gone; the whole of it where the server's clock reads ahead of this one)."""
+    if ended is None:
+        return STRAGGLER_SECONDS
+    since = ((now or datetime.now(UTC)) - ended).total_seconds()
+    return min(STRAGGLER_SECONDS, max(0.0, STRAGGLER_SECONDS - since))
 
 
 def _at_once(request: Callable[[], Any]) -> Any:

@@ -177,5 +177,4 @@ def test_runs_whose_worker_was_killed_end_crashed_or_cancelled_by_their_heartbea
     said = " ".join(watched.stdout.split())
     assert f"flow run {cancelled} Cancelled: Cancelled: no heartbeat" in said, watched.stdout
     assert "its process was already gone" in said
-    started = stack.serve("start")  # the worker again, for what follows
-    assert started.returncode == 0, started.stdout + started.stderr
+    # last in this module: the worker stays dead (the stack's stop ends the rest)
