@@ -138,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     show_logs()
     from cli.prefect_server import EarlyServer
 
-    server = EarlyServer.start(paths.prefect_home)  # comes up while the flow's modules import
+    server = EarlyServer.start(paths.prefect_home)  # comes up while the code below imports
     from rich.console import Console
 
     from cli.table import print_report
+    from flows import load_stage_code
     from storage.tracking import tracking_client
     from tasks.pipeline import run_url
 
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         from flows.r1_zero import r1_zero as flow
     else:
         from flows.r1_pipeline import r1_pipeline as flow
+    load_stage_code()
 
     if server is not None:
         server.wait()

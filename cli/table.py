@@ -8,7 +8,7 @@ from rich.table import Table
 
 from evaluation.report import cell, stage_lines
 from evaluation.report import columns as report_columns
-from tasks.pipeline import PipelineResult
+from tasks.result import PipelineResult
 
 WIDE = 180  # columns the whole table needs
 

@@ -8,30 +8,22 @@ from host.threads import settle_process
 # before torch loads, in a deployment's flow-run process too: how its threads wait (host/threads.py)
 settle_process()
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prefect import flow
 
 from configs.profiles import load_profile
 from configs.schema import PipelineConfig
-from evaluation.metrics import EvalReport
-from models.saved import ModelRef
-from problems.types import ProblemSet
-from storage import model_registry
-from storage.tracking import alias_for
-from tasks.context import RunContext, StageResult
-from tasks.distill import distill_student, rl_only_twin, student_base
-from tasks.evaluation import evaluate_model
-from tasks.general import prepare_general
-from tasks.pipeline import (
-    PipelineResult,
-    close_pipeline_run,
-    mark_pipeline_failed,
-    open_pipeline_run,
-)
-from tasks.problems import prepare_problems
-from tasks.registered import as_stage_result, registered_model
-from tasks.rejection import rejection_sample
+from flows.hooks import pipeline_failed
+from tasks.result import PipelineResult
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from evaluation.metrics import EvalReport
+    from models.saved import ModelRef
+    from problems.types import ProblemSet
+    from tasks.context import RunContext, StageResult
 
 
 def distil_students(
@@ -45,6 +37,9 @@ def distil_students(
 ) -> tuple[list[StageResult], dict[str, EvalReport]]:
     """Stage 7: the teacher's traces, then per student its base, its distillation and its
     RL-only twin; the stage results in order and the students' evaluations."""
+    from tasks.distill import distill_student, rl_only_twin, student_base
+    from tasks.rejection import rejection_sample
+
     distill = config.distillation
     stages: list[StageResult] = []
     evals: dict[str, EvalReport] = {}
@@ -68,7 +63,7 @@ def distil_students(
     return stages, evals
 
 
-@flow(name="distill", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
+@flow(name="distill", on_failure=[pipeline_failed], on_crashed=[pipeline_failed])
 def distill(
     profile: str = "tiny",
     overrides: list[str] | None = None,
@@ -77,6 +72,14 @@ def distill(
 ) -> PipelineResult:
     """Sample the teacher's traces, then per student: its base, its distillation, its twin.
     The students' tiny-world bases pretrain from the registered bootstrap model's tokenizer."""
+    from storage import model_registry
+    from storage.tracking import alias_for
+    from tasks.evaluation import evaluate_model
+    from tasks.general import prepare_general
+    from tasks.pipeline import close_pipeline_run, open_pipeline_run
+    from tasks.problems import prepare_problems
+    from tasks.registered import as_stage_result, registered_model
+
     config = config or load_profile(profile, overrides or [])
     ctx = open_pipeline_run(config, flow="distill")
     problems = prepare_problems(config.data, ctx)

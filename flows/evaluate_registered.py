@@ -23,26 +23,14 @@ settle_process()
 from prefect import flow
 
 from configs.profiles import load_profile
-from evaluation.verdict import WATCHED, EvaluationRegression, regression_message
+from flows.hooks import evaluation_failed
 from storage.model_registry import parse_alias_uri
-from tasks.pipeline import open_state
-from tasks.registered import registered_model, registered_reward_model
-from tasks.scheduled_eval import (
-    evaluate_registered_model,
-    mark_evaluation_failed,
-    model_to_evaluate,
-    open_evaluation_run,
-    prepare_data,
-    record_evaluation,
-    retarget_hint,
-    settings_of,
-)
 
 
 @flow(
     name="evaluate-model",
-    on_failure=[mark_evaluation_failed],
-    on_crashed=[mark_evaluation_failed],
+    on_failure=[evaluation_failed],
+    on_crashed=[evaluation_failed],
 )
 def evaluate_registered(
     model: str | None = None,
@@ -54,6 +42,19 @@ def evaluate_registered(
     `models:/r1-micro@final` for `micro`) on the profile's held-out suites, record it, and fail
     on a regression against the latest earlier evaluation of the alias with the same settings
     (pass@1 or general score dropping by more than `max_drop`)."""
+    from evaluation.verdict import WATCHED, EvaluationRegression, regression_message
+    from tasks.pipeline import open_state
+    from tasks.registered import registered_model, registered_reward_model
+    from tasks.scheduled_eval import (
+        evaluate_registered_model,
+        model_to_evaluate,
+        open_evaluation_run,
+        prepare_data,
+        record_evaluation,
+        retarget_hint,
+        settings_of,
+    )
+
     if model is not None:
         parse_alias_uri(model)  # a bad URI fails before the profile loads or a store opens
     if max_drop < 0:

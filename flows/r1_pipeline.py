@@ -17,24 +17,11 @@ from prefect import flow
 
 from configs.profiles import load_profile
 from configs.schema import PipelineConfig
-from flows.distill import distil_students
-from tasks.bootstrap import bootstrap_base
-from tasks.curation import curate_cold_start
-from tasks.evaluation import evaluate_model
-from tasks.general import prepare_general, train_reward_model
-from tasks.pipeline import (
-    PipelineResult,
-    close_pipeline_run,
-    mark_pipeline_failed,
-    open_pipeline_run,
-)
-from tasks.problems import prepare_problems
-from tasks.reasoning_rl import grpo
-from tasks.rejection import rejection_sample
-from tasks.sft import cold_start_sft, mixed_sft
+from flows.hooks import pipeline_failed
+from tasks.result import PipelineResult
 
 
-@flow(name="r1-pipeline", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
+@flow(name="r1-pipeline", on_failure=[pipeline_failed], on_crashed=[pipeline_failed])
 def r1_pipeline(
     profile: str = "tiny",
     overrides: list[str] | None = None,
@@ -45,6 +32,17 @@ def r1_pipeline(
     `overrides` (`key=value` settings, as `r1 run --set` takes them) and, when given,
     `cluster_address` as its `cluster.address` (the `r1-pipeline/cluster` deployment's 'auto',
     which a run's own overrides add to rather than replace)."""
+    from flows.distill import distil_students
+    from tasks.bootstrap import bootstrap_base
+    from tasks.curation import curate_cold_start
+    from tasks.evaluation import evaluate_model
+    from tasks.general import prepare_general, train_reward_model
+    from tasks.pipeline import close_pipeline_run, open_pipeline_run
+    from tasks.problems import prepare_problems
+    from tasks.reasoning_rl import grpo
+    from tasks.rejection import rejection_sample
+    from tasks.sft import cold_start_sft, mixed_sft
+
     config = config or load_profile(profile, overrides or [], cluster_address)
     ctx = open_pipeline_run(config)
     problems = prepare_problems(config.data, ctx)

@@ -12,25 +12,23 @@ from prefect import flow
 
 from configs.profiles import load_profile
 from configs.schema import PipelineConfig
-from tasks.bootstrap import bootstrap_base
-from tasks.evaluation import evaluate_model
-from tasks.general import prepare_general, train_reward_model, uses_reward_model
-from tasks.pipeline import (
-    PipelineResult,
-    close_pipeline_run,
-    mark_pipeline_failed,
-    open_pipeline_run,
-)
-from tasks.problems import prepare_problems
-from tasks.reasoning_rl import grpo
+from flows.hooks import pipeline_failed
+from tasks.result import PipelineResult
 
 
-@flow(name="r1-zero", on_failure=[mark_pipeline_failed], on_crashed=[mark_pipeline_failed])
+@flow(name="r1-zero", on_failure=[pipeline_failed], on_crashed=[pipeline_failed])
 def r1_zero(
     profile: str = "tiny", overrides: list[str] | None = None, config: PipelineConfig | None = None
 ) -> PipelineResult:
     """Run R1-Zero on `config`, or, when none is given, on the named profile with `overrides`
     (`key=value` settings, as `r1 run --set` takes them)."""
+    from tasks.bootstrap import bootstrap_base
+    from tasks.evaluation import evaluate_model
+    from tasks.general import prepare_general, train_reward_model, uses_reward_model
+    from tasks.pipeline import close_pipeline_run, open_pipeline_run
+    from tasks.problems import prepare_problems
+    from tasks.reasoning_rl import grpo
+
     config = config or load_profile(profile, overrides or [])
     ctx = open_pipeline_run(config, flow="r1_zero")
     problems = prepare_problems(config.data, ctx)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from uuid import UUID
 
 import torch
@@ -44,21 +43,13 @@ from storage.tracking import (
 )
 from tasks.context import RunContext, StageResult
 from tasks.plan import planned_stages
+from tasks.result import PipelineResult
 from tasks.resume import hold_pipeline_run, resumed_command_run
 from tasks.run_pages import RUN_DESCRIPTION_TAG, report_description
 from tasks.stage_cache import code_version
 from training.memory_fit import check_memory_fit
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PipelineResult:
-    parent_run_id: str
-    flow_run_id: str
-    state_root: str
-    rows: list[StageRow]
-    filter_counts: dict[str, int]
 
 
 def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StatePaths:

@@ -14,7 +14,7 @@ import duckdb
 import pytest
 
 from flows.r1_pipeline import r1_pipeline
-from tasks.pipeline import PipelineResult
+from tasks.result import PipelineResult
 
 pytestmark = [pytest.mark.cluster, pytest.mark.heavy]
 

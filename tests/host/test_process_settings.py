@@ -99,11 +99,13 @@ def test_every_deployment_starts_its_flow_run_governed_or_waiting_passively():
 
 def test_a_flow_module_loaded_by_its_path_governs_before_torch_loads(shell):
     """As a worker's flow-run process loads an entrypoint: by path, the deployment's
-    environment in place; libgomp then loads with its own spin, not the inherited 1,000."""
+    environment in place, then the stages' code as the flow runs; libgomp then loads with its
+    own spin, not the inherited 1,000."""
     code = (
         "import importlib.util; "
         "spec = importlib.util.spec_from_file_location('flow', 'flows/distill.py'); "
         "spec.loader.exec_module(importlib.util.module_from_spec(spec)); "
+        "from flows import load_stage_code; load_stage_code(); "
         "from host.waiting import governor; import sys; "
         "print('governed', governor() is not None, 'torch' in sys.modules)"
     )
