@@ -42,6 +42,10 @@ from host.threads import settle_process
 FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"  # what Prefect puts in a flow-run process's environment
 READY = "worker ready: runs left without a process are ended; polling pool"
 GRACE_SECONDS = 20.0  # under scripts/serve.sh's R1_STOP_SECONDS (30), after which it kills
+# how often it asks the server for runs to start, where PREFECT_WORKER_QUERY_SECONDS does not
+# say: a run waited up to Prefect's 10 s for its local worker; a request every 2 s costs little
+QUERY_SECONDS = 2.0
+QUERY_ENV = "PREFECT_WORKER_QUERY_SECONDS"
 
 
 def flow_run_processes() -> list[psutil.Process]:
@@ -175,6 +179,7 @@ async def end_orphaned_runs(pool: str) -> list[str]:
 async def serve(pool: str, grace: float) -> None:
     """Poll `pool` for flow runs until a SIGTERM or SIGINT arrives; then end the flow runs this
     worker started (they end Crashed) and stop."""
+    from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
     from prefect.workers.process import ProcessWorker
 
     loop = asyncio.get_running_loop()
@@ -197,8 +202,10 @@ async def serve(pool: str, grace: float) -> None:
         print(line, flush=True)
     print(f"{READY} {pool}", flush=True)  # scripts/serve.sh waits for this line
     worker = ProcessWorker(work_pool_name=pool)
+    query = {} if QUERY_ENV in os.environ else {PREFECT_WORKER_QUERY_SECONDS: QUERY_SECONDS}
     try:
-        await worker.start()
+        with temporary_settings(query):
+            await worker.start()
     except asyncio.CancelledError:
         print(f"worker {worker.name!r} stopped", flush=True)
 

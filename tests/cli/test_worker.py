@@ -3,12 +3,13 @@ machine are the ones it ends, each in the state that fits."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import uuid
 
-from cli.worker import live_flow_run_ids, orphan_message, orphans
+from cli.worker import QUERY_ENV, QUERY_SECONDS, live_flow_run_ids, orphan_message, orphans
 
 
 def test_orphans_are_the_running_and_cancelling_runs_without_a_process():
@@ -40,3 +41,47 @@ def test_a_process_that_carries_a_flow_run_id_is_seen_alive_and_one_that_ended_i
 def test_the_messages_say_why_and_what_to_do():
     assert "Retry it to resume" in orphan_message("r1-local", "CRASHED")
     assert "nothing was left to stop" in orphan_message("r1-local", "CANCELLED")
+
+
+class Polling:
+    """Prefect's ProcessWorker where it starts polling: the interval it polls at (Prefect's
+    polling loop reads the setting there)."""
+
+    seen: list[float] = []
+
+    def __init__(self, work_pool_name: str):
+        self.name = work_pool_name
+
+    async def start(self) -> None:
+        from prefect.settings import PREFECT_WORKER_QUERY_SECONDS
+
+        Polling.seen.append(PREFECT_WORKER_QUERY_SECONDS.value())
+
+
+def polling_interval(monkeypatch) -> float:
+    import prefect.workers.process
+
+    import cli.worker
+
+    async def no_orphans(pool: str) -> list[str]:
+        return []
+
+    monkeypatch.setattr(cli.worker, "end_orphaned_runs", no_orphans)
+    monkeypatch.setattr(prefect.workers.process, "ProcessWorker", Polling)
+    monkeypatch.setattr(Polling, "seen", [])
+    asyncio.run(cli.worker.serve("pool", grace=1.0))
+    (seen,) = Polling.seen
+    return seen
+
+
+def test_the_worker_asks_for_runs_every_2_s(monkeypatch):
+    monkeypatch.delenv(QUERY_ENV, raising=False)
+    assert polling_interval(monkeypatch) == QUERY_SECONDS == 2.0
+
+
+def test_an_interval_the_user_set_is_kept(monkeypatch):
+    from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
+
+    monkeypatch.setenv(QUERY_ENV, "7")
+    with temporary_settings({PREFECT_WORKER_QUERY_SECONDS: 7.0}):  # as Prefect read it
+        assert polling_interval(monkeypatch) == 7.0
