@@ -141,10 +141,12 @@ def in_process(model_path, tokenizer, config, chunks, jobs, rewards, db) -> Run:
     return run
 
 
-def on_actors(cluster, model_path, tokenizer, config, chunks, jobs, rewards, db) -> Run:
+def on_actors(
+    cluster, model_path, tokenizer, config, chunks, jobs, rewards, db, name: str = ""
+) -> Run:
     from cluster.actors import ActorSampler
 
-    run = Run(f"{cluster.workers} actor{'s' if cluster.workers > 1 else ''}")
+    run = Run(name or f"{cluster.workers} actor{'s' if cluster.workers > 1 else ''}")
     run.workers = cluster.workers
     began = time.perf_counter()
     sampler = ActorSampler.start(cluster, config.sampler, model_path, config.batch_size)
@@ -182,6 +184,11 @@ def report(runs: list[Run], args: argparse.Namespace) -> None:
     print(f"scaling efficiency at 2: {two.throughput / (2 * one.throughput):.3f}")
     with_start = [r.tokens / (r.wall + r.start) for r in (one, two)]
     print(f"  counting actor start:  {with_start[1] / (2 * with_start[0]):.3f}")
+    kept = by_name["2 kept"]
+    print(
+        f"a stage's start on 2 actors kept from the stage before: {kept.start:.2f} s, on 2 new "
+        f"actors {two.start:.2f} s ({kept.start / two.start:.3f}x)"
+    )
 
 
 def main() -> None:
@@ -201,7 +208,22 @@ def main() -> None:
             placed = ClusterConfig(address=address, workers=workers)
             db = folder / f"actors{workers}.db"
             runs.append(on_actors(placed, model_path, tokenizer, config, chunks, jobs, rewards, db))
+        runs.append(kept_run(placed, model_path, tokenizer, config, chunks, jobs, rewards, folder))
         report(runs, args)
+
+
+def kept_run(cluster, model_path, tokenizer, config, chunks, jobs, rewards, folder) -> Run:
+    """Two stages in a row within a flow's block that keeps sampling actors (cluster.kept):
+    the first starts them, the second, measured, takes them and loads its model."""
+    from cluster.kept import kept_actors
+
+    with kept_actors(cluster):
+        db = folder / "before-kept.db"
+        on_actors(cluster, model_path, tokenizer, config, chunks[:1], jobs[:1], rewards, db)
+        db = folder / "kept.db"
+        return on_actors(
+            cluster, model_path, tokenizer, config, chunks, jobs, rewards, db, name="2 kept"
+        )
 
 
 @contextmanager

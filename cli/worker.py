@@ -42,10 +42,10 @@ from host.threads import settle_process
 FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"  # what Prefect puts in a flow-run process's environment
 READY = "worker ready: runs left without a process are ended; polling pool"
 GRACE_SECONDS = 20.0  # under scripts/serve.sh's R1_STOP_SECONDS (30), after which it kills
-# how often it asks the server for runs to start, where PREFECT_WORKER_QUERY_SECONDS does not
-# say: a run waited up to Prefect's 10 s for its local worker; a request every 2 s costs little
+# how often it asks the server for runs to start, where the user's PREFECT_WORKER_QUERY_SECONDS
+# (environment, .env or Prefect profile) does not say: a run waited up to Prefect's 10 s for its
+# local worker; a request every 2 s costs little
 QUERY_SECONDS = 2.0
-QUERY_ENV = "PREFECT_WORKER_QUERY_SECONDS"
 
 
 def flow_run_processes() -> list[psutil.Process]:
@@ -176,6 +176,13 @@ async def end_orphaned_runs(pool: str) -> list[str]:
     return said
 
 
+def query_interval_set() -> bool:
+    """Whether the user set the worker's query interval, in any place Prefect reads settings."""
+    from prefect.settings import get_current_settings
+
+    return "query_seconds" in get_current_settings().worker.model_fields_set
+
+
 async def serve(pool: str, grace: float) -> None:
     """Poll `pool` for flow runs until a SIGTERM or SIGINT arrives; then end the flow runs this
     worker started (they end Crashed) and stop."""
@@ -202,7 +209,7 @@ async def serve(pool: str, grace: float) -> None:
         print(line, flush=True)
     print(f"{READY} {pool}", flush=True)  # scripts/serve.sh waits for this line
     worker = ProcessWorker(work_pool_name=pool)
-    query = {} if QUERY_ENV in os.environ else {PREFECT_WORKER_QUERY_SECONDS: QUERY_SECONDS}
+    query = {} if query_interval_set() else {PREFECT_WORKER_QUERY_SECONDS: QUERY_SECONDS}
     try:
         with temporary_settings(query):
             await worker.start()

@@ -6,6 +6,10 @@ Rows are the same as one process's because a prompt's samples depend only on its
 index in `prompt_offset` (evaluation) or its own seed (rejection sampling), so which actor
 samples it, and beside which other prompts, changes nothing.
 
+Every call to an actor carries the stage's `ModelSpec` (sampler settings, model folder and its
+digests, batch size), and an actor holding no model, or another, loads that one first: so an
+actor can outlive its stage and serve the next (cluster/kept.py keeps them within a flow run).
+
 Faults: an actor that dies is restarted by Ray (`max_restarts`) on whatever node has room, loads
 the model again and re-runs the chunks it held (`max_task_retries`); the stage sees the same
 results. Every wait is bounded: actors must be ready within the sampler's `start_timeout_s`
@@ -16,6 +20,7 @@ driver's model (another checkpoint at that path, or no shared filesystem) fails 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -32,6 +37,7 @@ from configs.reinforcement import SamplerConfig
 from host.threads import runtime_threads, thread_vars
 from sampling.chunks import ChunkJob
 from sampling.interface import Completion, SamplingParams
+from sampling.workers import DrawJob, DrawResult
 from storage.digests import tree_digest
 
 log = logging.getLogger(__name__)
@@ -67,28 +73,43 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-class SamplerActor:
-    """One sampler on one node (made a Ray actor by `ActorSampler.start`). Its constructor never
-    raises: a mismatch is kept and raised by every call, so that Ray reports it as the call's
-    error (an actor whose constructor raises is only 'dead')."""
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a stage samples with: its sampler settings, the model folder (with the digests the
+    stage's process found for it and for its sampling code) and the batch size. Every call to an
+    actor carries it, so that an actor Ray restarted, or one kept from an earlier stage
+    (cluster.kept), loads the stage's model before it samples."""
 
-    def __init__(
-        self,
-        config: SamplerConfig,
-        model_path: str,
-        digests: dict[str, str],
-        batch: int,
-        threads: int,
-    ):
-        began = time.perf_counter()
+    config: SamplerConfig
+    model_path: str
+    digests: dict[str, str]
+    batch: int
+
+
+class SamplerActor:
+    """One sampler on one node (made a Ray actor by `ActorSampler.start`): a worker process with
+    `threads` torch threads that loads the model a call's `ModelSpec` names, when it holds no
+    other, and samples chunks with it (`generate`) or draws GRPO jobs at the policy version each
+    names (`draw`). Its constructor loads nothing and never raises: a restarted actor is ready
+    for the next call, which loads the stage's model again."""
+
+    def __init__(self, threads: int):
         self.node = socket.gethostname()
-        self.error: Exception | None = None
+        self.threads = threads
+        self.spec: ModelSpec | None = None
         self.sampler: Any = None
-        try:
-            self._check(Path(model_path), digests)
-            self.sampler = self._open(config, Path(model_path), batch, threads)
-        except Exception as error:  # raised again by every call
-            self.error = error
+        self.worker: Any = None  # the RolloutWorker of `draw`, made on its first job
+        self.load_seconds = 0.0
+
+    def _take(self, spec: ModelSpec) -> None:
+        """Hold `spec`'s model, loading it (after checking its digests) unless held already."""
+        if self.spec == spec:
+            return
+        self.unload()
+        began = time.perf_counter()
+        self._check(Path(spec.model_path), spec.digests)
+        self.sampler = self._open(spec.config, Path(spec.model_path), spec.batch, self.threads)
+        self.spec = spec
         self.load_seconds = time.perf_counter() - began
 
     def _check(self, path: Path, digests: dict[str, str]) -> None:
@@ -125,9 +146,9 @@ class SamplerActor:
         os.environ.setdefault("TQDM_DISABLE", "1")  # progress is the stage's, per chunk
         return open_sampler(config, path, load_tokenizer(path), batch)
 
-    def ready(self) -> dict[str, Any]:
-        if self.error is not None:
-            raise self.error
+    def open(self, spec: ModelSpec) -> dict[str, Any]:
+        """Load `spec`'s model; where this actor runs and what loading took."""
+        self._take(spec)
         from models.loading import model_device
 
         return {
@@ -138,17 +159,32 @@ class SamplerActor:
             "device": model_device().type,
         }
 
-    def generate(self, prompts: list[str], n: int, params: SamplingParams) -> ChunkResult:
-        if self.error is not None:
-            raise self.error
+    def generate(
+        self, spec: ModelSpec, prompts: list[str], n: int, params: SamplingParams
+    ) -> ChunkResult:
+        self._take(spec)
         began = time.perf_counter()
         groups = self.sampler.generate(prompts, n, params)
         return ChunkResult(groups, time.perf_counter() - began, os.getpid(), self.node)
 
-    def close(self) -> None:
+    def draw(self, spec: ModelSpec, job: DrawJob) -> DrawResult:
+        """A GRPO step's chunk, sampled with the policy version `job` names (loaded into the
+        model first when it holds another; cluster/rollout_actors.py)."""
+        from sampling.workers.worker import RolloutWorker
+
+        self._take(spec)
+        if self.worker is None:
+            self.worker = RolloutWorker.around(self.sampler, Path(spec.model_path))
+        result: DrawResult = self.worker.draw(job)
+        return result
+
+    def unload(self) -> None:
+        """Close the sampler and let its model go; the process stays for the next model."""
         close = getattr(self.sampler, "close", None)
         if callable(close):
             close()
+        self.spec, self.sampler, self.worker = None, None, None
+        gc.collect()
 
 
 @dataclass
@@ -159,7 +195,7 @@ class ActorSampler:
     ray: Any
     actors: list[Any]
     cluster: ClusterConfig
-    config: SamplerConfig
+    spec: ModelSpec
     pids: list[int]
     startup: list[dict[str, Any]]
     replaced: list[tuple[int, int, int]] = field(default_factory=list)  # (actor, old pid, new)
@@ -172,39 +208,52 @@ class ActorSampler:
         model_path: Path,
         batch_size: int,
         digest: str | None = None,
-        actor: type = SamplerActor,
     ) -> ActorSampler:
-        """`cluster.workers` actors (of class `actor`), each with the model at `model_path`
-        loaded, once every one has checked that its folder holds `digest` (default: the
-        folder's digest here)."""
+        """`cluster.workers` actors, each with the model at `model_path` loaded, once every one
+        has checked that its folder holds `digest` (default: the folder's digest here). The
+        actors a `kept_actors` block holds from an earlier stage are taken first (cluster.kept)."""
+        from cluster import kept
         from cluster.connect import connect
 
         ray = connect(cluster)
         _warn_if_gpus_idle(cluster)
         digests = {"model": digest or tree_digest(model_path), "code": code_digest()}
-        remote = ray.remote(
-            num_cpus=cluster.cpus_per_worker,
-            num_gpus=cluster.gpus_per_worker,
-            max_restarts=cluster.max_restarts,
-            max_task_retries=cluster.max_restarts,
-            scheduling_strategy="SPREAD",
-            runtime_env=actor_env(cluster.threads_per_worker),
-        )(actor)
-        args = (config, str(model_path.resolve()), digests, batch_size, cluster.threads_per_worker)
-        actors = [remote.remote(*args) for _ in range(cluster.workers)]
+        spec = ModelSpec(config, str(model_path.resolve()), digests, batch_size)
+        held = kept.take(cluster)
+        if held:
+            from ray.exceptions import RayActorError
+
+            try:
+                return cls._opened(ray, held, cluster, spec, "kept from the stage before")
+            except RayActorError as error:
+                first = str(error).splitlines()[0] if str(error) else type(error).__name__
+                log.warning("a kept sampling actor had died (%s): starting new ones", first)
+        return cls._opened(ray, new_actors(ray, cluster), cluster, spec, "started")
+
+    @classmethod
+    def _opened(
+        cls, ray: Any, actors: list[Any], cluster: ClusterConfig, spec: ModelSpec, how: str
+    ) -> ActorSampler:
+        """The sampler over `actors` once each has loaded `spec`'s model; on any failure the
+        actors are ended and the error raised."""
         try:
-            startup = _wait_ready(ray, actors, cluster, config)
+            startup = _wait_ready(ray, actors, spec, cluster)
         except BaseException:
             for actor in actors:
                 ray.kill(actor)
             raise
         log.info(
-            "%d sampling actors ready on %s, sampling on %s",
+            "%d sampling actors (%s) ready on %s, sampling on %s",
             len(actors),
+            how,
             ", ".join(sorted({s["node"] for s in startup})),
             ", ".join(sorted({s["device"] for s in startup})),
         )
-        return cls(ray, actors, cluster, config, [s["pid"] for s in startup], startup)
+        return cls(ray, actors, cluster, spec, [s["pid"] for s in startup], startup)
+
+    @property
+    def config(self) -> SamplerConfig:
+        return self.spec.config
 
     def generate(
         self, prompts: Sequence[str], n: int, params: SamplingParams
@@ -235,7 +284,7 @@ class ActorSampler:
         def submit(actor: int) -> None:
             if pending:
                 index, job = pending.popleft()
-                ref = self.actors[actor].generate.remote(job.prompts, job.n, job.params)
+                ref = self.actors[actor].generate.remote(self.spec, job.prompts, job.n, job.params)
                 running[ref] = (actor, index)
 
         for actor in range(len(self.actors)):
@@ -282,12 +331,39 @@ class ActorSampler:
         return result
 
     def close(self) -> None:
-        """Close each actor's sampler, then end the actors."""
-        closing = [actor.close.remote() for actor in self.actors]
-        self.ray.wait(closing, num_returns=len(closing), timeout=60)
-        for actor in self.actors:
-            self.ray.kill(actor, no_restart=True)
+        """Unload each actor's model; keep the actors for the next stage where a `kept_actors`
+        block takes them (cluster.kept), else end them."""
+        from cluster import kept
+
+        unloading = [actor.unload.remote() for actor in self.actors]
+        done, _ = self.ray.wait(unloading, num_returns=len(unloading), timeout=60)
+        unloaded = len(done) == len(unloading) and _all_returned(self.ray, done)
+        if not (unloaded and kept.give_back(self.cluster, self.spec.config, self.actors)):
+            for actor in self.actors:
+                self.ray.kill(actor, no_restart=True)
         self.actors = []
+
+
+def new_actors(ray: Any, cluster: ClusterConfig) -> list[Any]:
+    """`cluster.workers` sampling actors, holding no model yet."""
+    remote = ray.remote(
+        num_cpus=cluster.cpus_per_worker,
+        num_gpus=cluster.gpus_per_worker,
+        max_restarts=cluster.max_restarts,
+        max_task_retries=cluster.max_restarts,
+        scheduling_strategy="SPREAD",
+        runtime_env=actor_env(cluster.threads_per_worker),
+    )(SamplerActor)
+    return [remote.remote(cluster.threads_per_worker) for _ in range(cluster.workers)]
+
+
+def _all_returned(ray: Any, refs: list[Any]) -> bool:
+    """Whether every call behind `refs` returned (none raised, no actor died)."""
+    try:
+        ray.get(refs)
+    except Exception:
+        return False
+    return True
 
 
 def actor_device() -> str:
@@ -324,15 +400,15 @@ def task_error(error: Exception) -> Exception:
 
 
 def _wait_ready(
-    ray: Any, actors: list[Any], cluster: ClusterConfig, config: SamplerConfig
+    ray: Any, actors: list[Any], spec: ModelSpec, cluster: ClusterConfig
 ) -> list[dict[str, Any]]:
-    """Each actor's node, pid and load time, once all loaded their model; a mismatch or a
+    """Each actor's node, pid and load time, once all loaded `spec`'s model; a mismatch or a
     cluster without room fails here, before any chunk is sent."""
     from ray.exceptions import GetTimeoutError, RayTaskError
 
-    limit = cluster.place_timeout_s + config.start_timeout_s
+    limit = cluster.place_timeout_s + spec.config.start_timeout_s
     try:
-        return ray.get([actor.ready.remote() for actor in actors], timeout=limit)
+        return ray.get([actor.open.remote(spec) for actor in actors], timeout=limit)
     except RayTaskError as error:
         raise task_error(error) from None
     except GetTimeoutError as error:

@@ -173,9 +173,11 @@ class RayNodes:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from cluster import kept
         from cluster.connect import ClusterUnreachableError, connect
 
         ray = connect(self.cluster)
+        kept.release(f"{spec.desc} places its training nodes")  # their CPUs and GPUs
         n, bundle = self.cluster.nodes, self.bundle(engine)
         group = placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_SPREAD")
         if not group.wait(timeout_seconds=self.cluster.place_timeout_s):

@@ -1,12 +1,12 @@
 """A GRPO stage's rollouts drawn on the cluster's sampling actors (`cluster.workers` of them).
 
 Each actor is a SamplerActor (cluster/actors.py: it loads the stage's model once, after checking
-that its folder and its sampling code digest as the stage's process's do) that also draws jobs:
-a step's chunk of prompts and the policy version to sample it with, read from the stage's
-folder on the shared filesystem and checked against the digest the trainer wrote
+that its folder and its sampling code digest as the stage's process's do) drawing jobs: a step's
+chunk of prompts and the policy version to sample it with, read from the stage's folder on the
+shared filesystem and checked against the digest the trainer wrote
 (sampling/workers/versions.py). An actor that dies is restarted by Ray (`max_restarts`) and the
-jobs it held run again on the new one, which loads the version the job names first: the rows are
-the same.
+jobs it held run again on the new one, which loads the stage's model and then the version the
+job names: the rows are the same.
 """
 
 from __future__ import annotations
@@ -14,27 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cluster.actors import ActorSampler, ClusterSamplingError, SamplerActor
+from cluster.actors import ActorSampler, ClusterSamplingError
 from configs.cluster import ClusterConfig
 from configs.reinforcement import SamplerConfig
 from sampling.workers import DrawJob, DrawResult, RolloutWorkerError
-from sampling.workers.worker import RolloutWorker
-
-
-class RolloutActor(SamplerActor):
-    """A sampling actor that draws GRPO jobs at the version each names."""
-
-    def __init__(self, config: SamplerConfig, model_path: str, *args: Any):
-        super().__init__(config, model_path, *args)
-        self.model_path = model_path
-        self.worker: RolloutWorker | None = None
-
-    def draw(self, job: DrawJob) -> DrawResult:
-        if self.error is not None:
-            raise self.error
-        if self.worker is None:
-            self.worker = RolloutWorker.around(self.sampler, Path(self.model_path))
-        return self.worker.draw(job)
 
 
 class ActorWorkers:
@@ -50,7 +33,7 @@ class ActorWorkers:
     def start(
         cls, cluster: ClusterConfig, config: SamplerConfig, model_path: Path, batch_size: int
     ) -> ActorWorkers:
-        pool = ActorSampler.start(cluster, config, model_path, batch_size, actor=RolloutActor)
+        pool = ActorSampler.start(cluster, config, model_path, batch_size)
         return cls(pool)
 
     def submit(self, job: DrawJob) -> None:
@@ -58,7 +41,7 @@ class ActorWorkers:
         for actor, _ in self.running.values():
             load[actor] += 1
         actor = load.index(min(load))
-        self.running[self.pool.actors[actor].draw.remote(job)] = (actor, job)
+        self.running[self.pool.actors[actor].draw.remote(self.pool.spec, job)] = (actor, job)
 
     def result(self) -> DrawResult:
         config = self.pool.config

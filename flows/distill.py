@@ -72,6 +72,7 @@ def distill(
 ) -> PipelineResult:
     """Sample the teacher's traces, then per student: its base, its distillation, its twin.
     The students' tiny-world bases pretrain from the registered bootstrap model's tokenizer."""
+    from cluster.kept import kept_actors
     from storage import model_registry
     from storage.tracking import alias_for
     from tasks.evaluation import evaluate_model
@@ -81,24 +82,25 @@ def distill(
     from tasks.registered import as_stage_result, registered_model
 
     config = config or load_profile(profile, overrides or [])
-    ctx = open_pipeline_run(config, flow="distill")
-    problems = prepare_problems(config.data, ctx)
-    general = prepare_general(config.data.general, ctx) if config.data.general else None
-    name = model_registry.parse_model(teacher).name
+    with kept_actors(config.cluster):
+        ctx = open_pipeline_run(config, flow="distill")
+        problems = prepare_problems(config.data, ctx)
+        general = prepare_general(config.data.general, ctx) if config.data.general else None
+        name = model_registry.parse_model(teacher).name
 
-    def registered(uri: str, stage: str) -> StageResult[ModelRef]:
-        return as_stage_result(registered_model(ctx.paths, uri), stage)
+        def registered(uri: str, stage: str) -> StageResult[ModelRef]:
+            return as_stage_result(registered_model(ctx.paths, uri), stage)
 
-    model = registered(teacher, "teacher")
-    base = registered(f"models:/{name}@{alias_for('bootstrap')}", "bootstrap")
-    rm = (
-        registered(f"models:/{name}@{alias_for('reward_model')}", "reward_model")
-        if general
-        else None
-    )
+        model = registered(teacher, "teacher")
+        base = registered(f"models:/{name}@{alias_for('bootstrap')}", "bootstrap")
+        rm = (
+            registered(f"models:/{name}@{alias_for('reward_model')}", "reward_model")
+            if general
+            else None
+        )
 
-    def evaluate(stage: StageResult) -> EvalReport:
-        return evaluate_model(config.evaluation, ctx, stage, problems, general, rm)
+        def evaluate(stage: StageResult) -> EvalReport:
+            return evaluate_model(config.evaluation, ctx, stage, problems, general, rm)
 
-    stages, evals = distil_students(config, ctx, base, model, problems, rm, evaluate)
-    return close_pipeline_run(ctx, stages, evals, config.evaluation.k)
+        stages, evals = distil_students(config, ctx, base, model, problems, rm, evaluate)
+        return close_pipeline_run(ctx, stages, evals, config.evaluation.k)

@@ -32,6 +32,7 @@ def r1_pipeline(
     `overrides` (`key=value` settings, as `r1 run --set` takes them) and, when given,
     `cluster_address` as its `cluster.address` (the `r1-pipeline/cluster` deployment's 'auto',
     which a run's own overrides add to rather than replace)."""
+    from cluster.kept import kept_actors
     from flows.distill import distil_students
     from tasks.bootstrap import bootstrap_base
     from tasks.curation import curate_cold_start
@@ -44,39 +45,44 @@ def r1_pipeline(
     from tasks.sft import cold_start_sft, mixed_sft
 
     config = config or load_profile(profile, overrides or [], cluster_address)
-    ctx = open_pipeline_run(config)
-    problems = prepare_problems(config.data, ctx)
-    general = prepare_general(config.data.general, ctx) if config.data.general else None
+    with kept_actors(config.cluster):
+        ctx = open_pipeline_run(config)
+        problems = prepare_problems(config.data, ctx)
+        general = prepare_general(config.data.general, ctx) if config.data.general else None
 
-    base = bootstrap_base(config.bootstrap, ctx, problems, seed=config.data.world.seed)
-    rm = train_reward_model(config.reward_model, ctx, base, general) if general else None
+        base = bootstrap_base(config.bootstrap, ctx, problems, seed=config.data.world.seed)
+        rm = train_reward_model(config.reward_model, ctx, base, general) if general else None
 
-    def evaluate(stage):
-        return evaluate_model(config.evaluation, ctx, stage, problems, general, rm)
+        def evaluate(stage):
+            return evaluate_model(config.evaluation, ctx, stage, problems, general, rm)
 
-    stages, evals = [base], {base.stage: evaluate(base)}
-    if rm is not None:
-        stages.append(rm)
-    if config.r1_zero_in_pipeline:
-        zero = grpo(config.r1_zero, ctx, base, problems, "r1_zero_rl", reward_model=rm)
-        stages.append(zero)
-        evals[zero.stage] = evaluate(zero)
+        stages, evals = [base], {base.stage: evaluate(base)}
+        if rm is not None:
+            stages.append(rm)
+        if config.r1_zero_in_pipeline:
+            zero = grpo(config.r1_zero, ctx, base, problems, "r1_zero_rl", reward_model=rm)
+            stages.append(zero)
+            evals[zero.stage] = evaluate(zero)
 
-    sft_length = config.cold_start_sft.train.max_length
-    curated = curate_cold_start(config.curation, ctx, problems, base, sft_length)
-    model_1 = cold_start_sft(config.cold_start_sft, ctx, base, curated)
-    model_2 = grpo(config.reasoning_rl, ctx, model_1, problems, "reasoning_rl", reward_model=rm)
-    stages += [curated, model_1, model_2]
-    evals |= {m.stage: evaluate(m) for m in (model_1, model_2)}
+        sft_length = config.cold_start_sft.train.max_length
+        curated = curate_cold_start(config.curation, ctx, problems, base, sft_length)
+        model_1 = cold_start_sft(config.cold_start_sft, ctx, base, curated)
+        model_2 = grpo(config.reasoning_rl, ctx, model_1, problems, "reasoning_rl", reward_model=rm)
+        stages += [curated, model_1, model_2]
+        evals |= {m.stage: evaluate(m) for m in (model_1, model_2)}
 
-    rejected = rejection_sample(config.rejection, ctx, model_2, problems, general, rm)
-    model_3 = mixed_sft(config.mixed_sft, ctx, base, rejected, general)
-    model_4 = grpo(config.all_scenarios_rl, ctx, model_3, problems, "all_scenarios_rl", general, rm)
-    stages += [rejected, model_3, model_4]
-    evals |= {m.stage: evaluate(m) for m in (model_3, model_4)}
+        rejected = rejection_sample(config.rejection, ctx, model_2, problems, general, rm)
+        model_3 = mixed_sft(config.mixed_sft, ctx, base, rejected, general)
+        model_4 = grpo(
+            config.all_scenarios_rl, ctx, model_3, problems, "all_scenarios_rl", general, rm
+        )
+        stages += [rejected, model_3, model_4]
+        evals |= {m.stage: evaluate(m) for m in (model_3, model_4)}
 
-    students, student_evals = distil_students(config, ctx, base, model_4, problems, rm, evaluate)
-    stages += students
-    evals |= student_evals
+        students, student_evals = distil_students(
+            config, ctx, base, model_4, problems, rm, evaluate
+        )
+        stages += students
+        evals |= student_evals
 
-    return close_pipeline_run(ctx, stages, evals, config.evaluation.k)
+        return close_pipeline_run(ctx, stages, evals, config.evaluation.k)

@@ -22,6 +22,7 @@ def r1_zero(
 ) -> PipelineResult:
     """Run R1-Zero on `config`, or, when none is given, on the named profile with `overrides`
     (`key=value` settings, as `r1 run --set` takes them)."""
+    from cluster.kept import kept_actors
     from tasks.bootstrap import bootstrap_base
     from tasks.evaluation import evaluate_model
     from tasks.general import prepare_general, train_reward_model, uses_reward_model
@@ -30,19 +31,20 @@ def r1_zero(
     from tasks.reasoning_rl import grpo
 
     config = config or load_profile(profile, overrides or [])
-    ctx = open_pipeline_run(config, flow="r1_zero")
-    problems = prepare_problems(config.data, ctx)
+    with kept_actors(config.cluster):
+        ctx = open_pipeline_run(config, flow="r1_zero")
+        problems = prepare_problems(config.data, ctx)
 
-    base = bootstrap_base(config.bootstrap, ctx, problems, seed=config.data.world.seed)
-    base_eval = evaluate_model(config.evaluation, ctx, base, problems)
+        base = bootstrap_base(config.bootstrap, ctx, problems, seed=config.data.world.seed)
+        base_eval = evaluate_model(config.evaluation, ctx, base, problems)
 
-    stages, rm = [base], None
-    if uses_reward_model(config.r1_zero) and config.data.general:
-        general = prepare_general(config.data.general, ctx)
-        rm = train_reward_model(config.reward_model, ctx, base, general)
-        stages.append(rm)
+        stages, rm = [base], None
+        if uses_reward_model(config.r1_zero) and config.data.general:
+            general = prepare_general(config.data.general, ctx)
+            rm = train_reward_model(config.reward_model, ctx, base, general)
+            stages.append(rm)
 
-    zero = grpo(config.r1_zero, ctx, base, problems, "r1_zero_rl", reward_model=rm)
-    zero_eval = evaluate_model(config.evaluation, ctx, zero, problems)
-    stages.append(zero)
-    return close_pipeline_run(ctx, stages, {base.stage: base_eval, zero.stage: zero_eval})
+        zero = grpo(config.r1_zero, ctx, base, problems, "r1_zero_rl", reward_model=rm)
+        zero_eval = evaluate_model(config.evaluation, ctx, zero, problems)
+        stages.append(zero)
+        return close_pipeline_run(ctx, stages, {base.stage: base_eval, zero.stage: zero_eval})

@@ -1,6 +1,6 @@
 """One sampling worker: a sampler that draws each job with the policy version the job names,
 loading that version's weights first when it holds another. The same class serves a sampler
-process on this machine (sampling/workers/process.py) and a Ray actor (cluster/rollout_actors.py).
+process on this machine (sampling/workers/process.py) and a Ray actor (cluster/actors.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import uuid
 
-from cli.worker import QUERY_ENV, QUERY_SECONDS, live_flow_run_ids, orphan_message, orphans
+from cli.worker import QUERY_SECONDS, live_flow_run_ids, orphan_message, orphans
 
 
 def test_orphans_are_the_running_and_cancelling_runs_without_a_process():
@@ -75,13 +75,27 @@ def polling_interval(monkeypatch) -> float:
 
 
 def test_the_worker_asks_for_runs_every_2_s(monkeypatch):
-    monkeypatch.delenv(QUERY_ENV, raising=False)
+    from cli.worker import query_interval_set
+
+    assert not query_interval_set(), "this test needs PREFECT_WORKER_QUERY_SECONDS unset"
     assert polling_interval(monkeypatch) == QUERY_SECONDS == 2.0
 
 
-def test_an_interval_the_user_set_is_kept(monkeypatch):
+def test_an_interval_set_in_the_environment_is_kept(monkeypatch):
     from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
 
-    monkeypatch.setenv(QUERY_ENV, "7")
+    monkeypatch.setenv("PREFECT_WORKER_QUERY_SECONDS", "7")
     with temporary_settings({PREFECT_WORKER_QUERY_SECONDS: 7.0}):  # as Prefect read it
         assert polling_interval(monkeypatch) == 7.0
+
+
+def test_an_interval_set_in_a_prefect_profile_is_kept(monkeypatch):
+    """Set in the active profile (profiles.toml under PREFECT_HOME) or a .env file, not in the
+    environment: the 2 s default must not replace it."""
+    from prefect.context import use_profile
+    from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, Profile
+
+    monkeypatch.delenv("PREFECT_WORKER_QUERY_SECONDS", raising=False)
+    profile = Profile(name="user", settings={PREFECT_WORKER_QUERY_SECONDS: 4.0})
+    with use_profile(profile, include_current_context=False):
+        assert polling_interval(monkeypatch) == 4.0

@@ -108,11 +108,11 @@ def test_an_actor_killed_mid_stage_is_replaced_and_its_steps_drawn_again(
 ):
     want_out, want = on_actors
     killed: list[int] = []
-    before = set(sampling_actor_pids("RolloutActor"))
+    before = set(sampling_actor_pids())
 
     def kill(step: int) -> None:
         if step == 3:  # step 4 (maybe 3 too) is out on the actors
-            killed.append(one_new_actor(before, "RolloutActor"))
+            killed.append(one_new_actor(before))
             os.kill(killed[0], signal.SIGKILL)
 
     tracker = Recorder(kill)

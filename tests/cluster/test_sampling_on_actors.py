@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 
 import duckdb
@@ -168,6 +169,80 @@ def test_evaluation_on_two_actors_gives_one_process_figures(model, cluster, tmp_
         pq.read_table(spread.samples_path).to_pylist()
         == pq.read_table(local.samples_path).to_pylist()
     )
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory) -> ProblemSet:
+    problems = [Problem(f"h{i}", f"What is {i} + {i + 1}?", str(2 * i + 1)) for i in range(10)]
+    path = write_problems(tmp_path_factory.mktemp("heldout") / "heldout.jsonl", problems)
+    return ProblemSet(path, path, len(problems), len(problems))
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory) -> ModelRef:
+    tokenizer = make_tokenizer()
+    return save_model(tiny_model(tokenizer, seed=1), tokenizer, tmp_path_factory.mktemp("other"))
+
+
+def evaluated(report) -> tuple[dict, list[dict]]:
+    return report.metrics, pq.read_table(report.samples_path).to_pylist()
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if Path(f"/proc/{pid}").exists()}
+
+
+def wait_gone(pids: set[int], seconds: float = 30.0) -> set[int]:
+    """The pids of `pids` still running after up to `seconds` (Ray's kill is asynchronous)."""
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
+
+
+def test_a_stage_in_a_kept_block_samples_its_own_model_on_the_actors_before_it(
+    model, other_model, cluster, heldout, tmp_path
+):
+    """The second evaluation takes the first one's actors (the same processes, no new ones),
+    unloads nothing of theirs into its figures: they are the second model's in one process.
+    The block's end ends the actors; outside a block each stage starts its own."""
+    from cluster.kept import kept_actors
+
+    want = evaluated(evaluate.run(EVAL, other_model, heldout, tmp_path / "local", NullTracker()))
+    first = evaluated(evaluate.run(EVAL, model, heldout, tmp_path / "first-local", NullTracker()))
+    assert first != want  # two models that sample apart
+    before = set(sampling_actor_pids())
+    with kept_actors(cluster):
+        a = evaluate.run(EVAL, model, heldout, tmp_path / "a", NullTracker(), cluster=cluster)
+        kept = set(sampling_actor_pids()) - before
+        b = evaluate.run(EVAL, other_model, heldout, tmp_path / "b", NullTracker(), cluster=cluster)
+        assert set(sampling_actor_pids()) - before == kept and len(kept) == cluster.workers
+    assert evaluated(a) == first and evaluated(b) == want
+    assert wait_gone(kept) == set()
+    evaluate.run(EVAL, model, heldout, tmp_path / "c", NullTracker(), cluster=cluster)
+    third = set(sampling_actor_pids()) - before
+    evaluate.run(EVAL, model, heldout, tmp_path / "d", NullTracker(), cluster=cluster)
+    assert not third & (set(sampling_actor_pids()) - before)  # the third's were ended
+
+
+@pytest.mark.parametrize("restarts", [3, 0])
+def test_a_kept_actor_that_died_between_stages_is_replaced(
+    model, other_model, cluster, heldout, tmp_path, restarts
+):
+    """Ray restarts it (`cluster.max_restarts`), or, where it may not, the stage starts new
+    actors; either way the stage samples its own model."""
+    from cluster.kept import kept_actors
+
+    cluster = cluster.model_copy(update={"max_restarts": restarts})
+    want = evaluated(evaluate.run(EVAL, other_model, heldout, tmp_path / "local", NullTracker()))
+    before = set(sampling_actor_pids())
+    with kept_actors(cluster):
+        evaluate.run(EVAL, model, heldout, tmp_path / "a", NullTracker(), cluster=cluster)
+        victim = one_new_actor(before)
+        os.kill(victim, signal.SIGKILL)
+        b = evaluate.run(EVAL, other_model, heldout, tmp_path / "b", NullTracker(), cluster=cluster)
+        assert victim not in sampling_actor_pids()
+    assert evaluated(b) == want
 
 
 def test_an_actor_that_sees_another_model_fails_at_once_saying_so(model, cluster):
