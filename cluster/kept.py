@@ -65,9 +65,10 @@ def keeps(cluster: ClusterConfig, sampler: SamplerConfig) -> bool:
 @contextmanager
 def kept_actors(cluster: ClusterConfig | None) -> Iterator[None]:
     """Keep sampling actors between the stages run inside; end them all at the end. Without a
-    Ray cluster, or inside a block already open, it does nothing."""
+    Ray cluster, with `cluster.keep_actors` off, or inside a block already open, it does
+    nothing."""
     global _BLOCK
-    if cluster is None or not cluster.uses_ray:
+    if cluster is None or not cluster.uses_ray or not cluster.keep_actors:
         yield
         return
     with _LOCK:

@@ -24,6 +24,7 @@ RAY_ONLY = frozenset(
     {
         "workers", "cpus_per_worker", "gpus_per_worker", "threads_per_worker", "chunk_prompts",
         "max_restarts", "cpus_per_rank", "gpus_per_rank", "connect_timeout_s", "place_timeout_s",
+        "keep_actors",
     }
 )  # fmt: skip
 
@@ -52,6 +53,12 @@ class ClusterConfig(Strict):
     )
     max_restarts: int = Field(
         3, ge=0, description="times a dead sampling actor is replaced, its chunks re-run"
+    )
+    keep_actors: bool = Field(
+        True,
+        description="keep the sampling actors from one stage to the next within a flow run (hf "
+        "actors without GPUs; their models unloaded between stages), instead of starting and "
+        "ending them at every stage",
     )
     nodes: int = Field(
         1, ge=1, description="machines a DeepSpeed stage's engine.processes are split over"

@@ -70,8 +70,9 @@ def test_an_inner_block_leaves_the_outer_ones_actors(ended):
         assert ended == [] and kept.take(RAY) == ["a"]
 
 
-def test_without_a_ray_cluster_nothing_is_kept(ended):
-    for cluster in (None, ClusterConfig(), ClusterConfig(rollouts="process")):
+def test_without_a_ray_cluster_or_with_keeping_off_nothing_is_kept(ended):
+    off = RAY.model_copy(update={"keep_actors": False})
+    for cluster in (None, ClusterConfig(), ClusterConfig(rollouts="process"), off):
         with kept.kept_actors(cluster):
             assert not kept.give_back(RAY, HF, ["a"])
     assert ended == []
