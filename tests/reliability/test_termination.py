@@ -27,6 +27,10 @@ pytestmark = pytest.mark.heavy
 REPO = Path(__file__).resolve().parents[2]
 R1 = Path(sys.executable).parent / "r1"
 STARTED = "stages.bootstrap"  # the bootstrap stage is training: the flow is under way
+# The bootstrap stage made long (micro's 15 steps take about a second), so that the signal lands
+# while it trains however slowly the test sees its first line: with micro's own length the whole
+# run could end, its exit handler stopping the server, before the test had read that line.
+LONG_STAGE = ("--set", "bootstrap.train.epochs=400")
 WAIT = 240.0  # seconds for the flow to reach a stage on a busy 2-core machine
 STOP_WAIT = 60.0  # seconds a stopped run may take to close its runs and stop its server
 
@@ -73,6 +77,8 @@ class Output:
         return any(text in line for line in self.lines)
 
     def tail(self) -> str:
+        """The last lines, read to the end where the run has ended (a few seconds at most)."""
+        self._thread.join(timeout=5)
         return "".join(self.lines[-30:])
 
 
@@ -82,7 +88,7 @@ def start_run(tmp_path: Path, own_group: bool) -> tuple[subprocess.Popen, dict[s
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "R1_STATE_DIR": str(tmp_path / "state")}
     proc = subprocess.Popen(
-        [str(R1), "run", "--profile", "micro"],
+        [str(R1), "run", "--profile", "micro", *LONG_STAGE],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
