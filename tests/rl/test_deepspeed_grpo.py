@@ -32,6 +32,11 @@ needs_deepspeed = pytest.mark.skipif(
 SIGNALS = ("reward/mean", "reward/std", "samples/trained", "loss", "entropy", "clip_high_fraction")
 RTOL = 1e-4
 WEIGHT_ATOL = 1e-5
+# Micro-batches of 40 tokens, logits in chunks and checkpointed layers add each gradient in
+# another order than one pass over the batch does; Adam's normalised steps carry that float32
+# round-off into the weights: 1.36e-5 apart at most on an AMD EPYC (under 1e-5 on an Intel Xeon),
+# measured. A wrong step moves weights by about the learning rate (1e-2).
+BOUNDED_WEIGHT_ATOL = 1e-4
 # 24 steps, each rank packing its own share in a row (rl.rollouts.pack_policy_batch), round off
 # differently from one process packing the whole batch: 1.0e-5 apart at most, measured. A step
 # skipped or repeated on resume moves weights by about the learning rate (1e-2).
@@ -131,8 +136,9 @@ def test_zero_grpo_follows_the_single_process_stage(world, single, zero_stage, m
             if key in theirs:
                 assert ours[key] == pytest.approx(theirs[key], rel=RTOL, abs=1e-6), (step, key)
     trained = load_model(ref.path).state_dict()
+    atol = BOUNDED_WEIGHT_ATOL if memory else WEIGHT_ATOL
     for name, weight in load_model(reference_model.path).state_dict().items():
-        assert torch.allclose(trained[name], weight, atol=WEIGHT_ATOL), name
+        assert torch.allclose(trained[name], weight, atol=atol), name
     moved = load_model(world["base"]).state_dict()
     assert any(not torch.equal(trained[n], moved[n]) for n in moved)  # it trained
     assert any(p.name == "reward_curve.png" for p in recorder.artifacts)
