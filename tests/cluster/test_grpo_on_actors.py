@@ -27,6 +27,11 @@ from tests.tiny_models import PROBLEMS, grpo_config, make_tokenizer, tiny_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.heavy]
 
+# On actors and on a process the sampler's log-probabilities differ in their last bits; eight
+# Adam steps carry them into the weights: 6.0e-6 apart at most on an AMD EPYC
+# (the tied embedding), under 1e-6 on an Intel Xeon, measured; a wrong step moves weights by about
+# the learning rate (1e-2).
+WEIGHT_ATOL = 1e-4
 CONFIG = grpo_config(steps=8, max_staleness=1, importance_sampling_cap=3.0, samples_every=1)
 
 
@@ -100,7 +105,9 @@ def test_rollouts_on_two_actors_train_as_on_a_sampler_process(on_actors, on_proc
         assert got == pytest.approx(expected, rel=1e-4, abs=1e-6), step
     assert [m["rollout/staleness"] for s, m in tracker.metrics if s] == [0.0] + [1.0] * 7
     got, expected = weights(out), weights(want_out)
-    assert all(torch.allclose(got[name], value, atol=1e-6) for name, value in expected.items())
+    assert all(
+        torch.allclose(got[name], value, atol=WEIGHT_ATOL) for name, value in expected.items()
+    )
 
 
 def test_an_actor_killed_mid_stage_is_replaced_and_its_steps_drawn_again(
