@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import yaml
 
@@ -200,6 +204,9 @@ def print_memory_fits(config, gpu_gib: float) -> None:
         print("\n".join(f"  fits with: {advice}" for advice in fit.advice))
 
 
+SIGNAL_AGAIN_S = 0.05  # a dropped stop's signal is sent again this long after the drop
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP, raised where the process is, as Ctrl-C's KeyboardInterrupt is."""
 
@@ -215,7 +222,12 @@ def stop_on_termination() -> None:
     holding its port).
 
     A signal the run was started with ignored stays ignored: under `nohup` a closed terminal's
-    SIGHUP must not stop a run of many hours."""
+    SIGHUP must not stop a run of many hours.
+
+    Python runs the handler wherever the main thread is, a finalizer (`__del__`, a weak
+    reference's callback) included, where what it raises is printed and dropped: the run would
+    go on as if no signal had come. A `Terminated` dropped there is raised again, by the same
+    signal, at the main thread's next step."""
 
     def interrupt(signum: int, _frame: FrameType | None) -> None:
         raise Terminated(signal.Signals(signum))
@@ -223,6 +235,27 @@ def stop_on_termination() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, interrupt)
+    sys.unraisablehook = raise_dropped_termination(sys.unraisablehook)
+
+
+def raise_dropped_termination(
+    hook: Callable[[Any], object],
+) -> Callable[[Any], object]:
+    """`hook` (Python's report of an exception it could not raise), sending a dropped
+    `Terminated`'s signal again instead of reporting it: from another thread, a moment later,
+    so that the main thread takes it after the report, not inside it."""
+
+    def report(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, Terminated):
+            again = threading.Timer(
+                SIGNAL_AGAIN_S, os.kill, args=(os.getpid(), unraisable.exc_value.signum)
+            )
+            again.daemon = True
+            again.start()
+        else:
+            hook(unraisable)
+
+    return report
 
 
 if __name__ == "__main__":
