@@ -73,7 +73,18 @@ def test_a_test_that_finished_keeps_its_verdict_when_the_session_then_dies() -> 
 
 def kill_the_session_after(seconds: float) -> None:
     time.sleep(seconds)
-    (launcher,) = [
-        p for p in psutil.Process().children() if any("launcher.py" in a for a in p.cmdline())
-    ]
+    deadline = time.monotonic() + 60
+    while not (launchers := [p for p in psutil.Process().children() if is_launcher(p)]):
+        assert time.monotonic() < deadline, "the sandbox's session never started"
+        time.sleep(0.1)
+    (launcher,) = launchers
     os.killpg(launcher.pid, signal.SIGKILL)
+
+
+def is_launcher(process: psutil.Process) -> bool:
+    """Whether `process` is the sandbox's session; False for one gone or a zombie (an earlier
+    test's child in the same worker, not yet reaped, whose command line cannot be read)."""
+    try:
+        return any("launcher.py" in a for a in process.cmdline())
+    except psutil.Error:
+        return False
