@@ -72,13 +72,16 @@ def test_a_test_that_finished_keeps_its_verdict_when_the_session_then_dies() -> 
 
 
 def kill_the_session_after(seconds: float) -> None:
+    """Kill the sandbox's session `seconds` after the call, or once it has started; a session
+    that never starts is left alone (the test's verdicts then say so)."""
     time.sleep(seconds)
-    deadline = time.monotonic() + 60
-    while not (launchers := [p for p in psutil.Process().children() if is_launcher(p)]):
-        assert time.monotonic() < deadline, "the sandbox's session never started"
+    for _ in range(600):
+        launchers = [p for p in psutil.Process().children() if is_launcher(p)]
+        if launchers:
+            (launcher,) = launchers
+            os.killpg(launcher.pid, signal.SIGKILL)
+            return
         time.sleep(0.1)
-    (launcher,) = launchers
-    os.killpg(launcher.pid, signal.SIGKILL)
 
 
 def is_launcher(process: psutil.Process) -> bool:
