@@ -226,8 +226,8 @@ def stop_on_termination() -> None:
 
     Python runs the handler wherever the main thread is, a finalizer (`__del__`, a weak
     reference's callback) included, where what it raises is printed and dropped: the run would
-    go on as if no signal had come. A `Terminated` dropped there is raised again, by the same
-    signal, at the main thread's next step."""
+    go on as if no signal had come. A stop dropped there (`Terminated`, or Ctrl-C's
+    KeyboardInterrupt) is sent again, by the same signal, 50 ms later."""
 
     def interrupt(signum: int, _frame: FrameType | None) -> None:
         raise Terminated(signal.Signals(signum))
@@ -241,15 +241,15 @@ def stop_on_termination() -> None:
 def raise_dropped_termination(
     hook: Callable[[Any], object],
 ) -> Callable[[Any], object]:
-    """`hook` (Python's report of an exception it could not raise), sending a dropped
-    `Terminated`'s signal again instead of reporting it: from another thread, a moment later,
-    so that the main thread takes it after the report, not inside it."""
+    """`hook` (Python's report of an exception it could not raise), sending a dropped stop's
+    signal again instead of reporting it: from another thread, a moment later, so that the main
+    thread takes it after the report, not inside it."""
 
     def report(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, Terminated):
-            again = threading.Timer(
-                SIGNAL_AGAIN_S, os.kill, args=(os.getpid(), unraisable.exc_value.signum)
-            )
+        stop = unraisable.exc_value
+        if isinstance(stop, KeyboardInterrupt):
+            signum = stop.signum if isinstance(stop, Terminated) else signal.SIGINT
+            again = threading.Timer(SIGNAL_AGAIN_S, os.kill, args=(os.getpid(), signum))
             again.daemon = True
             again.start()
         else:
