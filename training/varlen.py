@@ -177,8 +177,9 @@ def _varlen_gqa_flag() -> dict[str, bool]:
 
 def varlen_available(device: torch.device) -> bool:
     """Whether torch's variable-length FlashAttention runs here: a CUDA device of compute
-    capability 8.0 or above (FlashAttention 2's) and a torch that has it."""
-    if device.type != "cuda":
+    capability 8.0 or above (FlashAttention 2's) and a torch that has it. False where torch has
+    no CUDA or finds no device (a CUDA build of torch on a machine without a GPU)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
         return False
     try:
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401

@@ -172,6 +172,20 @@ def test_the_packed_kernel_is_chosen_by_device_and_refused_where_it_cannot_run(m
         choose_kernel(cpu)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA finds no GPU")
+def test_a_cuda_device_that_is_not_there_is_answered_not_raised():
+    """Asked about `cuda` where torch finds no GPU (a CPU build, or a CUDA build of torch on a
+    machine without a driver), the kernel check answers no and `auto` picks the per-sequence
+    kernel; naming varlen is refused with the reason, not with torch's initialisation error."""
+    from training.varlen import choose_kernel, varlen_available
+
+    cuda = torch.device("cuda")
+    assert varlen_available(cuda) is False
+    assert choose_kernel(cuda) == "per_sequence"
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        choose_kernel(cuda, "varlen")
+
+
 @pytest.mark.parametrize(
     "kernel",
     [
