@@ -130,7 +130,9 @@ def code_version(monkeypatch):
 
     original, current = stage_cache.code_version, {}
     for module in list(sys.modules.values()):
-        if getattr(module, "code_version", None) is original:
+        # the module's own names only: a lazy module's __getattr__ (transformers') would import
+        # whatever the name might mean
+        if getattr(module, "__dict__", {}).get("code_version") is original:
             monkeypatch.setattr(module, "code_version", lambda: current["version"])
     return lambda version: current.update(version=version)
 
