@@ -116,7 +116,11 @@ def test_a_flow_module_loaded_by_its_path_governs_before_torch_loads(shell):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"governed {governable()} True" in out.stdout
-    assert spin_counts(out.stderr) == [ENTRY_SPIN]
+    torch_runtime, *later = spin_counts(out.stderr)
+    assert torch_runtime == ENTRY_SPIN
+    # another library's OpenMP runtime loaded after torch's (scikit-learn's, which transformers 5.17
+    # and 5.20 import) reads the short spin the entry point set for what starts after it
+    assert all(spin == SHORT for spin in later), later
 
 
 def test_the_worker_sets_it_before_it_starts_any_flow_run(shell, monkeypatch):
