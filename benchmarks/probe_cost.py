@@ -44,7 +44,7 @@ def probe_costs(
     grading timed on what the probe grades: its problems' completions, both readings)."""
     from models.loading import load_model, load_tokenizer
     from problems.loader import load_problems
-    from rewards.accuracy import verifiable
+    from rewards.accuracy import verifiable_problems
     from rewards.verifiers import grade_all, grade_readings
     from rl.heldout import heldout_probe
     from sampling.factory import make_sampler
@@ -54,7 +54,7 @@ def probe_costs(
         update={"probe": config.probe.model_copy(update={"problems": problems})}
     )
     request = heldout_probe(sized, heldout, tokenizer).request
-    drawn = [p for p in load_problems(heldout) if verifiable(p)][:problems]  # as the probe draws
+    drawn = verifiable_problems(load_problems(heldout), "the probe")[:problems]  # as it draws
     step_rows = config.prompts_per_step * config.group_size
     batches = {
         "sample, a step's batch": step_rows,

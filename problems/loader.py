@@ -1,6 +1,7 @@
 """One loader for every problem file: the tiny world's own and real data sets.
 
-Real data: JSONL or Parquet with a question and an answer column (names configurable). Answers
+Real data: JSONL, a JSON array of objects, or Parquet with a question and an answer column
+(names configurable). Answers
 may be GSM8K solutions ending in `#### 42` or MATH solutions with `\\boxed{42}`; the final answer
 is extracted at load so every stage sees a clean gold string, and a worked solution is kept whole
 as `Problem.solution` (cold-start curation can learn from it).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,7 @@ from typing import Any, Literal
 import pyarrow.parquet as pq
 
 from problems.answers import final_answer_text, worked_solution
-from problems.scripts import dominant_script
+from problems.scripts import dominant_script, is_script
 from problems.types import FAMILIES, Problem
 
 log = logging.getLogger(__name__)
@@ -36,15 +38,21 @@ BadRowPolicy = Literal["skip", "refuse"]
 # Why a row was not loaded, in the order the checks run.
 REASONS = (
     "invalid_utf8",  # a JSONL line that is not valid UTF-8
-    "too_long",  # more characters than max_row_chars
     "not_json",  # a JSONL line that does not parse
     "not_an_object",  # JSON that is not an object ({...})
     "missing_question",  # no question column, or null
     "missing_answer",  # no answer column, or null
-    "wrong_type",  # e.g. a list where text is expected (a number answer is read as text)
+    "wrong_type",  # e.g. a list where text is expected (a finite number answer is read as text)
+    "too_long",  # the text the loader reads (question, answer, solution, tests) over max_row_chars
     "empty_question",  # only whitespace
     "empty_answer",  # a reasoning problem whose final answer is empty
 )
+# A JSONL line longer than this is not parsed at all (16 MiB, or 6 bytes a character of
+# max_row_chars, JSON's longest escape `\\uXXXX`, where that is more): a row is measured by the
+# text the loader reads, and a line this long is not worth parsing to find it.
+_LINE_MAX_BYTES = 1 << 24
+_LINE_BYTES_PER_CHAR = 6
+_JSON_ARRAY_MAX_BYTES = 1 << 30  # a JSON array is read whole; JSONL and Parquet are streamed
 
 
 class ProblemFileError(ValueError):
@@ -88,7 +96,7 @@ class LoadReport:
 
 @dataclass(frozen=True)
 class RawRow:
-    where: str  # for messages: "line 3" (JSONL) or "row 3" (Parquet), counted from 1
+    where: str  # for messages: "line 3" (JSONL), "item 3" (a JSON array), "row 3" (Parquet)
     index: int  # position among the file's rows, from 0: names a row without an id
     row: dict[str, Any] | BadRow
 
@@ -105,33 +113,68 @@ def _jsonl_rows(path: Path, max_row_chars: int) -> Iterator[RawRow]:
 
 def _parse_line(raw: bytes, max_row_chars: int) -> dict[str, Any] | BadRow:
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark opens line 1
     except UnicodeDecodeError as err:
         return BadRow("invalid_utf8", f"byte {err.start} of the line is not valid UTF-8")
-    chars = len(text.rstrip("\r\n"))
-    if chars > max_row_chars:
-        return BadRow("too_long", f"{chars} characters, over {max_row_chars}")
+    if len(raw) > max(_LINE_MAX_BYTES, _LINE_BYTES_PER_CHAR * max_row_chars):
+        return BadRow("too_long", f"a line of {len(raw)} bytes, not read")
     try:
         row = json.loads(text)
     except json.JSONDecodeError as err:
         return BadRow("not_json", f"not JSON ({err.msg})")
+    return _object(row)
+
+
+def _object(row: object) -> dict[str, Any] | BadRow:
     if not isinstance(row, dict):
         return BadRow("not_an_object", f"a JSON {type(row).__name__}, not an object")
     return row
 
 
-def _parquet_rows(path: Path, max_row_chars: int) -> Iterator[RawRow]:
-    for index, row in enumerate(pq.read_table(path).to_pylist()):
-        chars = sum(len(v) for v in row.values() if isinstance(v, str))
-        bad = BadRow("too_long", f"{chars} characters, over {max_row_chars}")
-        yield RawRow(f"row {index + 1}", index, bad if chars > max_row_chars else row)
+def _starts_array(path: Path) -> bool:
+    """Whether a .json file holds one JSON array (`[{...}, ...]`) rather than JSON lines."""
+    with path.open("rb") as f:
+        head = f.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()
+    return head.startswith(b"[")
+
+
+def _array_rows(path: Path) -> Iterator[RawRow]:
+    size = path.stat().st_size
+    if size > _JSON_ARRAY_MAX_BYTES:
+        raise ProblemFileError(
+            f"{path}: a JSON array of {size} bytes is read whole; write it as JSONL (one object "
+            "a line) or Parquet, which are read a row at a time"
+        )
+    try:
+        items = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except UnicodeDecodeError as err:
+        raise ProblemFileError(f"{path}: byte {err.start} is not valid UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise ProblemFileError(
+            f"{path}:{err.lineno}: not JSON ({err.msg}): a .json file is one JSON array of "
+            "objects or JSON lines"
+        ) from None
+    if not isinstance(items, list):
+        raise ProblemFileError(f"{path}: a JSON {type(items).__name__}, not an array of objects")
+    for index, item in enumerate(items):
+        yield RawRow(f"item {index + 1}", index, _object(item))
+
+
+def _parquet_rows(path: Path) -> Iterator[RawRow]:
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):  # `limit` reads no further
+        for row in batch.to_pylist():
+            yield RawRow(f"row {index + 1}", index, row)
+            index += 1
 
 
 def _raw_rows(path: Path, max_row_chars: int) -> Iterator[RawRow]:
     if not path.exists():
         raise ProblemFileError(f"{path}: no such file")
     if path.suffix == ".parquet":
-        return _parquet_rows(path, max_row_chars)
+        return _parquet_rows(path)
+    if path.suffix == ".json" and _starts_array(path):
+        return _array_rows(path)
     if path.suffix in (".jsonl", ".json"):
         return _jsonl_rows(path, max_row_chars)
     raise ProblemFileError(f"{path}: unknown file kind; expected one of {SUFFIXES}")
@@ -143,12 +186,17 @@ def _text(row: dict[str, Any], name: str, numbers: bool = False) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadRow("wrong_type", f"{name!r} is {value}, not a number an answer can be")
         return str(value)
     raise BadRow("wrong_type", f"{name!r} is a {type(value).__name__}, not text")
 
 
-def _problem(row: dict[str, Any], index: int, path: Path, fields: tuple[str, str]) -> Problem:
-    """The problem in `row`, or BadRow naming why there is none."""
+def _problem(
+    row: dict[str, Any], index: int, path: Path, fields: tuple[str, str], max_row_chars: int
+) -> Problem:
+    """The problem in `row`, or BadRow naming why there is none. Only the columns read count
+    towards `max_row_chars`: a data set's other columns (NuminaMath's `messages`) do not."""
     question_field, answer_field = fields
     missing = [f for f in fields if row.get(f) is None]
     if missing:
@@ -165,14 +213,17 @@ def _problem(row: dict[str, Any], index: int, path: Path, fields: tuple[str, str
     if not isinstance(steps, list | tuple) or not all(isinstance(s, str) for s in steps):
         raise BadRow("wrong_type", "'steps' is not a list of text")
     assert question is not None and solution is not None  # checked as missing above
+    given = _text(row, "solution")  # our own files keep it apart from the clean answer
+    tests, numbers = _tests(row), _numbers(row)
+    chars = sum(map(len, (question, solution, given or "", *tests)))
+    if chars > max_row_chars:
+        raise BadRow("too_long", f"{chars} characters of text, over {max_row_chars}")
     if not question.strip():
         raise BadRow("empty_question", f"{question_field!r} is empty")
     answer = final_answer_text(solution)
     if kind == "reasoning" and not answer:
         raise BadRow("empty_answer", f"{answer_field!r} holds no final answer")
     default_id = f"{path.stem}-{index:06d}"
-    given = _text(row, "solution")  # our own files keep it apart from the clean answer
-    tests, numbers = _tests(row), _numbers(row)
     family = _text(row, "family") or ("code" if tests else "logic" if numbers else "math")
     if family not in FAMILIES:
         raise BadRow("wrong_type", f"'family' is {family!r}, not one of {list(FAMILIES)}")
@@ -184,7 +235,7 @@ def _problem(row: dict[str, Any], index: int, path: Path, fields: tuple[str, str
         id=row_id or default_id,
         question=question,
         answer=answer,
-        language=language or dominant_script(question),
+        language=_script(language, question),
         source=source or path.name,
         key=key or row_id or default_id,
         steps=tuple(steps),
@@ -194,6 +245,14 @@ def _problem(row: dict[str, Any], index: int, path: Path, fields: tuple[str, str
         tests=tests,
         numbers=numbers,
     )
+
+
+def _script(language: str | None, question: str) -> str:
+    """The script the question's answers should be written in: a `language` column naming one
+    ("latin", "cjk"), else the question's own; a language's code ("en", "zh") names no script,
+    and the language rewards measure scripts."""
+    given = (language or "").strip().lower()
+    return given if is_script(given) else dominant_script(question)
 
 
 def _tests(row: dict[str, Any]) -> tuple[str, ...]:
@@ -222,7 +281,8 @@ def _numbers(row: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _refusal(path: Path, where: str, bad: BadRow) -> ProblemFileError:
-    """`file:line: reason: detail` for JSONL, `file row n: reason: detail` for Parquet."""
+    """`file:line: reason: detail` for JSONL, `file row n: reason: detail` for Parquet (`item n`
+    for a JSON array)."""
     place = (
         f"{path}:{where.removeprefix('line ')}" if where.startswith("line ") else f"{path} {where}"
     )
@@ -253,7 +313,8 @@ def read_problems(
         try:
             if isinstance(raw.row, BadRow):
                 raise raw.row
-            problems.append(_problem(raw.row, raw.index, path, (question_field, answer_field)))
+            fields = (question_field, answer_field)
+            problems.append(_problem(raw.row, raw.index, path, fields, max_row_chars))
         except BadRow as bad:
             if bad_rows == "refuse":
                 raise _refusal(path, raw.where, bad) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
+from functools import lru_cache
 
 _LATIN = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _GREEK = "αβψδεφγηιξκλμνοπϙρστθϝωχυζΑΒΨΔΕΦΓΗΙΞΚΛΜΝΟΠϘΡΣΤΘϜΩΧΥΖ"
@@ -75,6 +76,18 @@ def script_counts(text: str) -> Counter[str]:
         if script:
             counts[script] += n
     return counts
+
+
+@lru_cache(maxsize=1)
+def _script_names() -> frozenset[str]:
+    letters = (chr(code) for code in range(0x30000))
+    return frozenset(filter(None, map(char_script, letters)))
+
+
+def is_script(name: str) -> bool:
+    """Whether `name` is a script `char_script` can tell ("latin", "cjk", "cyrillic"), not a
+    language's code ("en", "zh") or name."""
+    return name in _script_names()
 
 
 def dominant_script(text: str, default: str = "latin") -> str:

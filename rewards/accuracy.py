@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -30,6 +32,7 @@ from problems.types import Problem
 # math-verify enforces its timeouts with SIGALRM, which only the main thread may use; elsewhere
 # (Prefect runs tasks in worker threads) the timeouts are off and it says so on every call.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
+log = logging.getLogger(__name__)
 
 _TIMEOUT_S = 5
 MAX_ANSWER_CHARS = 4000  # the tail of a longer answer text is parsed
@@ -41,9 +44,39 @@ def _timeout() -> int | None:
     return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
+# What tells a bare answer's LaTeX from prose: math-verify reads LaTeX only between delimiters
+# (`$...$`, `\\(...\\)`, `\\boxed{}`) and otherwise searches the text for a plain expression,
+# which takes `5\\sqrt{3}` for 5, `(5, -1)` for -1 and `\\dfrac{3}{4}` for nothing.
+_DELIMITED = ("$", "\\(", "\\[", "\\boxed", "\\fbox")
+_LATEX_WORDS = re.compile(
+    r"\\(?:text\w*|mathrm|mbox|operatorname)\s*\{[^{}]*\}|\\[A-Za-z]+"
+)  # a command's name, and what `\\text{...}` holds, are not prose
+_PROSE = re.compile(r"[A-Za-z]{2,}")
+_MARKUP = re.compile(r"[\\{}^_()\[\]]|(?<![A-Za-z])[A-Za-z](?![A-Za-z])")
+_FULL_WIDTH = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)} | {0x3000: " "}
+_CJK_BESIDE_ASCII = re.compile(
+    r"(?<=[\u3000-\u9fff\uff00-\uffef])(?=[\x21-\x7e])|(?<=[\x21-\x7e])(?=[\u3000-\u9fff])"
+)
+
+
+def readable(text: str) -> str:
+    """`text` as math-verify reads it best: a bare answer in LaTeX (no delimiters, no prose, some
+    markup: `5\\sqrt{3}`, `(3, -1)`, `x = 72`, `\\text{(C)}`) between `$` signs; a currency
+    sign's escaped dollar (`\\$1,600`) dropped; full-width characters as their ASCII forms, and
+    a CJK character apart from an ASCII one beside it (`答案是8`). Plain numbers and arithmetic
+    (`1 600`, `12,5`, `42+1`) and prose are left to math-verify's own search."""
+    text = text.replace("\\$", " ").translate(_FULL_WIDTH)
+    text = _CJK_BESIDE_ASCII.sub(" ", text).strip()
+    if any(mark in text for mark in _DELIMITED):
+        return text
+    if _PROSE.search(_LATEX_WORDS.sub(" ", text)) or not _MARKUP.search(text):
+        return text
+    return f"${text.rstrip(' .')}$"
+
+
 @lru_cache(maxsize=65536)
 def _parse(text: str) -> tuple:
-    return tuple(parse(text[-MAX_ANSWER_CHARS:], parsing_timeout=_timeout()))
+    return tuple(parse(readable(text[-MAX_ANSWER_CHARS:]), parsing_timeout=_timeout()))
 
 
 @dataclass(frozen=True)
@@ -137,3 +170,19 @@ def accuracy_reward(
 def verifiable(problem: Problem) -> bool:
     """Whether the problem's verifier can judge an answer to it (a math gold answer parses)."""
     return problem.family != "math" or gold_is_verifiable(problem.answer)
+
+
+def verifiable_problems(problems: Iterable[Problem], where: str) -> list[Problem]:
+    """The problems a verifier can judge; any it cannot are left out, and said so with how many
+    and the first, so that a figure over the rest is not read as over all."""
+    kept, left_out = [], []
+    for problem in problems:
+        (kept if verifiable(problem) else left_out).append(problem)
+    if left_out:
+        first = left_out[0]
+        log.warning(
+            "%s: %d of %d problems left out, their gold answers unreadable by the verifier "
+            "(first: %s, answer %r)",
+            where, len(left_out), len(kept) + len(left_out), first.id, first.answer[:80],
+        )  # fmt: skip
+    return kept

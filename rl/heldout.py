@@ -12,7 +12,7 @@ from guard.watch import paired_readings
 from models.chat import render_prompt
 from problems.loader import load_problems
 from problems.types import Problem
-from rewards.accuracy import verifiable
+from rewards.accuracy import verifiable_problems
 from rewards.registry import RewardSet
 from rewards.verifiers import grade_readings
 from rl.probing import HeldoutProbe
@@ -30,7 +30,8 @@ def heldout_probe(config: GRPOConfig, heldout_path: Path, tokenizer) -> HeldoutP
     training verifier that is not the grader's own pays for. What it draws is a request, so
     that sampling workers can draw it off the trainer's path (rl/probing.py)."""
     probe = config.probe
-    problems = [p for p in load_problems(heldout_path) if verifiable(p)][: probe.problems]
+    where = f"the held-out probe on {heldout_path}"
+    problems = verifiable_problems(load_problems(heldout_path), where)[: probe.problems]
     prompts = [render_prompt(tokenizer, p.question) for p in problems]
     max_new = probe.max_new_tokens or config.max_new_tokens
     params = SamplingParams(probe.temperature, probe.top_p, max_new, config.seed)

@@ -22,7 +22,7 @@ from models.loading import load_tokenizer
 from models.saved import ModelRef
 from problems.loader import load_problems
 from problems.types import Problem, ProblemSet
-from rewards.accuracy import verifiable
+from rewards.accuracy import verifiable_problems
 from rewards.language import is_language_consistent
 from rewards.registry import RewardFn
 from rewards.verifiers import grade_readings
@@ -76,7 +76,8 @@ def run(
     """Held-out reasoning metrics, and the general score when a reward model (`scorer`) and
     general prompts are given. On a Ray cluster (`cluster`) actors sample chunks of the prompts,
     each prompt from its own stream: the same samples, so the same figures."""
-    heldout = [p for p in load_problems(problems.heldout_path) if verifiable(p)]
+    path = problems.heldout_path
+    heldout = verifiable_problems(load_problems(path), f"evaluation on {path}")
     heldout = heldout[: config.max_problems]
     if not heldout:
         raise ValueError(f"{problems.heldout_path}: no held-out problem has a verifiable answer")

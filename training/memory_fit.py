@@ -22,12 +22,14 @@ from pathlib import Path
 from configs.reinforcement import GRPOConfig
 from configs.schema import PipelineConfig
 from configs.supervised import EngineConfig, ModelConfig, TrainConfig
+from problems.loader import ProblemFileError, read_problems
 from training.memory import GiB, ModelShape, Placement, Step, step_estimate
 
 HEADROOM_SHARE = 0.05  # fragmentation: what the allocator reserves beyond what it hands out
 HEADROOM_BYTES = int(1.5 * GiB)  # the CUDA context, NCCL's buffers, cuBLAS workspaces
 CHARS_PER_TOKEN = 3.0  # a conservative reading of English text by BPE tokenizers
 TEMPLATE_TOKENS = 32  # the chat template's markers around a question
+PROMPT_SAMPLE_ROWS = 20_000  # the rows read for the longest question
 
 
 class MemoryFitError(ValueError):
@@ -72,20 +74,20 @@ def model_shape(path: Path | None, spec: ModelConfig, vocab: int) -> ModelShape:
 
 
 def longest_prompt_tokens(config: PipelineConfig) -> int:
-    """The data's longest question in tokens, estimated from characters (no tokenizer is
-    loaded), plus the template's markers; the tiny world's questions are short."""
+    """The data's longest question in tokens (its first PROMPT_SAMPLE_ROWS rows, read as the
+    problems stage reads them: JSONL, a JSON array or Parquet), estimated from characters (no
+    tokenizer is loaded), plus the template's markers; the tiny world's questions are short."""
     files = config.data.files
     if config.data.source != "files" or files is None or not Path(files.train_path).is_file():
         return 128 + TEMPLATE_TOKENS
-    longest = 0
-    with Path(files.train_path).open(encoding="utf-8") as handle:
-        for i, line in enumerate(handle):
-            if i >= 20_000 or not line.strip():
-                break
-            try:
-                longest = max(longest, len(str(json.loads(line).get(files.question_field, ""))))
-            except ValueError:
-                continue
+    try:
+        problems, _ = read_problems(
+            files.train_path, files.question_field, files.answer_field,
+            limit=PROMPT_SAMPLE_ROWS, bad_rows="skip", max_row_chars=files.max_row_chars,
+        )  # fmt: skip
+    except ProblemFileError:  # the problems stage refuses the file, naming what is wrong
+        return 128 + TEMPLATE_TOKENS
+    longest = max(len(p.question) for p in problems)
     return math.ceil(longest / CHARS_PER_TOKEN) + TEMPLATE_TOKENS
 
 
