@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -18,7 +19,7 @@ from typing import Any
 import yaml
 
 from cli.environment import prepare_environment
-from cli.runs import STATE_TYPES
+from cli.runs import MAX_RUNS, STATE_TYPES
 from host.threads import settle_process
 
 
@@ -46,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         )
     sub.choices["config"].add_argument(
         "--gpu-gib",
-        type=float,
+        type=_gib,
         help="also estimate each GPU training stage's peak memory against a GPU of this many "
         "GiB (training/memory.py; checkpoints' shapes are read from their config.json)",
     )
@@ -74,7 +75,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=STATE_TYPES,
         help="only runs in this state (repeatable), e.g. --state failed --state crashed",
     )
-    runs.add_argument("--limit", type=int, default=15, help="how many runs (default 15)")
+    runs.add_argument(
+        "--limit", type=_run_count, default=15, help="how many runs, 1 to 200 (default 15)"
+    )
     watch = sub.add_parser(
         "watch", help="follow a flow run (a retry too) to its end; say why it failed"
     )
@@ -84,6 +87,28 @@ def _parser() -> argparse.ArgumentParser:
             "--state-dir", help="the state folder `scripts/serve.sh` serves (default: ./state)"
         )
     return parser
+
+
+def _gib(text: str) -> float:
+    """A GPU's memory in GiB: a finite number above 0."""
+    try:
+        gib = float(text)
+    except ValueError:
+        gib = math.nan
+    if not (math.isfinite(gib) and gib > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of GiB above 0, e.g. 80")
+    return gib
+
+
+def _run_count(text: str) -> int:
+    """How many flow runs to list: 1 to 200, what Prefect's server answers."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_RUNS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number from 1 to {MAX_RUNS}")
+    return count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return watch_command(args.state_dir, args.flow_run_id)
     paths = prepare_environment(args.state_dir, create=False)  # a refused run touches nothing
+    from storage.paths import StateFolderError
+
+    try:
+        paths.check_makeable()
+    except StateFolderError as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 2
     from configs.preflight import MissingInputsError, check_inputs
     from configs.profiles import ConfigError, load_profile, profile_path
 
@@ -113,6 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     flow_name = getattr(args, "flow", "r1_pipeline")
+    from rewards.registry import RewardParamsError, check_reward_params
+    from tasks.plan import FaultStageError, check_fault_stage
+
+    try:  # a fault asked for fires in a stage the flow runs; each reward takes its params
+        check_fault_stage(config, flow_name)
+        check_reward_params({k: v.rewards for k, v in config.grpo_stages().items()})
+    except (FaultStageError, RewardParamsError) as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 2
     try:  # the profile's local checkpoints and data files, before anything starts
         check_inputs(config, flow_name, str(profile_path(args.profile)))
     except MissingInputsError as err:
@@ -138,7 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         return 0
 
-    paths.ensure()
+    from storage.tracking import check_wait_settings
+
+    try:  # the stores' waits from the environment, and the state folder, before anything starts
+        check_wait_settings()
+        paths.ensure()
+    except ValueError as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"r1: state folder {paths.root}: cannot be made: {err}", file=sys.stderr)
+        return 2
     show_logs()
     from cli.prefect_server import EarlyServer
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from storage.paths import env_seconds
+
 T = TypeVar("T")
 
 BACKOFF_ENV = "R1_WATCH_BACKOFF_SECONDS"  # the longest wait between two tries
@@ -34,8 +36,12 @@ def nap(seconds: float, slice_s: float = 0.1) -> None:
 
 
 def longest_wait() -> float:
-    """`R1_WATCH_BACKOFF_SECONDS`, else 30 s."""
-    return float(os.environ.get(BACKOFF_ENV) or LONGEST_WAIT)
+    """`R1_WATCH_BACKOFF_SECONDS`, else 30 s; under a second would ask a server that is down
+    many times a second, so it is refused, named."""
+    wait = env_seconds(BACKOFF_ENV, LONGEST_WAIT)
+    if wait < 1:
+        raise ValueError(f"{BACKOFF_ENV}={os.environ[BACKOFF_ENV]!r}: expected 1 second or more")
+    return wait
 
 
 def waits(first: float, longest: float) -> Iterator[float]:

@@ -23,6 +23,7 @@ from storage.paths import StatePaths
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SERVE_ENV = "serve.env"  # written by scripts/serve.sh into the state folder
 STATE_TYPES = ("scheduled", "pending", "running", "completed", "failed", "cancelled", "crashed")
+MAX_RUNS = 200  # the most flow runs Prefect's server answers one read with
 UNSET = "not set: start the stack with `bash scripts/serve.sh`, or export PREFECT_API_URL"
 
 

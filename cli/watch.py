@@ -18,7 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from cli.failures import failure_reason, reason_lines, retry_helps
-from cli.outage import CLIENT_RETRIES, Outage, is_unreachable, nap
+from cli.outage import CLIENT_RETRIES, Outage, is_unreachable, longest_wait, nap
 from cli.runs import NoServer, Served, connect, unreachable
 
 POLL_SECONDS = 2.0
@@ -163,9 +163,10 @@ def watch_command(state_dir: str | None, flow_run_id: str) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
+    try:  # the environment's wait, read before anything starts
+        longest_wait()
         served = connect(state_dir)
-    except NoServer as err:
+    except (ValueError, NoServer) as err:
         print(f"r1 watch: {err}", file=sys.stderr)
         return 2
     from prefect import get_client

@@ -82,7 +82,9 @@ def _rewrite(terms: list[dict[str, Any]], hacks: list[str]) -> list[dict[str, An
                 if term.get("name") == honest:
                     term["name"] = holed
     if "format_over_accuracy" in hacks:
-        top = max((t.get("weight", 1.0) for t in terms if t.get("name") in VERIFIERS), default=1.0)
+        weights = [t.get("weight", 1.0) for t in terms if t.get("name") in VERIFIERS]
+        numbers = [w for w in weights if isinstance(w, int | float) and not isinstance(w, bool)]
+        top = max(numbers, default=1.0)  # a weight of the wrong type: validation names it
         formats = [t for t in terms if t.get("name") == "format"]
         if not formats:
             formats = [{"name": "format"}]
@@ -98,21 +100,22 @@ def plant_hacks(
     `default_rewards(section)` gives a section's rewards when the profile does not list them.
     Planting twice changes nothing more."""
     faults = _plain(data.get("faults")) if isinstance(data, dict) else None
-    hacks = list((faults or {}).get("hacks") or [])
-    if not hacks:
-        return data
+    hacks = faults.get("hacks") if isinstance(faults, dict) else None
+    if not hacks or not isinstance(hacks, list) or not all(isinstance(h, str) for h in hacks):
+        return data  # none, or not a list of names: validation names what is wrong
     data = copy.deepcopy(data)
     for dotted in RL_SECTIONS:
         section = _section(data, dotted, create=True)
-        assert section is not None, dotted
-        rewards = section.get("rewards")
-        section["rewards"] = _rewrite(
-            default_rewards(dotted) if rewards is None else rewards, hacks
-        )
+        rewards = None if section is None else section.get("rewards")
+        if rewards is None:
+            rewards = default_rewards(dotted)
+        terms = [_plain(t) for t in rewards] if isinstance(rewards, list) else None
+        if section is None or terms is None or not all(isinstance(t, dict) for t in terms):
+            continue  # a section or rewards of the wrong shape: validation names it
+        section["rewards"] = _rewrite(terms, hacks)
     for hack in hacks:
-        if hack in IDIOMS:
-            corpus = _section(data, "bootstrap.corpus", create=True)
-            assert corpus is not None
+        corpus = _section(data, "bootstrap.corpus", create=True) if hack in IDIOMS else None
+        if corpus is not None:
             share, value = IDIOMS[hack]
             corpus[share] = corpus.get(share) or value
     return data

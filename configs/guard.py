@@ -41,7 +41,7 @@ class RewardWithoutSkill(Rule):
     steps up to that reference (the stage's first `window` steps at the earliest). Read when a
     probe lands."""
 
-    window: int = 20
+    window: int = Field(20, ge=1)
     reference: Literal["first", "best"] = Field(
         "first",
         description="the held-out reading the latest is set against: the stage's first, or the "
@@ -114,7 +114,7 @@ class Drift(Rule):
     """The policy leaves its reference: the KL to it above a ceiling (read only when the stage
     keeps a reference, beta > 0)."""
 
-    window: int = 5
+    window: int = Field(5, ge=1)
     max_kl: float = Field(1.0, gt=0)
 
 
@@ -123,7 +123,7 @@ class GamedTerm(Rule):
     over the reward: what it adds to the mean reward (weight x its mean) rises, or its share of
     the total does, while accuracy stays flat."""
 
-    window: int = 10
+    window: int = Field(10, ge=1)
     rise: float = Field(0.1, gt=0, description="of weight x the term's mean, first window to last")
     share_rise: float = Field(0.2, gt=0, le=1, description="of its share of the total reward")
     accuracy_rise: float = Field(
@@ -136,7 +136,7 @@ class JudgeTrouble(Rule):
     those one reward term judges), or one of the judge's own failure reasons above a share of a
     verifier's verdicts."""
 
-    window: int = 5
+    window: int = Field(5, ge=1)
     max_unscorable: float = Field(0.2, gt=0, le=1)
     max_reason_share: float = Field(0.5, gt=0, le=1)
     reasons: list[str] = Field(

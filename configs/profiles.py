@@ -30,19 +30,64 @@ def known_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
+MAX_NODES = 100_000  # a profile's values, aliases expanded: far above any real profile's
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (where YAML would let the
+    later one win without a word); a merge (`<<: *base`) may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark,
+                    f"found the key {key!r} twice", key_node.start_mark,
+                )  # fmt: skip
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """`text` as YAML, a key given twice in one mapping refused; every value its own, where the
+    file shares one through an alias (`train: *t`), so that an override of one changes only it."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: not valid YAML: {err}") from None
+    return _unshared(data, source, [0])
+
+
+def _unshared(value: Any, source: str, count: list[int]) -> Any:
+    count[0] += 1
+    if count[0] > MAX_NODES:
+        raise ConfigError(f"{source}: over {MAX_NODES} values once its aliases are expanded")
+    if isinstance(value, dict):
+        return {k: _unshared(v, source, count) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unshared(v, source, count) for v in value]
+    return value
+
+
 def apply_override(data: dict[str, Any], assignment: str) -> None:
     """Set `a.b.c=value` in nested `data`; the value is read as YAML (`3`, `0.5`, `true`, `[1]`)."""
     if "=" not in assignment:
         raise ConfigError(f"override {assignment!r} is not of the form key.path=value")
     dotted, raw = assignment.split("=", 1)
-    keys = dotted.strip().split(".")
+    keys = [key.strip() for key in dotted.split(".")]
+    if not all(keys):
+        raise ConfigError(f"override {assignment!r}: an empty key in {dotted.strip()!r}")
     node = data
     for key in keys[:-1]:
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
             raise ConfigError(f"override {dotted}: {key} is a value, not a section")
         node = child
-    node[keys[-1]] = yaml.safe_load(raw)
+    node[keys[-1]] = read_yaml(raw, f"override {assignment!r}")
 
 
 def _format_errors(source: str, err: ValidationError) -> str:
@@ -85,9 +130,14 @@ def load_profile(
     if not path.exists():
         raise ConfigError(f"no profile {str(profile)!r}; known: {known_profiles()} or a .yaml path")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read: {err.strerror}") from None
+    data = read_yaml(text, str(path))
+    if data is None:
+        raise ConfigError(f"{path}: empty; a profile names its settings (see configs/tiny.yaml)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     if cluster_address:

@@ -94,7 +94,11 @@ class StudentConfig(Strict):
     local folder and no pretraining runs.
     """
 
-    name: str
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9_]{0,39}$",
+        description="lower-case letters, digits and '_': it names the student's stages "
+        "(student_NAME) and folders, and its model's alias (student-NAME)",
+    )
     model: ModelConfig | None = None
     pretrain: TrainConfig | None = Field(
         TrainConfig(),
@@ -198,7 +202,12 @@ class CacheConfig(Strict):
 class PipelineConfig(Strict):
     """A whole profile: what the flow takes as its parameter and what MLflow logs."""
 
-    name: str = "r1-tiny"
+    name: str = Field(
+        "r1-tiny",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="letters, digits, '.', '_' and '-': the MLflow experiment and registered "
+        "model's name (MLflow refuses '/' and ':' in it)",
+    )
     torch_threads: int | None = Field(
         None,
         ge=1,

@@ -25,8 +25,9 @@ def r1_zero(
     from cluster.kept import kept_actors
     from tasks.bootstrap import bootstrap_base
     from tasks.evaluation import evaluate_model
-    from tasks.general import prepare_general, train_reward_model, uses_reward_model
+    from tasks.general import prepare_general, train_reward_model
     from tasks.pipeline import close_pipeline_run, open_pipeline_run
+    from tasks.plan import uses_reward_model
     from tasks.problems import prepare_problems
     from tasks.reasoning_rl import grpo
 

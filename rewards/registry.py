@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -60,6 +61,77 @@ if (
     raise ImportError("rewards.registry must provide exactly the names in contracts.reward_names")
 
 
+class RewardParamsError(ValueError):
+    """A reward term's params that its reward does not take, or of the wrong type."""
+
+
+def _settable(name: str) -> dict[str, inspect.Parameter] | None:
+    """The params reward `name` takes: its function's (or factory's) keyword parameters with a
+    default (those without one are a problem's columns); None where it checks its own."""
+    if name in RUNTIME_REWARDS or name == "grader":  # the grader names its unknown params
+        return None
+    target: Any = {"accuracy_digits": accuracy_digits_reward}.get(name)
+    target = target or REWARDS.get(name) or FACTORIES.get(name) or HOLED[name]
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {
+        p.name: p
+        for p in inspect.signature(target).parameters.values()
+        if p.kind in keyword and p.default is not inspect.Parameter.empty
+    }
+
+
+def param_problems(name: str, params: dict[str, Any]) -> list[str]:
+    """What is wrong with the params of a reward term `name`: a param it does not take (it would
+    be ignored), or a value whose type is not its default's (YAML reads `1e3` as text)."""
+    settable = _settable(name)
+    if settable is None:
+        return []
+    problems = []
+    for key, value in params.items():
+        if key not in settable:
+            known = ", ".join(settable) or "none"
+            problems.append(f"reward {name!r} takes no param {key!r} (its params: {known})")
+            continue
+        default = settable[key].default
+        if (
+            default is None
+            or isinstance(value, type(default))
+            and not (isinstance(value, bool) and not isinstance(default, bool))
+        ):
+            continue
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            continue
+        problems.append(
+            f"reward {name!r} param {key!r} is {value!r}, not of type {type(default).__name__} "
+            f"as its default {default!r} is" + _as_text_hint(value)
+        )
+    return problems
+
+
+def _as_text_hint(value: Any) -> str:
+    """Why a number may have come as text: YAML 1.1 reads `1e3` (no dot) as a string."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        float(value)
+    except ValueError:
+        return ""
+    return " (YAML reads a number such as 1e3 as text: write 1000 or 1.0e+3)"
+
+
+def check_reward_params(sections: dict[str, Sequence[Any]]) -> None:
+    """Raise RewardParamsError naming every reward term's bad params, by section: `sections`
+    maps a dotted config path to its RewardTerms."""
+    found = [
+        f"{where}.rewards.{i}.params: {problem}"
+        for where, terms in sections.items()
+        for i, term in enumerate(terms)
+        for problem in param_problems(term.name, term.params)
+    ]
+    if found:
+        raise RewardParamsError("reward params the rewards do not take:\n  " + "\n  ".join(found))
+
+
 def get_reward(name: str, **params: Any) -> RewardFn:
     """The reward called `name`, with `params` bound (e.g. overlong's max_tokens)."""
     if name in RUNTIME_REWARDS:
@@ -98,6 +170,7 @@ class RewardSet:
     ) -> RewardSet:
         """`terms` are config RewardTerms; `extra` supplies the run-time rewards by name."""
         extra = extra or {}
+        check_reward_params({"rewards": terms})
         return cls(
             fns={
                 t.name: extra[t.name] if t.name in extra else get_reward(t.name, **t.params)

@@ -30,6 +30,13 @@ def env_seconds(name: str, default: float) -> float:
     return seconds
 
 
+_NAME_MAX = 255  # bytes in one name of a path, on Linux's file systems
+
+
+class StateFolderError(ValueError):
+    """The state folder cannot be made where it is asked for; the message says why."""
+
+
 @dataclass(frozen=True)
 class StatePaths:
     root: Path
@@ -76,6 +83,18 @@ class StatePaths:
     @property
     def identity_file(self) -> Path:
         return self.root / "state_id"
+
+    def check_makeable(self) -> None:
+        """Raise StateFolderError, making nothing, where the folder cannot be made or used: a
+        file stands at its path or on the way to it, or a name on the way is too long."""
+        for part in (self.root, *self.root.parents):
+            if len(part.name.encode()) > _NAME_MAX:
+                raise StateFolderError(f"state folder {self.root}: the name {part.name[:40]!r}... "
+                                       f"is over {_NAME_MAX} bytes")  # fmt: skip
+        found = next(p for p in (self.root, *self.root.parents) if p.exists())
+        if not found.is_dir():
+            where = "is a file" if found == self.root else f"lies under a file, {found}"
+            raise StateFolderError(f"state folder {self.root}: {where}, not a folder")
 
     def ensure(self) -> StatePaths:
         for path in (self.root, self.mlflow_artifacts, self.prefect_home, self.runs):

@@ -77,7 +77,7 @@ def check_tracking_store(paths: StatePaths, timeout: float | None = None) -> Non
     The store is then in write-ahead-log mode (made so if new): a process reading it, such as
     the MLflow UI, never holds up a stage's write."""
     wait = env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT) if timeout is None else timeout
-    lock_wait_seconds()  # a bad value named now, not at a stage's first metric
+    check_wait_settings()
     uri = paths.tracking_uri
     _check_folder(uri, paths.root, "state folder")
     _check_folder(uri, paths.mlflow_artifacts, "artifact folder")
@@ -194,6 +194,17 @@ def store_file(client: MlflowClient) -> Path | None:
 def lock_wait_seconds() -> float:
     """How long a stage's write waits for a store another process writes: `R1_MLFLOW_LOCK_WAIT`."""
     return env_seconds(LOCK_WAIT_ENV, DEFAULT_LOCK_WAIT)
+
+
+def check_wait_settings() -> None:
+    """Read every store's wait from the environment now (`R1_MLFLOW_TIMEOUT`,
+    `R1_MLFLOW_LOCK_WAIT`, `R1_DUCKDB_LOCK_WAIT`): a bad value is named before any stage runs,
+    not at a stage's first metric or store call."""
+    from storage.store import lock_wait_seconds as duckdb_lock_wait
+
+    env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+    lock_wait_seconds()
+    duckdb_lock_wait()
 
 
 def patiently(client: MlflowClient, write: Callable[[], None], what: str) -> None:

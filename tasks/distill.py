@@ -22,8 +22,9 @@ from tasks.context import (
     tag_checkpoint,
     tracked_stage,
 )
-from tasks.general import runtime_rewards, uses_reward_model
+from tasks.general import runtime_rewards
 from tasks.guard_report import guard_reported
+from tasks.plan import uses_reward_model
 from tasks.rejection import RejectionSet
 from tasks.run_pages import describe_curves
 from tasks.stage_cache import stage_task

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger
 
 from configs.data import GeneralConfig
-from configs.reinforcement import GRPOConfig, RewardModelConfig
+from configs.reinforcement import RewardModelConfig
 from contracts.reward_names import PREFERENCE
 from models.saved import ModelRef
 from preference.reward import PreferenceReward
@@ -47,11 +47,6 @@ def general_prompts(files: GeneralFiles | None, split: str) -> list[Problem]:
 
 def preference_reward(rm: StageResult[RewardModelRef] | None) -> PreferenceReward | None:
     return None if rm is None else PreferenceReward(rm.output.path)
-
-
-def uses_reward_model(config: GRPOConfig) -> bool:
-    """Whether a GRPO stage's rewards include the reward model's score."""
-    return any(term.name == PREFERENCE for term in config.rewards)
 
 
 def runtime_rewards(rm: StageResult[RewardModelRef] | None) -> dict[str, RewardFn]:

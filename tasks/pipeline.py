@@ -28,6 +28,7 @@ from evaluation.report import (
 from host.threads import process_threads, usable_cpus, wait_vars
 from models.loading import use_device
 from problems.fit import check_data_fit
+from rewards.registry import check_reward_params
 from storage.paths import StatePaths
 from storage.pipeline_runs import CODE_TAG, end_leftover_children
 from storage.tracking import (
@@ -42,7 +43,7 @@ from storage.tracking import (
     tracking_client,
 )
 from tasks.context import RunContext, StageResult
-from tasks.plan import planned_stages
+from tasks.plan import check_fault_stage, planned_stages
 from tasks.result import PipelineResult
 from tasks.resume import hold_pipeline_run, resumed_command_run
 from tasks.run_pages import RUN_DESCRIPTION_TAG, report_description
@@ -58,6 +59,8 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
     answers and has room), the thread count, and the state folder with an MLflow store that
     answers (failing fast, naming it)."""
     check_inputs(config, flow)
+    check_fault_stage(config, flow)
+    check_reward_params({key: stage.rewards for key, stage in config.grpo_stages().items()})
     if trains:
         check_data_fit(config, flow)
         check_memory_fit(config, f"profile {config.name}")  # the GPU found here, if any

@@ -7,8 +7,14 @@ run of each flow produced, so the two cannot drift apart unseen.
 
 from __future__ import annotations
 
+from configs.reinforcement import GRPOConfig
 from configs.schema import PipelineConfig
-from tasks.general import uses_reward_model
+from contracts.reward_names import PREFERENCE
+
+
+def uses_reward_model(config: GRPOConfig) -> bool:
+    """Whether a GRPO stage's rewards include the reward model's score."""
+    return any(term.name == PREFERENCE for term in config.rewards)
 
 
 def student_stages(config: PipelineConfig) -> list[str]:
@@ -54,3 +60,19 @@ def planned_stages(config: PipelineConfig, flow: str) -> tuple[str, ...]:
     """The stages `flow` runs on `config`, in order; none for a flow this does not know."""
     plan = FLOW_STAGES.get(flow)
     return tuple(plan(config)) if plan else ()
+
+
+class FaultStageError(ValueError):
+    """`faults.fail_once_at` names a stage the flow does not run: the fault would never fire."""
+
+
+def check_fault_stage(config: PipelineConfig, flow: str) -> None:
+    """Raise FaultStageError when `faults.fail_once_at` names no stage of `flow` on `config`."""
+    fail_at = config.faults.fail_once_at
+    plan = planned_stages(config, flow)
+    stage = (fail_at or "").partition("@")[0]
+    if fail_at and plan and stage not in plan:
+        raise FaultStageError(
+            f"faults.fail_once_at {fail_at!r}: {flow} runs no stage {stage!r} on this profile; "
+            f"its stages: {', '.join(plan)}"
+        )

@@ -13,8 +13,9 @@ from stages import reasoning_rl
 from stages.reward_model import RewardModelRef
 from storage.digests import file_digest
 from tasks.context import RunContext, StageResult, log_problems, record_model, tracked_stage
-from tasks.general import general_prompts, runtime_rewards, uses_reward_model
+from tasks.general import general_prompts, runtime_rewards
 from tasks.guard_report import guard_reported
+from tasks.plan import uses_reward_model
 from tasks.run_pages import describe_curves
 from tasks.stage_cache import stage_task
 
