@@ -114,6 +114,9 @@ def _run_count(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     settle_process()  # before anything imports torch: its OpenMP runtime reads it at load
     args = _parser().parse_args(argv)
+    if args.state_dir is not None and not args.state_dir.strip():
+        print(f"r1 {args.command}: --state-dir is empty; name a folder", file=sys.stderr)
+        return 2
     if args.command == "lineage":  # reads the state folder, never creates one
         from cli.lineage import lineage_command
 

@@ -82,7 +82,7 @@ def _settable(name: str) -> dict[str, inspect.Parameter] | None:
 
 def param_problems(name: str, params: dict[str, Any]) -> list[str]:
     """What is wrong with the params of a reward term `name`: a param it does not take (it would
-    be ignored), or a value whose type is not its default's (YAML reads `1e3` as text)."""
+    be ignored), or a value whose type is not its default's (`'200'` or 1e3 for a whole number)."""
     settable = _settable(name)
     if settable is None:
         return []
@@ -103,20 +103,9 @@ def param_problems(name: str, params: dict[str, Any]) -> list[str]:
             continue
         problems.append(
             f"reward {name!r} param {key!r} is {value!r}, not of type {type(default).__name__} "
-            f"as its default {default!r} is" + _as_text_hint(value)
+            f"as its default {default!r} is"
         )
     return problems
-
-
-def _as_text_hint(value: Any) -> str:
-    """Why a number may have come as text: YAML 1.1 reads `1e3` (no dot) as a string."""
-    if not isinstance(value, str):
-        return ""
-    try:
-        float(value)
-    except ValueError:
-        return ""
-    return " (YAML reads a number such as 1e3 as text: write 1000 or 1.0e+3)"
 
 
 def check_reward_params(sections: dict[str, Sequence[Any]]) -> None:

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from cli.main import main
-from configs.profiles import ConfigError, load_profile
+from configs.profiles import ConfigError, load_profile, read_yaml
 from rewards.registry import RewardParamsError, RewardSet, check_reward_params
 from tasks.plan import FaultStageError, check_fault_stage
 
@@ -171,7 +171,8 @@ def test_a_watch_backoff_that_would_hammer_the_server_is_refused(value, capsys, 
         ("{name: format, params: {bogus: 1}}", "reward 'format' takes no param 'bogus'"),
         ("{name: overlong, params: {max_token: 100}}", "takes no param 'max_token' (its params: "
          "max_tokens, buffer)"),
-        ("{name: overlong, params: {max_tokens: 1e3}}", "'max_tokens' is '1e3', not of type int"),
+        ("{name: overlong, params: {max_tokens: 1e3}}", "'max_tokens' is 1000.0, not of type int"),
+        ("{name: overlong, params: {max_tokens: '200'}}", "'max_tokens' is '200', not of type int"),
         ("{name: countdown, params: {strict: 1}}", "'strict' is 1, not of type bool"),
         ("{name: repetition, params: {scale: true}}", "'scale' is True, not of type float"),
     ],
@@ -192,3 +193,24 @@ def test_the_params_rewards_take_pass():
     check_reward_params({"all_scenarios_rl": terms})
     terms = load_profile("micro", ["r1_zero.rewards=[{name: repetition, params: {scale: 2}}]"])
     check_reward_params({"r1_zero": terms.r1_zero.rewards})  # an int where a float is taken
+
+
+def test_numbers_are_read_as_yaml_1_2_reads_them(tmp_path):
+    """YAML 1.1 reads `1e3` as text, `010` as eight and `1:30` as ninety."""
+    path = tmp_path / "numbers.yaml"
+    path.write_text("evaluation: {max_problems: 1e3, n_samples: 010}\n")
+    config = load_profile(path, ["evaluation.k=0x4", "reasoning_rl.steps=1_000"])
+    assert (config.evaluation.max_problems, config.evaluation.n_samples) == (1000, 10)
+    assert (config.evaluation.k, config.reasoning_rl.steps) == (4, 1000)
+    assert read_yaml("a: 1:30\nb: '010'\nc: .inf\nd: 2.0e+8", "t") == {
+        "a": "1:30", "b": "010", "c": float("inf"), "d": 2e8
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match=r"\n  evaluation\.temperature: Input should be a valid"):
+        load_profile("micro", ["evaluation.temperature=1:30"])
+
+
+@pytest.mark.parametrize("command", ["run", "config", "lineage", "runs"])
+def test_an_empty_state_folder_is_refused(command, capsys):
+    argv = [command, "models:/r1-micro@final"] if command == "lineage" else [command]
+    assert main([*argv, "--state-dir", " "]) == 2
+    assert "--state-dir is empty" in capsys.readouterr().err
