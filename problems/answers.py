@@ -7,6 +7,7 @@ import re
 _HASHES = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # 1,600 -> 1600; (3, -1) and 1,2 are kept
 _BOXES = ("\\boxed{", "\\fbox{")
+_BOX_OPENS = re.compile(r"\\(?:boxed|fbox)\{")
 
 
 def _last_box(text: str) -> tuple[int, str]:
@@ -14,9 +15,29 @@ def _last_box(text: str) -> tuple[int, str]:
     return max((text.rfind(box), box) for box in _BOXES)
 
 
+def boxed_contents(text: str) -> list[str]:
+    """The content of every closed `\\boxed{...}` and `\\fbox{...}` in `text`, in the order
+    they open, nested braces balanced; one pass over the text, however many boxes it opens."""
+    opens = {match.end() for match in _BOX_OPENS.finditer(text)}  # just past a box's `{`
+    found: list[tuple[int, str]] = []
+    open_boxes: list[tuple[int, int]] = []  # (where its content starts, the depth it opened at)
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "{":
+            depth += 1
+            if i + 1 in opens:
+                open_boxes.append((i + 1, depth))
+        elif ch == "}":
+            if open_boxes and open_boxes[-1][1] == depth:
+                start, _ = open_boxes.pop()
+                found.append((start, text[start:i].strip()))
+            depth -= 1
+    return [content for _, content in sorted(found)]
+
+
 def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, nested braces
-    balanced."""
+    balanced; None where there is none or it is not closed."""
     start, box = _last_box(text)
     if start < 0:
         return None

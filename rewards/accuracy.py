@@ -26,7 +26,7 @@ import sympy
 from math_verify import parse, verify
 
 from contracts.answer_format import answer_block
-from problems.answers import final_answer_text
+from problems.answers import boxed_contents, final_answer_text
 from problems.types import Problem
 
 # math-verify enforces its timeouts with SIGALRM, which only the main thread may use; elsewhere
@@ -107,6 +107,8 @@ def grade(completion: str, gold: str, strict: bool = True) -> Grade:
     if not gold_parsed:
         return Grade(None, None)
     text = answer_text(completion, strict)
+    if strict and text is not None and len(set(boxed_contents(text))) > 1:
+        return Grade(None, False)  # boxes that differ are a hedge, as two answer blocks are
     try:  # whatever a completion makes the checker do, it is not paid for it, nor made unscorable
         pred_parsed = _parse(final_answer_text(text)) if text is not None else ()
         answer = str(pred_parsed[-1]) if pred_parsed else None

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from problems.answers import final_answer_text, worked_solution
+from problems.answers import boxed_contents, final_answer_text, last_boxed, worked_solution
 from problems.types import Problem
 from rewards.accuracy import gold_is_verifiable, grade, readable, verifiable_problems
 
@@ -109,3 +109,21 @@ def test_problems_a_verifier_cannot_judge_are_left_out_and_counted(caplog):
     assert [p.id for p in kept] == ["p0", "p2"]
     assert "evaluation on heldout.jsonl: 2 of 4 problems left out" in caplog.text
     assert "first: p1" in caplog.text
+
+
+def test_boxes_that_differ_in_the_answer_block_are_a_hedge():
+    assert grade(completion(r"\boxed{73} \boxed{72}"), "72").correct is False
+    assert grade(completion(r"\boxed{72} or \fbox{73}"), "72").correct is False
+    assert grade(completion(r"\boxed{72}, so \boxed{72}"), "72").correct is True
+    # without an answer block (lenient), the last box is the answer, as before
+    assert grade(r"first \boxed{73}, then \boxed{72}", "72", strict=False).correct is True
+    assert boxed_contents(r"\boxed{a{b}} x \fbox{2} \boxed{3") == ["a{b}", "2"]
+    assert boxed_contents(r"} \boxed{\boxed{1} + 2} \boxed{") == [r"\boxed{1} + 2", "1"]
+    for text in (r"\boxed{a{b}} x \fbox{2}", r"\boxed{\frac{1}{2}} and \boxed{3}", "no box"):
+        assert boxed_contents(text)[-1:] == ([last_boxed(text)] if last_boxed(text) else [])
+
+
+def test_an_answer_of_many_open_boxes_is_read_in_one_pass():
+    text = "\\boxed{" * 20_000 + "1"
+    assert boxed_contents(text) == []  # a scan from each opening would take minutes
+    assert grade(completion(text), "1").correct is False
