@@ -117,7 +117,7 @@ class GeneralConfig(Strict):
 
 
 class FilesConfig(Strict):
-    """Real problems: JSONL or Parquet with question and answer columns."""
+    """Real problems: JSONL, a JSON array or Parquet with question and answer columns."""
 
     train_path: Path
     heldout_path: Path
@@ -128,7 +128,12 @@ class FilesConfig(Strict):
         description="malformed rows (missing or empty question or answer, wrong types, invalid "
         "UTF-8, over max_row_chars): skip and count them, or refuse the file naming the line",
     )
-    max_row_chars: int = Field(20_000, ge=1, description="a longer row is malformed")
+    max_row_chars: int = Field(
+        20_000,
+        ge=1,
+        description="a row whose text read (question, answer, solution, tests) is longer is "
+        "malformed; a data set's other columns do not count",
+    )
 
 
 class DataConfig(Strict):

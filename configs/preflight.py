@@ -41,7 +41,7 @@ def model_hint(path: Path, hub_id: str | None) -> str:
 
 def data_hint(question_field: str, answer_field: str) -> str:
     return (
-        f"a JSONL or Parquet file with the columns {question_field!r} and {answer_field!r} "
+        f"a JSONL, JSON or Parquet file with the columns {question_field!r} and {answer_field!r} "
         "(GSM8K `#### 42` or MATH `\\boxed{42}` answers); GSM8K as JSONL: "
         "bash scripts/fetch_gpu_inputs.sh (docs/gpu.md)"
     )
