@@ -123,6 +123,12 @@ class FilesConfig(Strict):
     heldout_path: Path
     question_field: str = "question"
     answer_field: str = "answer"
+    tests_field: str = Field(
+        "tests",
+        description="a code problem's tests: assert statements (MBPP's test_list) or stdin/stdout "
+        "cases (a list of {input, output}, or APPS's input_output); a row with tests is a code "
+        "problem, and needs no answer",
+    )
     bad_rows: Literal["skip", "refuse"] = Field(
         "skip",
         description="malformed rows (missing or empty question or answer, wrong types, invalid "

@@ -36,6 +36,7 @@ def data_fit_problems(config: PipelineConfig, flow: str = "r1_pipeline") -> list
             limit=SAMPLE_ROWS,
             bad_rows="skip",
             max_row_chars=files.max_row_chars,
+            tests_field=files.tests_field,
         )
     except ProblemFileError:  # the problems stage refuses the file, naming what is wrong
         return []

@@ -13,6 +13,7 @@ pipeline's own files are read strictly: `load_problems` refuses.
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import math
@@ -193,17 +194,20 @@ def _text(row: dict[str, Any], name: str, numbers: bool = False) -> str | None:
 
 
 def _problem(
-    row: dict[str, Any], index: int, path: Path, fields: tuple[str, str], max_row_chars: int
+    row: dict[str, Any], index: int, path: Path, fields: tuple[str, ...], max_row_chars: int
 ) -> Problem:
     """The problem in `row`, or BadRow naming why there is none. Only the columns read count
-    towards `max_row_chars`: a data set's other columns (NuminaMath's `messages`) do not."""
-    question_field, answer_field = fields
-    missing = [f for f in fields if row.get(f) is None]
+    towards `max_row_chars`: a data set's other columns (NuminaMath's `messages`) do not. A code
+    problem (one with tests) needs no answer: its tests judge it."""
+    question_field, answer_field, tests_field = fields
+    tests = _tests(row, tests_field)
+    required = (question_field,) if tests else (question_field, answer_field)
+    missing = [f for f in required if row.get(f) is None]
     if missing:
         reason = "missing_question" if question_field in missing else "missing_answer"
         raise BadRow(reason, f"row lacks column(s) {missing}; has {sorted(row)}")
     question = _text(row, question_field)
-    solution = _text(row, answer_field, numbers=True)
+    solution = _text(row, answer_field, numbers=True) or ""
     kind = _text(row, "kind") or "reasoning"
     if kind not in KINDS:
         raise BadRow("wrong_type", f"'kind' is {kind!r}, not one of {list(KINDS)}")
@@ -212,25 +216,31 @@ def _problem(
     steps = row.get("steps") or ()
     if not isinstance(steps, list | tuple) or not all(isinstance(s, str) for s in steps):
         raise BadRow("wrong_type", "'steps' is not a list of text")
-    assert question is not None and solution is not None  # checked as missing above
+    assert question is not None  # checked as missing above
     given = _text(row, "solution")  # our own files keep it apart from the clean answer
-    tests, numbers = _tests(row), _numbers(row)
+    numbers = _numbers(row)
     chars = sum(map(len, (question, solution, given or "", *tests)))
     if chars > max_row_chars:
         raise BadRow("too_long", f"{chars} characters of text, over {max_row_chars}")
     if not question.strip():
         raise BadRow("empty_question", f"{question_field!r} is empty")
-    answer = final_answer_text(solution)
-    if kind == "reasoning" and not answer:
-        raise BadRow("empty_answer", f"{answer_field!r} holds no final answer")
-    default_id = f"{path.stem}-{index:06d}"
     family = _text(row, "family") or ("code" if tests else "logic" if numbers else "math")
     if family not in FAMILIES:
         raise BadRow("wrong_type", f"'family' is {family!r}, not one of {list(FAMILIES)}")
     if family == "code" and not tests:
-        raise BadRow("missing_answer", "a code problem has no 'tests' to judge a program by")
+        raise BadRow("missing_answer", f"a code problem has no {tests_field!r} to judge it by")
     if family == "logic" and not numbers:
         raise BadRow("missing_answer", "a logic problem has no 'numbers' to reach it from")
+    if family == "math" and _is_program(solution):
+        raise BadRow(
+            "missing_answer",
+            f"{answer_field!r} is a program, and a code problem is judged by its tests: name "
+            f"their column (data.files.tests_field; {tests_field!r} is not in the row)",
+        )
+    answer = final_answer_text(solution)
+    if kind == "reasoning" and not answer and family != "code":
+        raise BadRow("empty_answer", f"{answer_field!r} holds no final answer")
+    default_id = f"{path.stem}-{index:06d}"
     return Problem(
         id=row_id or default_id,
         question=question,
@@ -255,17 +265,90 @@ def _script(language: str | None, question: str) -> str:
     return given if is_script(given) else dominant_script(question)
 
 
-def _tests(row: dict[str, Any]) -> tuple[str, ...]:
-    """A code problem's assert-style tests: a list of statements (MBPP's `test_list`), or one
-    text of statements."""
-    tests = row.get("tests")
+def _tests(row: dict[str, Any], name: str = "tests") -> tuple[str, ...]:
+    """A code problem's tests from column `name`, each as text: assert statements (MBPP's
+    `test_list`, or one text of statements), or stdin/stdout cases (a list of `{"input",
+    "output"}`, or APPS's `{"inputs": [...], "outputs": [...]}`, as such or as JSON text), each
+    case kept as its JSON. An assert-style test must be Python and assert something outside any
+    function it defines: HumanEval's `def check(candidate)` alone asserts nothing."""
+    tests = row.get(name)
     if tests is None:
         return ()
     if isinstance(tests, str):
-        tests = [tests]
-    if not isinstance(tests, list | tuple) or not all(isinstance(t, str) for t in tests):
-        raise BadRow("wrong_type", "'tests' is not a list of assert statements")
-    return tuple(t for t in tests if t.strip())
+        decoded = _json_or_none(tests)
+        tests = decoded if isinstance(decoded, dict | list) else [tests]
+    if isinstance(tests, dict):
+        tests = _io_cases(tests, name)
+    if not isinstance(tests, list | tuple):
+        raise BadRow("wrong_type", f"{name!r} is a {type(tests).__name__}, not a list of tests")
+    kept = []
+    for i, test in enumerate(tests, 1):
+        if isinstance(test, dict):
+            kept.append(json.dumps(_io_case(test, f"{name!r} case {i}")))
+        elif not isinstance(test, str):
+            raise BadRow("wrong_type", f"{name!r} test {i} is a {type(test).__name__}")
+        elif test.strip():
+            _check_asserts(test, f"{name!r} test {i}")
+            kept.append(test)
+    return tuple(kept)
+
+
+def _json_or_none(text: str) -> Any:
+    if not text.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _io_cases(cases: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """APPS's `{"inputs": [...], "outputs": [...]}` as one case a pair."""
+    if cases.get("fn_name"):
+        raise BadRow("wrong_type", f"{name!r} calls a function by name (fn_name): not supported")
+    inputs, outputs = cases.get("inputs"), cases.get("outputs")
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+        raise BadRow("wrong_type", f"{name!r} is not inputs and outputs of one length")
+    return [{"input": i, "output": o} for i, o in zip(inputs, outputs, strict=True)]
+
+
+def _io_case(case: dict[str, Any], where: str) -> dict[str, str]:
+    texts = [case.get("input"), case.get("output")]
+    if not all(isinstance(text, str) for text in texts):
+        raise BadRow("wrong_type", f"{where} is not an 'input' and an 'output' of text")
+    return {"input": texts[0], "output": texts[1]}
+
+
+def _check_asserts(test: str, where: str) -> None:
+    try:
+        tree = ast.parse(test)
+    except (SyntaxError, ValueError) as err:
+        raise BadRow("wrong_type", f"{where} is not Python ({err})") from None
+    if not any(isinstance(node, ast.Assert) for node in _outside_definitions(tree)):
+        raise BadRow(
+            "wrong_type",
+            f"{where} asserts nothing outside the functions it defines (HumanEval's `def "
+            "check(candidate)` is never called): write its asserts calling the function by name",
+        )
+
+
+def _outside_definitions(tree: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of `tree` that run when it runs: not the bodies of functions or classes."""
+    definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+    for node in ast.iter_child_nodes(tree):
+        yield node
+        if not isinstance(node, definitions):
+            yield from _outside_definitions(node)
+
+
+def _is_program(text: str) -> bool:
+    """Whether an answer is a program (defines a function or class, or imports), not an answer."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return False
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+    return any(isinstance(node, kinds) for node in tree.body)
 
 
 def _numbers(row: dict[str, Any]) -> tuple[int, ...]:
@@ -296,6 +379,7 @@ def read_problems(
     limit: int | None = None,
     bad_rows: BadRowPolicy = "refuse",
     max_row_chars: int = DEFAULT_MAX_ROW_CHARS,
+    tests_field: str = "tests",
 ) -> tuple[list[Problem], LoadReport]:
     """Read problems from `path`, extracting each final answer from its solution text.
 
@@ -313,7 +397,7 @@ def read_problems(
         try:
             if isinstance(raw.row, BadRow):
                 raise raw.row
-            fields = (question_field, answer_field)
+            fields = (question_field, answer_field, tests_field)
             problems.append(_problem(raw.row, raw.index, path, fields, max_row_chars))
         except BadRow as bad:
             if bad_rows == "refuse":

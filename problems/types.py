@@ -25,8 +25,8 @@ class Problem:
     the source has none (the tiny world, bare answers).
 
     `family` says which verifier judges a reasoning problem: "math" (the answer, by math-verify),
-    "code" (a program, by its hidden assert-style `tests` in the sandbox; `answer` is a reference
-    program) or "logic" (an expression reaching the target `answer` from `numbers`, each used
+    "code" (a program, by its hidden `tests` in the sandbox: assert statements, or stdin/stdout
+    cases as JSON; `answer` is a reference program, or "") or "logic" (an expression reaching the target `answer` from `numbers`, each used
     once). For code tasks `steps` are the chain's operations ("+ 3").
     """
 

@@ -71,13 +71,27 @@ def parse_tests(tests: Any) -> list[dict[str, str]]:
         raise ValueError(f"test cases must be a list, got {type(tests).__name__}")
     cases = []
     for case in tests:
-        if isinstance(case, str):  # a list of assert strings, as MBPP's test_list
-            cases.append({"code": case})
+        if isinstance(case, str):  # an assert-style test (MBPP's test_list), or a case's JSON
+            cases.append(_case_json(case) or {"code": case})
         elif isinstance(case, dict) and ("code" in case or "input" in case or "output" in case):
             cases.append({k: str(v) for k, v in case.items()})
         else:
             raise ValueError(f"not a test case: {case!r}")
     return cases
+
+
+def _case_json(text: str) -> dict[str, str] | None:
+    """A stdin/stdout case kept as its JSON (`{"input": ..., "output": ...}`, as the problem
+    loader keeps one), or None: an assert-style test is never a JSON object."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        case = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(case, dict) and ("input" in case or "output" in case):
+        return {k: str(v) for k, v in case.items()}
+    return None
 
 
 def is_python(source: str) -> bool:

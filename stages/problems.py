@@ -48,6 +48,7 @@ def read_files(files: FilesConfig, path: Path) -> tuple[list[Problem], LoadRepor
         files.answer_field,
         bad_rows=files.bad_rows,
         max_row_chars=files.max_row_chars,
+        tests_field=files.tests_field,
     )
 
 

@@ -84,6 +84,7 @@ def longest_prompt_tokens(config: PipelineConfig) -> int:
         problems, _ = read_problems(
             files.train_path, files.question_field, files.answer_field,
             limit=PROMPT_SAMPLE_ROWS, bad_rows="skip", max_row_chars=files.max_row_chars,
+            tests_field=files.tests_field,
         )  # fmt: skip
     except ProblemFileError:  # the problems stage refuses the file, naming what is wrong
         return 128 + TEMPLATE_TOKENS

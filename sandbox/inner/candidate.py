@@ -62,6 +62,7 @@ def start(setup: dict, fds: list[int], cgroups: RunCgroups | None) -> NoReturn:
     `fds` become descriptors 0-3: /dev/null three times and the channel to the judge.
     """
     placed = [False]
+    builtins.exit = builtins.quit = _Quitter()  # type: ignore[attr-defined]
     try:
         _confine(setup, fds, cgroups, placed)
         os.write(CHANNEL, READY)
@@ -80,6 +81,17 @@ def start(setup: dict, fds: list[int], cgroups: RunCgroups | None) -> NoReturn:
 # EFBIG), SIGINT raising KeyboardInterrupt. Every other signal keeps its default action.
 PYTHON_SIGNALS = {signal.SIGPIPE: signal.SIG_IGN, signal.SIGXFSZ: signal.SIG_IGN,
                   signal.SIGINT: signal.default_int_handler}  # fmt: skip
+
+
+class _Quitter:
+    """`exit()` and `quit()`, which `python main.py` has from the site module and the session,
+    run without it (-S), would otherwise lack: they raise SystemExit, as sys.exit does."""
+
+    def __repr__(self) -> str:
+        return "Use exit() or Ctrl-D (i.e. EOF) to exit"
+
+    def __call__(self, code: object = None) -> NoReturn:
+        raise SystemExit(code)
 
 
 def _default_signals() -> None:
