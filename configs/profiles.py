@@ -104,7 +104,9 @@ def _unshared(value: Any, source: str, count: list[int]) -> Any:
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """Set `a.b.c=value` in nested `data`; the value is read as YAML (`3`, `0.5`, `true`, `[1]`)."""
+    """Set `a.b.c=value` in nested `data`; the value is read as YAML (`3`, `0.5`, `true`, `[1]`).
+    A mapping given for a section changes the keys it names (`evaluation={k: 1}` keeps the
+    profile's other evaluation settings); a list or value replaces what was there."""
     if "=" not in assignment:
         raise ConfigError(f"override {assignment!r} is not of the form key.path=value")
     dotted, raw = assignment.split("=", 1)
@@ -117,7 +119,9 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {dotted}: {key} is a value, not a section")
         node = child
-    node[keys[-1]] = read_yaml(raw, f"override {assignment!r}")
+    value, current = read_yaml(raw, f"override {assignment!r}"), node.get(keys[-1])
+    both_sections = isinstance(value, dict) and isinstance(current, dict)
+    node[keys[-1]] = merged(current, value) if both_sections else value
 
 
 def _format_errors(source: str, err: ValidationError) -> str:

@@ -26,8 +26,9 @@ class Problem:
 
     `family` says which verifier judges a reasoning problem: "math" (the answer, by math-verify),
     "code" (a program, by its hidden `tests` in the sandbox: assert statements, or stdin/stdout
-    cases as JSON; `answer` is a reference program, or "") or "logic" (an expression reaching the target `answer` from `numbers`, each used
-    once). For code tasks `steps` are the chain's operations ("+ 3").
+    cases as JSON; `answer` is a reference program, or "") or "logic" (an expression reaching
+    the target `answer` from `numbers`, each used once). For code tasks `steps` are the chain's
+    operations ("+ 3").
     """
 
     id: str

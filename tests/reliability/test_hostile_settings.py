@@ -214,3 +214,12 @@ def test_an_empty_state_folder_is_refused(command, capsys):
     argv = [command, "models:/r1-micro@final"] if command == "lineage" else [command]
     assert main([*argv, "--state-dir", " "]) == 2
     assert "--state-dir is empty" in capsys.readouterr().err
+
+
+def test_a_section_given_as_a_mapping_changes_only_the_keys_it_names():
+    micro = load_profile("micro").evaluation
+    changed = load_profile("micro", ["evaluation={k: 1, temperature: 0.3}"]).evaluation
+    assert (changed.k, changed.temperature) == (1, 0.3)
+    assert (changed.n_samples, changed.max_problems) == (micro.n_samples, micro.max_problems)
+    rewards = load_profile("micro", ["reasoning_rl.rewards=[{name: accuracy}]"]).reasoning_rl
+    assert [t.name for t in rewards.rewards] == ["accuracy"]  # a list replaces
