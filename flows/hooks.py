@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.progress import name_task_run_logs
+
+# Prefect's API log handlers get the formatter as a flow module loads: a flow run's first lines
+# ("Beginning flow run ...") come before its stages' code, whose tasks would install it.
+name_task_run_logs()
+
 
 def pipeline_failed(flow: Any, flow_run: Any, state: Any) -> None:
     """tasks.pipeline.mark_pipeline_failed: the parent MLflow run closed as FAILED."""

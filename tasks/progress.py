@@ -159,6 +159,12 @@ def name_task_run_logs() -> None:
             handler.setFormatter(TaskNamedFormatter(width=LINE_WIDTH))
 
 
+# As this module loads (every task module imports it, through tasks.stage_cache): a flow whose
+# first task is no stage task (the nightly evaluation's `registered-model`) logs through the
+# formatter too.
+name_task_run_logs()
+
+
 def run_logger() -> logging.Logger | logging.LoggerAdapter:
     """The task or flow run's logger (its lines reach the Prefect server); outside a run, as in
     a test that calls a task's function, this module's."""
