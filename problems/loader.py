@@ -231,7 +231,7 @@ def _problem(
         raise BadRow("missing_answer", f"a code problem has no {tests_field!r} to judge it by")
     if family == "logic" and not numbers:
         raise BadRow("missing_answer", "a logic problem has no 'numbers' to reach it from")
-    if family == "math" and _is_program(solution):
+    if kind == "reasoning" and family == "math" and _is_program(solution):
         raise BadRow(
             "missing_answer",
             f"{answer_field!r} is a program, and a code problem is judged by its tests: name "

@@ -77,6 +77,13 @@ def test_mbpp_read_without_its_tests_is_refused_not_a_math_problem(tmp_path):
         read_problems(write(tmp_path, MBPP), "text", "code")
 
 
+def test_a_general_prompt_may_have_a_program_for_its_answer(tmp_path):
+    row = {"question": "Write a greeting function.", "kind": "general",
+           "answer": "def greet(name):\n    return f'Hello, {name}!'"}  # fmt: skip
+    (problem,), _ = read_problems(write(tmp_path, row))
+    assert problem.kind == "general" and problem.answer.startswith("def greet")
+
+
 def test_humanevals_check_asserts_nothing_and_is_refused(tmp_path):
     """Called or not, `check(candidate)` asserts inside a function handed the program's own: the
     judge, which hands values across and never functions, could not run it."""
