@@ -23,6 +23,9 @@ HOLED_REWARDS = {"accuracy_digits": "accuracy", "code_trusts_ok": "code"}  # -> 
 # supplies the function.
 PREFERENCE = "preference"
 RUNTIME_REWARDS = {PREFERENCE: "the reward model's score (where general data trains one)"}
+# The columns a GRPO stage passes every reward beside the prompts and completions
+# (rl/scoring.py), by which a grader file's `{{ item.<column> }}` is checked when it loads.
+REWARD_COLUMNS = ("answer", "language", "kind", "family", "tests", "numbers", "completion_tokens")
 
 
 def known_rewards() -> list[str]:

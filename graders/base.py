@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from contracts.answer_format import answer_block
+from graders.templates import SampleTemplateError
 
 Sample = dict[str, Any]
 Item = Mapping[str, Any]
@@ -61,6 +62,8 @@ def per_sample(
     for sample, item in zip(samples, items, strict=True):
         try:
             outcomes.append(Outcome(float(grade_one(sample, item))))
+        except SampleTemplateError as exc:  # the completion lacks what the grader reads: fails
+            outcomes.append(Outcome(0.0, f"{type(exc).__name__}: {exc}"))
         except Exception as exc:  # a malformed sample or item must not stop the batch
             outcomes.append(Outcome(None, f"{type(exc).__name__}: {exc}"))
     return outcomes

@@ -43,7 +43,14 @@ def build_grader(
     if isinstance(spec, TextSimilaritySpec):
         return TextSimilarityGrader(spec)
     if isinstance(spec, PythonSpec):
-        return PythonGrader(spec, seconds_per_sample=python_seconds)
+        grader = PythonGrader(spec, seconds_per_sample=python_seconds)
+        problem = grader.load_problem()
+        if problem is not None:
+            raise GraderFileError(
+                f"{where}: {at}source: cannot run in the sandbox (standard library only, "
+                f"{python_seconds:g} s): {problem}"
+            )
+        return grader
     if isinstance(spec, ScoreModelSpec):
         return ScoreModelGrader(spec, judge or _lazy_local_judge(spec.model, where, at))
     if isinstance(spec, MultiSpec):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 MAX_LENGTH = 1000
+MAX_DEPTH = 50  # nesting of the formula's tree; evaluation recurses once per level
 
 FUNCTIONS: dict[str, Callable[..., float]] = {
     "min": min,
@@ -66,10 +67,23 @@ def compile_formula(text: str, known: Iterable[str]) -> Formula:
         tree = ast.parse(text.replace("^", "**"), mode="eval")
     except SyntaxError as exc:
         raise FormulaError(f"formula {text!r} is not valid arithmetic: {exc.msg}") from None
+    except RecursionError:
+        raise FormulaError(f"formula is nested too deeply; at most {MAX_DEPTH} levels") from None
+    if _depth(tree.body) > MAX_DEPTH:
+        raise FormulaError(f"formula {text!r} is nested too deeply; at most {MAX_DEPTH} levels")
     names: set[str] = set()
     for node in ast.walk(tree):
         _check_node(node, text, known, names)
     return Formula(text=text, tree=tree, names=frozenset(names))
+
+
+def _depth(root: ast.AST) -> int:
+    deepest, todo = 0, [(root, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        todo += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
+    return deepest
 
 
 def _check_node(node: ast.AST, text: str, known: set[str], names: set[str]) -> None:
@@ -87,6 +101,12 @@ def _check_node(node: ast.AST, text: str, known: set[str], names: set[str]) -> N
     if isinstance(node, ast.Constant):
         if isinstance(node.value, bool) or not isinstance(node.value, int | float):
             raise FormulaError(f"formula {text!r}: constant {node.value!r} is not a number")
+        try:
+            finite = math.isfinite(float(node.value))
+        except OverflowError:
+            finite = False
+        if not finite:
+            raise FormulaError(f"formula {text!r}: a constant is too large for a float")
         return
     if isinstance(node, ast.Name):
         if node.id in FUNCTIONS:
@@ -149,5 +169,8 @@ def _eval(node: ast.expr, values: Mapping[str, float]) -> float:
     if isinstance(node, ast.BinOp):
         return _BINARY[type(node.op)](_eval(node.left, values), _eval(node.right, values))
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        return float(FUNCTIONS[node.func.id](*(_eval(a, values) for a in node.args)))
+        args = [_eval(a, values) for a in node.args]
+        if node.func.id in _VARIADIC:  # min(a) is a: Python's min wants an iterable
+            return float(FUNCTIONS[node.func.id](args))
+        return float(FUNCTIONS[node.func.id](*args))
     raise FormulaError(f"{_describe(node)} is not allowed")  # unreachable after compile_formula

@@ -10,7 +10,10 @@ sample's own words included) can pass for a result.
 Fail closed: a sample whose grading raises, runs past its time, ends its process, or returns
 something that is not a finite number scores 0.0, with the reason. Only a grader that cannot run
 at all scores None: one that fails on a first run with no sample (its source fails at import, or
-the sandbox fails). The program runs with the standard library only.
+the sandbox fails); such a source is refused when the file loads (`load_problem`), so that only
+a sandbox failing mid-run leaves samples unscored. The program runs with the standard library
+only. Samples are graded in separate processes that share the job's scratch folder (`/tmp`):
+a grader that writes files there can see an earlier sample's.
 """
 
 from __future__ import annotations
@@ -94,19 +97,36 @@ class PythonGrader:
     def pass_threshold(self) -> float | None:
         return self.spec.pass_threshold
 
+    def _job(self, inputs: Sequence[str]) -> Any:
+        from sandbox import Job, Limits  # the sandbox starts processes: load it when used
+
+        limits = Limits(
+            cpu_seconds=self.seconds_per_sample,
+            wall_seconds=self.seconds_per_sample + STARTUP_SECONDS,
+        )
+        return Job(program(self.spec.source), tuple(inputs), limits=limits)
+
+    def load_problem(self) -> str | None:
+        """Why the source cannot run at all (a module outside the standard library, top-level
+        code that raises or hangs), from one run with no sample, as `evaluate` starts with;
+        None when it runs, or when the sandbox cannot run here (nothing is known then)."""
+        from sandbox import run_jobs
+
+        nonce = secrets.token_hex(16)
+        (probe,) = run_jobs([self._job([json.dumps({"nonce": nonce})])])[0]
+        if probe.status == "sandbox_failed" or parse_result(probe.stdout, nonce) is not None:
+            return None
+        return f"{probe.status}: {probe.detail or probe.stderr[-300:]}"
+
     def evaluate(self, samples: Sequence[Sample], items: Sequence[Item]) -> list[Outcome]:
-        from sandbox import Job, Limits, run_jobs  # the sandbox starts processes: load it when used
+        from sandbox import run_jobs
 
         nonces = [secrets.token_hex(16) for _ in range(len(samples) + 1)]
         inputs = [json.dumps({"nonce": nonces[0]})] + [
             json.dumps({"nonce": n, "sample": _jsonable(s), "item": _jsonable(dict(i))})
             for n, s, i in zip(nonces[1:], samples, items, strict=True)
         ]
-        limits = Limits(
-            cpu_seconds=self.seconds_per_sample,
-            wall_seconds=self.seconds_per_sample + STARTUP_SECONDS,
-        )
-        probe, *runs = run_jobs([Job(program(self.spec.source), tuple(inputs), limits=limits)])[0]
+        probe, *runs = run_jobs([self._job(inputs)])[0]
         if probe.status != "ok" or parse_result(probe.stdout, nonces[0]) is None:
             why = f"the grader cannot run ({probe.status}: {probe.detail or probe.stderr[-300:]})"
             return [Outcome(None, why) for _ in samples]

@@ -2,9 +2,11 @@
 
 Each completion becomes a `sample` (see graders.base.make_sample) and each row of the columns
 the stage passes becomes an `item`, with the prompt under `item.prompt` unless a column already
-has that name. In GRPO the columns are answer, language, kind and completion_tokens, so a grader
-reads the gold answer as `{{item.answer}}`. The reward is the grader's score (pass_threshold does
-not binarise it); a sample the grader cannot score gets None, and grading never raises.
+has that name. In GRPO the columns are `contracts.reward_names.REWARD_COLUMNS` (answer, language,
+kind, family, ...), so a grader reads the gold answer as `{{item.answer}}`; a file that reads a
+column no stage passes (OpenAI's `item.reference_answer`) is refused when it loads. The reward
+is the grader's score (pass_threshold does not binarise it); a sample the grader cannot score
+gets None, and grading never raises.
 """
 
 from __future__ import annotations
@@ -14,15 +16,30 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from contracts.reward_names import REWARD_COLUMNS
 from graders.base import Grader, Item, make_sample
-from graders.build import load_grader
+from graders.build import build_grader
 from graders.python_grader import DEFAULT_SECONDS_PER_SAMPLE
 from graders.score_model import Judge
-from graders.spec import GraderFileError
+from graders.spec import (
+    GraderFileError,
+    MultiSpec,
+    ScoreModelSpec,
+    StringCheckSpec,
+    TextSimilaritySpec,
+    load_spec,
+)
+from graders.templates import references
 
 log = logging.getLogger(__name__)
 
+# The fields an `item` has: the columns a GRPO stage passes its rewards, and the prompt.
+ITEM_FIELDS = (*REWARD_COLUMNS, "prompt")
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Rewards are held as float32 (rl/scoring.py): a score past its range becomes inf there and turns
+# the group's advantages into NaN. Scores are clipped to this, keeping their order and sign.
+MAX_ABS_SCORE = 1e30
 
 
 def make_items(prompts: Sequence[str], columns: Mapping[str, Sequence[Any]], n: int) -> list[Item]:
@@ -64,7 +81,10 @@ class GraderReward:
                 errors[0],
             )
             self._warned = True
-        return [o.score for o in outcomes]
+        return [
+            None if o.score is None else max(-MAX_ABS_SCORE, min(MAX_ABS_SCORE, o.score))
+            for o in outcomes
+        ]
 
 
 def resolve_grader_path(path: str | Path) -> Path:
@@ -95,5 +115,29 @@ def grader_reward(
     if not path:
         raise GraderFileError("reward 'grader' needs params.path: the grader file to load")
     resolved = resolve_grader_path(path)
-    grader = load_grader(resolved, judge=judge, python_seconds=float(python_seconds))
+    spec = load_spec(resolved)
+    check_item_fields(spec, str(resolved))
+    grader = build_grader(spec, str(resolved), judge=judge, python_seconds=float(python_seconds))
     return GraderReward(grader, resolved)
+
+
+def check_item_fields(spec: Any, where: str, key: str = "") -> None:
+    """Every `{{ item.<field> }}` names a column the stage passes; else GraderFileError naming
+    the field and the columns (OpenAI's `item.reference_answer` is our `item.answer`)."""
+    at = f"{key}." if key else ""
+    if isinstance(spec, MultiSpec):
+        for name, sub in spec.graders.items():
+            check_item_fields(sub, where, f"{at}graders.{name}")
+        return
+    fields: list[tuple[str, str]] = []
+    if isinstance(spec, StringCheckSpec | TextSimilaritySpec):
+        fields = [("input", spec.input), ("reference", spec.reference)]
+    elif isinstance(spec, ScoreModelSpec):
+        fields = [(f"input.{i}.content", m.content) for i, m in enumerate(spec.input)]
+    for field, template in fields:
+        for ref in references(template):
+            if ref.namespace == "item" and ref.path[0] not in ITEM_FIELDS:
+                raise GraderFileError(
+                    f"{where}: {at}{field}: {{{{item.{ref.path[0]}}}}} is not a column the RL "
+                    f"stages pass; an item has {list(ITEM_FIELDS)} (the gold answer is item.answer)"
+                )

@@ -29,7 +29,14 @@ from typing import Any
 
 from graders.base import Item, Outcome, Sample
 from graders.spec import SamplingParamsSpec, ScoreModelSpec
-from graders.templates import render
+from graders.templates import (
+    SampleTemplateError,
+    TemplateError,
+    as_text,
+    lookup,
+    references,
+    render,
+)
 
 Message = dict[str, str]
 Judge = Callable[[list[list[Message]], SamplingParamsSpec | None], list[str]]
@@ -43,21 +50,47 @@ _BARE = re.compile(rf"\s*({_NUMBER})\s*")
 _JSON_OBJECT = re.compile(r"\{[^{}]*\}")
 
 
-def parse_score(text: str) -> float | None:
+def parse_score(text: str, bounds: tuple[float, float] | None = None) -> float | None:
     """The judge's score, or None when its reply holds none. In order of preference:
-    a JSON object's numeric "result" or "score" (the hosted grader's reply format); the last
-    "score: N" / "result = N" / "rating: N" / "grade: N"; a last line that is only a number."""
-    for candidate in [text, *_JSON_OBJECT.findall(text)]:
+    a JSON object's numeric "result" or "score" (the hosted grader's reply format), outermost
+    first and also inside a ```json fence or prose; the last "score: N" / "result = N" /
+    "rating: N" / "grade: N" (markdown emphasis ignored; "N/M" read as that share of `bounds`);
+    a last line that is only a number."""
+    for candidate in [text, *_json_objects(text)]:
         value = _json_score(candidate)
         if value is not None:
             return value
-    labelled = _LABELLED.findall(text)
+    plain = re.sub(r"[*_`]+", "", text)
+    labelled = list(_LABELLED.finditer(plain))
     if labelled:
-        return _finite(float(labelled[-1]))
+        last = labelled[-1]
+        value = float(last.group(1))
+        out_of = _OUT_OF.match(plain, last.end())
+        if out_of and bounds is not None and float(out_of.group(1)) > 0:
+            low, high = bounds
+            value = low + (high - low) * value / float(out_of.group(1))
+        elif out_of:
+            return None  # "7/10" with no range to place it in is not a score on any scale
+        return _finite(value)
     lines = [line for line in text.splitlines() if line.strip()]
     if lines and (bare := _BARE.fullmatch(lines[-1])):
         return _finite(float(bare.group(1)))
     return None
+
+
+_OUT_OF = re.compile(rf"\s*(?:/|out of)\s*({_NUMBER})", re.I)
+
+
+def _json_objects(text: str) -> list[str]:
+    """Each JSON object in `text` (nested ones included), outermost first."""
+    decoder, found = json.JSONDecoder(), []
+    for start in (m.start() for m in re.finditer(r"\{", text)):
+        try:
+            _, end = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            continue
+        found.append(text[start:end])
+    return found
 
 
 def _json_score(text: str) -> float | None:
@@ -179,10 +212,14 @@ def neutralise_special_tokens(text: str, specials: Sequence[str]) -> str:
     return text
 
 
+_STATED = re.compile(rf"\b(?:score|rating|grade)\b\W{{0,3}}\s*[:=]\s*({_NUMBER})", re.I)
+
+
 def stated_scores(text: str) -> set[float]:
     """Scores written in `text` in the judge's reply format: JSON objects with a numeric
-    "result" or "score", and labelled "score: N" / "rating = N" / "grade: N" / "result: N"."""
-    found = {float(v) for v in _LABELLED.findall(text) if math.isfinite(float(v))}
+    "result" or "score", and labelled "score: N" / "rating = N" / "grade: N" (not "result = N",
+    which honest working writes)."""
+    found = {float(v) for v in _STATED.findall(text) if math.isfinite(float(v))}
     for candidate in _JSON_OBJECT.findall(text):
         value = _json_score(candidate)
         if value is not None:
@@ -225,13 +262,29 @@ class ScoreModelGrader:
             try:
                 conversations.append(self.conversation(sample, item))
                 outcomes.append(None)
+            except SampleTemplateError as exc:  # the completion lacks what the judge is shown
+                outcomes.append(Outcome(float(self.spec.range[0]), f"{type(exc).__name__}: {exc}"))
             except Exception as exc:  # a template that cannot be filled for this sample
                 outcomes.append(Outcome(None, f"{type(exc).__name__}: {exc}"))
         replies = iter(self._ask(conversations))
         return [
-            o if o is not None else self._score(next(replies), str(sample.get("output_text", "")))
+            o if o is not None else self._score(next(replies), self._shown(sample))
             for o, sample in zip(outcomes, samples, strict=True)
         ]
+
+    def _shown(self, sample: Sample) -> str:
+        """What the judge was shown of the completion: the sample fields its messages name (an
+        answer that states a score where the judge never saw it cannot have steered it)."""
+        refs = {
+            r for m in self.spec.input for r in references(m.content) if r.namespace == "sample"
+        }
+        texts = []
+        for ref in refs:
+            try:
+                texts.append(as_text(lookup(ref, sample, {})))
+            except TemplateError:
+                continue
+        return "\n".join(texts)
 
     def _ask(self, conversations: list[list[Message]]) -> list[str | Exception]:
         if not conversations:
@@ -251,7 +304,7 @@ class ScoreModelGrader:
         if not isinstance(reply, str):
             return Outcome(None, f"judge replied with a {type(reply).__name__}, not text")
         bottom = float(self.spec.range[0])
-        value = parse_score(reply)
+        value = parse_score(reply, self.spec.range)
         if value is None:
             return Outcome(bottom, f"no score in the judge's reply {reply[:200]!r}")
         if value in stated_scores(answer):

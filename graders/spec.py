@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from configs.profiles import ConfigError, read_yaml
 from graders.formula import FUNCTIONS, FormulaError, compile_formula
 from graders.similarity import METRICS, UNSUPPORTED_METRICS
 from graders.templates import TemplateError, references
@@ -32,6 +32,9 @@ UNSUPPORTED_TYPES = {
     "use a score_model grader with a range instead",
     "endpoint": "an endpoint grader calls an external service, and this pipeline runs offline",
 }
+
+
+MAX_SOURCE_BYTES = 256 * 1024  # a python grader's source, as OpenAI caps it
 
 
 class GraderFileError(ValueError):
@@ -84,6 +87,8 @@ class PythonSpec(_Spec):
     @field_validator("source")
     @classmethod
     def _defines_grade(cls, source: str) -> str:
+        if len(source.encode()) > MAX_SOURCE_BYTES:
+            raise ValueError(f"is over {MAX_SOURCE_BYTES // 1024} kB (OpenAI's limit too)")
         try:
             tree = ast.parse(source)
         except SyntaxError as exc:
@@ -91,8 +96,15 @@ class PythonSpec(_Spec):
         grade = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "grade"]
         if not grade:
             raise ValueError("defines no top-level function grade(sample, item)")
-        if len(grade[-1].args.args) < 2 and grade[-1].args.vararg is None:
-            raise ValueError("grade() must take two arguments: sample and item")
+        args = grade[-1].args
+        required = len(args.posonlyargs) + len(args.args) - len(args.defaults)
+        takes = len(args.posonlyargs) + len(args.args)
+        if (
+            (takes < 2 and args.vararg is None)
+            or required > 2
+            or any(d is None for d in args.kw_defaults)
+        ):
+            raise ValueError("grade() must take two arguments: sample and item (exactly two)")
         return source
 
 
@@ -100,6 +112,27 @@ class MessageSpec(_Spec):
     role: Literal["system", "developer", "user", "assistant"]
     content: str
     type: Literal["message"] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_part(cls, content: Any) -> Any:
+        """OpenAI's text parts ({"type": "input_text" | "output_text", "text": ...}, alone or in
+        a list) are text: take their text. Image and audio parts are refused by name."""
+        parts = content if isinstance(content, list) else [content]
+        if not all(isinstance(p, dict) for p in parts):
+            return content
+        texts = []
+        for part in parts:
+            if part.get("type") not in ("input_text", "output_text") or set(part) != {
+                "type",
+                "text",
+            }:
+                raise ValueError(
+                    f"content part of type {part.get('type')!r} is not supported here: "
+                    "only text (a string, or input_text / output_text parts)"
+                )
+            texts.append(part["text"])
+        return "\n".join(texts) if all(isinstance(t, str) for t in texts) else content
 
 
 class SamplingParamsSpec(_Spec):
@@ -148,17 +181,43 @@ _MODELS: dict[str, type[_Spec]] = {
 }
 
 
+MAX_FILE_BYTES = 1 << 20  # a grader file is a few KB
+
+
 def read_file(path: Path) -> Any:
     """The raw object in a grader file (JSON for `.json`, else YAML)."""
     try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise GraderFileError(
+                f"{path}: the grader file is {size} bytes; at most {MAX_FILE_BYTES}"
+            )
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise GraderFileError(f"{path}: cannot read the grader file: {exc.strerror}") from None
-    try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        kind = "JSON" if path.suffix == ".json" else "YAML"
+    except UnicodeDecodeError as exc:
+        raise GraderFileError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8"
+        ) from None
+    kind = "JSON" if path.suffix == ".json" else "YAML"
+    try:  # a key given twice is refused, as in a profile: which one was meant is unknown
+        if path.suffix == ".json":
+            return json.loads(text, object_pairs_hook=_unique_keys)
+        return read_yaml(text, str(path))
+    except ConfigError as exc:
+        raise GraderFileError(str(exc)) from None
+    except ValueError as exc:
         raise GraderFileError(f"{path}: not valid {kind}: {exc}") from None
+    except RecursionError:
+        raise GraderFileError(f"{path}: not valid {kind}: nested too deeply") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ValueError(f"key {twice[0]!r} given twice in one object")
+    return dict(pairs)
 
 
 def parse_spec(raw: Any, where: str, key: str = "") -> GraderSpec:
@@ -167,6 +226,11 @@ def parse_spec(raw: Any, where: str, key: str = "") -> GraderSpec:
     if not isinstance(raw, dict):
         raise GraderFileError(f"{where}: {key or 'top level'}: a grader is a mapping of keys")
     kind = raw.get("type")
+    if not isinstance(kind, str):
+        found = "missing" if kind is None else f"a {type(kind).__name__}, not a name"
+        raise GraderFileError(f"{where}: {at}type: {found}; known: {list(SUPPORTED_TYPES)}")
+    if "name" not in raw:  # OpenAI's guide shows python and multi graders without one
+        raw = {**raw, "name": key.rsplit(".", 1)[-1] if key else Path(where).stem}
     if kind in UNSUPPORTED_TYPES:
         raise GraderFileError(
             f"{where}: {at}type: {kind!r} is not supported: {UNSUPPORTED_TYPES[kind]}"

@@ -28,6 +28,12 @@ class TemplateError(ValueError):
     """A reference that is malformed, names something unknown, or finds nothing to fill in."""
 
 
+class SampleTemplateError(TemplateError):
+    """A `sample` reference the completion does not fill (not JSON, a missing key, null): the
+    completion's fault, so it fails the sample (scores 0, as OpenAI's parse errors do) rather
+    than leaving it unscored."""
+
+
 @dataclass(frozen=True)
 class Reference:
     """One `{{ namespace.path }}` reference."""
@@ -85,11 +91,18 @@ def lookup(reference: Reference, sample: Mapping[str, Any], item: Mapping[str, A
     """The value a reference points at; TemplateError when the path finds nothing."""
     value: Any = item if reference.namespace == "item" else sample
     walked = reference.namespace
-    for step in reference.path:
-        value = _step_into(value, step, walked, reference)
-        walked += f".{step}"
-    if value is None:
-        raise TemplateError(f"{{{{{reference.text}}}}}: {walked} is empty (null)")
+    try:
+        for step in reference.path:
+            value = _step_into(value, step, walked, reference)
+            walked += f".{step}"
+        if value is None:
+            raise TemplateError(f"{{{{{reference.text}}}}}: {walked} is empty (null)")
+        if value == "" and reference.namespace == "item":  # no gold to grade against
+            raise TemplateError(f"{{{{{reference.text}}}}}: {walked} is empty text")
+    except TemplateError as exc:
+        if reference.namespace == "sample":
+            raise SampleTemplateError(str(exc)) from None
+        raise
     return value
 
 

@@ -108,17 +108,31 @@ def param_problems(name: str, params: dict[str, Any]) -> list[str]:
     return problems
 
 
-def check_reward_params(sections: dict[str, Sequence[Any]]) -> None:
+def grader_problems(params: dict[str, Any]) -> list[str]:
+    """What keeps a `grader` term's file from grading: the file loaded and checked as the stage
+    would (a missing or unreadable file, a bad key, a python grader that cannot start)."""
+    from graders.spec import GraderFileError
+
+    try:
+        _grader(**params)
+    except GraderFileError as err:
+        return [str(err)]
+    return []
+
+
+def check_reward_params(sections: dict[str, Sequence[Any]], graders: bool = True) -> None:
     """Raise RewardParamsError naming every reward term's bad params, by section: `sections`
-    maps a dotted config path to its RewardTerms."""
+    maps a dotted config path to its RewardTerms. With `graders`, each grader term's file is
+    loaded too, so that a bad one stops a run before its first stage, not at its RL stage."""
     found = [
         f"{where}.rewards.{i}.params: {problem}"
         for where, terms in sections.items()
         for i, term in enumerate(terms)
         for problem in param_problems(term.name, term.params)
+        + (grader_problems(term.params) if graders and term.name == "grader" else [])
     ]
     if found:
-        raise RewardParamsError("reward params the rewards do not take:\n  " + "\n  ".join(found))
+        raise RewardParamsError("reward params that cannot be used:\n  " + "\n  ".join(found))
 
 
 def get_reward(name: str, **params: Any) -> RewardFn:
@@ -159,7 +173,7 @@ class RewardSet:
     ) -> RewardSet:
         """`terms` are config RewardTerms; `extra` supplies the run-time rewards by name."""
         extra = extra or {}
-        check_reward_params({"rewards": terms})
+        check_reward_params({"rewards": terms}, graders=False)  # built below, checked there
         return cls(
             fns={
                 t.name: extra[t.name] if t.name in extra else get_reward(t.name, **t.params)

@@ -13,6 +13,7 @@ from configs.reinforcement import RewardTerm
 from graders import GraderFileError, load_grader, load_spec, make_sample, passed
 from graders.build import build_grader
 from graders.formula import Formula, FormulaError, compile_formula, evaluate
+from graders.python_grader import PythonGrader
 from graders.reward import grader_reward
 from graders.score_model import clip, parse_score
 from graders.similarity import bleu, fuzzy_match, gleu, lcs_length, rouge_l, rouge_n
@@ -342,10 +343,12 @@ def test_python_grader_failures_score_zero_with_the_reason_and_spare_the_others(
     assert "nan" in outcomes[4].error and outcomes[0].error is None
 
 
-def test_python_grader_that_cannot_start_scores_none(tmp_path):
-    grader = python_grader(
-        tmp_path, "import no_such_module\n\ndef grade(sample, item):\n    return 1"
-    )
+def test_python_grader_that_cannot_start_is_refused_when_it_loads_and_scores_none(tmp_path):
+    source = "import no_such_module\n\ndef grade(sample, item):\n    return 1"
+    path = write(tmp_path, {"type": "python", "name": "py", "source": source})
+    with pytest.raises(GraderFileError, match=r"source: cannot run in the sandbox.*no_such_module"):
+        load_grader(path)
+    grader = PythonGrader(load_spec(path))  # one that stops starting mid-run scores nothing
     outcomes = grader.evaluate([make_sample("x")] * 2, [{}, {}])
     assert [o.score for o in outcomes] == [None, None]
     assert "no_such_module" in outcomes[0].error
