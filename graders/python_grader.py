@@ -2,10 +2,11 @@
 
 The grader's source, followed by a small harness, is one sandbox program job whose inputs are
 the samples: each sample is graded by a fresh run of the source in a confined process (a fresh
-`__main__`; a process that ended abnormally is replaced before the next sample), so no sample can
-touch another's grading. `print` inside `grade` goes to stderr. The harness writes its result as
-one line marked with a random nonce that came with the sample, so no text the grader echoes (a
-sample's own words included) can pass for a result.
+`__main__`; a process that ended abnormally is replaced before the next sample), so no sample's
+grading shares memory with another's (files are another matter: below). `print` inside `grade`
+goes to stderr. The harness writes its result as one line marked with a random nonce that came
+with the sample, so no text the grader echoes (a sample's own words included) can pass for a
+result.
 
 Fail closed: a sample whose grading raises, runs past its time, ends its process, or returns
 something that is not a finite number scores 0.0, with the reason. Only a grader that cannot run
