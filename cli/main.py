@@ -162,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     except MissingInputsError as err:
         print(f"r1: {err}", file=sys.stderr)
         return 3
+    from models.checkpoint import CheckpointError, check_model_inputs
+
+    try:  # each checkpoint's tokenizer, template and weight files (no weights loaded)
+        check_model_inputs(config, flow_name, str(profile_path(args.profile)))
+    except CheckpointError as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 3
     from problems.fit import DataFitError, check_data_fit
 
     try:  # what the data holds can feed the stages asked for

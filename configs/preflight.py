@@ -4,8 +4,9 @@ A profile on real checkpoints (configs/gpu-qwen.yaml) needs model folders and da
 this offline pipeline never downloads. Without this check the first missing one would surface
 minutes (or GPU-hours) in, at the stage that opens it, and only that one; here all of them are
 listed at once, each with its config key, where it was looked for, what is wrong with it and how
-to get it. Only the file system is read (names, sizes, one small JSON file per model), so the
-check takes milliseconds and imports neither torch nor transformers.
+to get it. Only the file system is read (names, sizes, one small JSON file per model and the first
+bytes of each weight file), so the check takes milliseconds and imports neither torch nor
+transformers; models.checkpoint.check_model_inputs adds the checks that need the tokenizer.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from configs.schema import PipelineConfig
 
@@ -125,7 +126,49 @@ def model_folder_problems(folder: Path) -> list[str]:
         )
     if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
         problems.append(f"no weights ({', '.join(WEIGHT_PATTERNS)})")
+    return problems + weight_file_problems(folder)
+
+
+LFS_POINTER = b"version https://git-lfs"
+MAX_HEADER = 100 * 2**20  # safetensors' own limit on a header's length
+
+
+def weight_file_problems(folder: Path) -> list[str]:
+    """Weight files that cannot be weights, from their first bytes: a git-lfs pointer (a `git
+    clone` without git-lfs), or a safetensors file whose header does not parse or whose tensors
+    end past the file's end (an unfinished download). The header is read, never the tensors."""
+    problems = []
+    for path in sorted(p for pattern in WEIGHT_PATTERNS for p in folder.glob(pattern)):
+        try:
+            with path.open("rb") as f:
+                head = f.read(len(LFS_POINTER))
+                size = path.stat().st_size
+                if head.startswith(LFS_POINTER):
+                    problems.append(
+                        f"{path.name} is a git-lfs pointer, not weights: run `git lfs pull` in "
+                        "the folder, or download it with `hf download`"
+                    )
+                elif path.suffix == ".safetensors" and not _safetensors_whole(f, head, size):
+                    problems.append(
+                        f"{path.name}: truncated or not safetensors (an unfinished download?)"
+                    )
+        except OSError as err:
+            problems.append(f"{path.name}: cannot be read ({err.strerror})")
     return problems
+
+
+def _safetensors_whole(f: BinaryIO, head: bytes, size: int) -> bool:
+    """The file's 8-byte header length, JSON header and tensors' offsets fit its size."""
+    length = int.from_bytes(head[:8], "little") if len(head) >= 8 else size
+    if 8 + length > size or length > MAX_HEADER:
+        return False
+    f.seek(8)
+    try:
+        header = json.loads(f.read(length))
+        ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return False
+    return 8 + length + max(ends, default=0) <= size
 
 
 def data_file_problems(path: Path) -> list[str]:

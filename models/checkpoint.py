@@ -3,17 +3,22 @@
 Every later stage renders prompts with the tokenizer's chat template, ends training completions
 with its end-of-turn token and samples until that token, so a checkpoint is loaded and those
 are tried once here, where a failure names the folder, rather than deep inside a training stage.
+Before anything runs, `check_model_inputs` puts every model folder a profile names through the
+checks that need no weights loaded (seconds), so that a broken student is not found only at
+stage 7, after every policy stage.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from jinja2 import TemplateError
 
-from configs.preflight import model_folder_problems
+from configs.preflight import model_folder_problems, required_inputs
+from configs.schema import PipelineConfig
 from models.chat import (
     ChatTemplateError,
     end_of_turn,
@@ -64,17 +69,55 @@ def check_chat(path: Path) -> tuple[str, tuple[int, ...], int]:
     return end, tuple(stop_token_ids(tokenizer)), len(tokenizer)
 
 
-def check_checkpoint(path: Path) -> CheckedCheckpoint:
-    """Load and check the tokenizer and model of a local folder; CheckpointError says what
-    is wrong. The weights are loaded once (bfloat16: half the memory) to prove they load."""
+def check_tokenizer_side(path: Path) -> tuple[str, tuple[int, ...], int]:
+    """What check_checkpoint checks without loading the weights: the folder's files (weights
+    that are git-lfs pointers or cut short included), the chat template and its end-of-turn
+    token, and the tokenizer against config.json's vocab_size; returns what check_chat does."""
     problems = model_folder_problems(path)
     if problems:
         raise CheckpointError(f"{path}: not a model folder: {'; '.join(problems)}")
     end, stop_ids, tokens = check_chat(path)
     try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: config.json cannot be read: {err}") from None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    rows = text.get("vocab_size", config.get("vocab_size"))
+    if isinstance(rows, int) and tokens > rows:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {tokens} tokens but the model embeds only {rows}"
+        )
+    return end, stop_ids, tokens
+
+
+def check_model_inputs(config: PipelineConfig, flow: str, source: str | None = None) -> None:
+    """Every model folder `flow` opens under `config` (the policy's base, each student) through
+    check_tokenizer_side, all of them listed at once in one CheckpointError; run after
+    configs.preflight.check_inputs has found each folder there."""
+    errors = []
+    for item in required_inputs(config, flow):
+        if item.kind == "model":
+            try:
+                check_tokenizer_side(item.path)
+            except CheckpointError as err:
+                errors.append(f"  {item.key} ({item.what}): {err}")
+    if errors:
+        raise CheckpointError(
+            f"{source or f'profile {config.name}'}: {len(errors)} checkpoint(s) cannot be used; "
+            "nothing has run:\n" + "\n".join(errors)
+        )
+
+
+def check_checkpoint(path: Path) -> CheckedCheckpoint:
+    """Load and check the tokenizer and model of a local folder; CheckpointError says what
+    is wrong. The weights are loaded once (bfloat16: half the memory) to prove they load."""
+    end, stop_ids, tokens = check_tokenizer_side(path)
+    try:
         model = load_model(path, dtype=torch.bfloat16)
-    except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"{path}: the model does not load: {err}") from None
+    except Exception as err:  # safetensors' SafetensorError, torch's UnpicklingError, ...
+        raise CheckpointError(
+            f"{path}: the model does not load: {type(err).__name__}: {err}"
+        ) from None
     rows = model.get_input_embeddings().num_embeddings
     if tokens > rows:
         raise CheckpointError(

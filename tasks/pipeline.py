@@ -26,6 +26,7 @@ from evaluation.report import (
     table_dict,
 )
 from host.threads import process_threads, usable_cpus, wait_vars
+from models.checkpoint import check_model_inputs
 from models.loading import use_device
 from problems.fit import check_data_fit
 from rewards.registry import check_reward_params
@@ -54,11 +55,13 @@ log = logging.getLogger(__name__)
 
 
 def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StatePaths:
-    """Before any store is touched: every local checkpoint and data file the flow needs (and,
-    for a flow that trains, that its data fits the models), the Ray cluster it names (it
-    answers and has room), the thread count, and the state folder with an MLflow store that
-    answers (failing fast, naming it)."""
+    """Before any store is touched: every local checkpoint and data file the flow needs (each
+    checkpoint's tokenizer, chat template and weight files too; and, for a flow that trains,
+    that its data fits the models), the Ray cluster it names (it answers and has room), the
+    thread count, and the state folder with an MLflow store that answers (failing fast, naming
+    it)."""
     check_inputs(config, flow)
+    check_model_inputs(config, flow)
     check_fault_stage(config, flow)
     check_reward_params({key: stage.rewards for key, stage in config.grpo_stages().items()})
     if trains:

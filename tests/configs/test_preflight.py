@@ -136,3 +136,83 @@ def test_a_hub_downloads_bookkeeping_is_not_content(tmp_path, llama_folder):
     assert tree_digest(folder) == before
     (folder / "extra.txt").write_text("x")
     assert tree_digest(folder) != before
+
+
+def test_weights_that_are_git_lfs_pointers_or_cut_short_are_refused_from_their_bytes(
+    tmp_path, llama_folder
+):
+    pointer = copy_of(llama_folder, tmp_path / "lfs")
+    (pointer / "model.safetensors").write_text(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:6ab7\nsize 988097824\n"
+    )
+    (problem,) = model_folder_problems(pointer)
+    assert problem.startswith("model.safetensors is a git-lfs pointer, not weights")
+    with pytest.raises(CheckpointError, match=f"{pointer}: not a model folder: .*git-lfs"):
+        check_checkpoint(pointer)
+    cut = copy_of(llama_folder, tmp_path / "cut")
+    weights = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(weights[: len(weights) - 100])
+    assert model_folder_problems(cut) == [
+        "model.safetensors: truncated or not safetensors (an unfinished download?)"
+    ]
+
+
+def test_weights_that_fail_to_load_are_a_checkpoint_error_naming_the_folder(tmp_path, llama_folder):
+    """Whatever loading raises (here transformers' RuntimeError for weights of another size)."""
+    folder = copy_of(llama_folder, tmp_path)
+    wider = tmp_path / "wider"
+    decoder(llama_style_tokenizer(), "llama", 32, 1).save_pretrained(wider)
+    shutil.copy(wider / "model.safetensors", folder / "model.safetensors")
+    assert model_folder_problems(folder) == []
+    with pytest.raises(CheckpointError, match=f"{folder}: the model does not load: RuntimeError"):
+        check_checkpoint(folder)
+
+
+def broken_students(llama_folder: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A student whose template ends turns in plain text and whose tokenizer has no EOS, and
+    one whose config.json embeds fewer rows than its tokenizer has tokens."""
+    no_end = copy_of(llama_folder, tmp_path / "no-end")
+    (no_end / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    tokenizer_config = json.loads((no_end / "tokenizer_config.json").read_text())
+    tokenizer_config.pop("chat_template", None)
+    (no_end / "tokenizer_config.json").write_text(
+        json.dumps({**tokenizer_config, "eos_token": None})
+    )
+    small = copy_of(llama_folder, tmp_path / "small")
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**config, "vocab_size": 256}))
+    return no_end, small
+
+
+@pytest.mark.usefixtures("private_environment")  # `r1` points the environment at its state
+def test_every_checkpoint_is_checked_before_anything_runs(tmp_path, llama_folder, capsys):
+    """`r1 config` and the flows' first task (open_state) refuse a student that stage 7 would
+    refuse, listing each, before any store is touched."""
+    from cli.main import main
+    from models.checkpoint import check_model_inputs
+    from tasks.pipeline import open_state
+    from tests.real_checkpoints import write_gsm8k
+
+    no_end, small = broken_students(llama_folder, tmp_path)
+    train, test = write_gsm8k(tmp_path / "data")
+    students = f"[{{name: a, path: '{no_end}'}}, {{name: b, path: '{small}'}}]"
+    overrides = [f"bootstrap.path={llama_folder}", f"distillation.students={students}",
+                 f"data.files.train_path={train}", f"data.files.heldout_path={test}"]  # fmt: skip
+    config = load_profile(GPU, overrides)
+    check_inputs(config)  # the files are all there
+    with pytest.raises(CheckpointError) as err:
+        check_model_inputs(config, "r1_pipeline")
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"profile {config.name}: 2 checkpoint(s) cannot be used; nothing has run:"
+    assert lines[1].startswith(f"  distillation.students[0].path (student 'a' base): {no_end}:")
+    assert "no EOS token" in lines[1]
+    assert lines[2].endswith("the tokenizer has 400 tokens but the model embeds only 256")
+    with pytest.raises(CheckpointError, match="2 checkpoint"):
+        open_state(config, "distill", trains=False)
+    state = tmp_path / "state"
+    args = [a for o in overrides for a in ("--set", o)]
+    assert main(["config", "--profile", GPU, "--state-dir", str(state), *args]) == 3
+    assert "2 checkpoint(s) cannot be used" in capsys.readouterr().err
