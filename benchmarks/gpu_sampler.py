@@ -38,9 +38,9 @@ import torch  # noqa: E402
 
 from benchmarks.gpu_check import SHAPES, word_tokenizer  # noqa: E402
 from benchmarks.gpu_profile import profile_step, profile_text  # noqa: E402
-from models.chat import render_prompt  # noqa: E402
+from models.chat import generation_eos, render_prompt, stop_token_ids  # noqa: E402
 from models.loading import build_model  # noqa: E402
-from sampling.hf import HFSampler, stop_token_ids  # noqa: E402
+from sampling.hf import HFSampler  # noqa: E402
 from sampling.interface import SamplingParams  # noqa: E402
 
 WAYS = ("forward", "lean", "static", "static-compiled", "peer")
@@ -103,7 +103,7 @@ def peer(model, tokenizer, prompts: Sequence[str], n: int, max_new: int,
     """transformers' generate over a static cache, its decode forward compiled (on a GPU)."""
     encoded = tokenizer(list(prompts), add_special_tokens=False, return_tensors="pt",
                         padding=True, padding_side="left").to(model.device)  # fmt: skip
-    stops = stop_token_ids(tokenizer)
+    stops = stop_token_ids(tokenizer, generation_eos(model))
 
     def call() -> int:
         with torch.inference_mode():

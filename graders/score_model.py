@@ -183,11 +183,11 @@ class LocalJudge:
         return self.tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
 
     def _stop_ids(self) -> list[int]:
-        from models.chat import stop_token_ids
+        from models.chat import generation_eos, stop_token_ids
 
         if not getattr(self.tokenizer, "chat_template", None):  # a plain LM stops on its EOS
             return [self.tokenizer.eos_token_id]
-        return stop_token_ids(self.tokenizer)
+        return stop_token_ids(self.tokenizer, generation_eos(self.model))  # replaces generate's
 
 
 def special_token_texts(tokenizer: Any) -> list[str]:

@@ -77,12 +77,29 @@ def render_completions(tokenizer: PreTrainedTokenizerBase, completions: Sequence
     return [f"{completion}{end}" for completion in completions]
 
 
-def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The ids a sampler stops on: the end-of-turn and, when it differs, the EOS token.
+def stop_token_ids(
+    tokenizer: PreTrainedTokenizerBase, generation_eos: int | Sequence[int] | None = None
+) -> list[int]:
+    """The ids a sampler stops on: the end-of-turn, the EOS token when it differs, and the
+    model's `generation_config.eos_token_id` (`generation_eos`: an id or a list).
 
     A base checkpoint may name `<|endoftext|>` its EOS while its template ends turns with
-    `<|im_end|>` (Qwen2.5-Math): the fine-tuned model ends with the latter.
+    `<|im_end|>` (Qwen2.5-Math): the fine-tuned model ends with the latter. A chat checkpoint's
+    generation_config.json may list more ids than the tokenizer names (Qwen2.5-Instruct
+    [<|im_end|>, <|endoftext|>], Llama-3.2-Instruct [<|end_of_text|>, <|eom_id|>, <|eot_id|>]):
+    the model's own `generate` stops on each, and so does vLLM, whose input processor reads the
+    folder's generation_config.json (`ModelConfig.try_get_generation_config`, whatever the
+    engine's `generation_config` setting) and adds its `eos_token_id` to every request's
+    `stop_token_ids` (`SamplingParams.update_from_generation_config`, unless `ignore_eos`); the
+    HF sampler passes `model.generation_config.eos_token_id` here to stop where they do.
     """
     tokens = [end_of_turn(tokenizer), tokenizer.eos_token]
     ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens if t is not None]
+    ids += [generation_eos] if isinstance(generation_eos, int) else list(generation_eos or [])
     return list(dict.fromkeys(i for i in ids if isinstance(i, int)))
+
+
+def generation_eos(model: object) -> int | list[int] | None:
+    """`model.generation_config.eos_token_id`: its generation_config.json's, or config.json's
+    where it has none (transformers' fallback, and vLLM's); None for a model without one."""
+    return getattr(getattr(model, "generation_config", None), "eos_token_id", None)

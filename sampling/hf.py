@@ -34,7 +34,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from host.terminal import progress_bar
-from models.chat import stop_token_ids
+from models.chat import generation_eos, stop_token_ids
 from sampling.decode import Decoded, LockStep, decode
 from sampling.interface import Completion, SamplingParams
 from sampling.streams import row_keys
@@ -79,7 +79,8 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.show_progress = show_progress
-        self.stop_ids = stop_token_ids(tokenizer)
+        # as the model's own generate and vLLM stop: generation_config's eos ids too
+        self.stop_ids = stop_token_ids(tokenizer, generation_eos(model))
 
     def generate(
         self, prompts: Sequence[str], n: int, params: SamplingParams

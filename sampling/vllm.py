@@ -255,7 +255,8 @@ class VLLMSampler:
                 "start_timeout_s",
             )
         self.tokenizer = self.llm.get_tokenizer()
-        # the chat template's end-of-turn as well as EOS (models.chat.stop_token_ids)
+        # the chat template's end-of-turn as well as EOS (models.chat.stop_token_ids); vLLM adds
+        # the folder's generation_config.json eos ids to each request itself
         self.stop_ids = stop_token_ids(self.tokenizer)
         self._sync: WeightSync | None = None
         if weight_sync:

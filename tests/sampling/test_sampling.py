@@ -444,3 +444,31 @@ def test_the_cache_goes_by_the_name_the_installed_forward_takes(model, tokenizer
     finally:
         hook.remove()
     assert [d.token_ids for d in ours] == hf_greedy(model, tokenizer, PROMPTS, -1, m=4)
+
+
+def test_the_sampler_stops_on_every_eos_id_of_the_generation_config():
+    """Llama-3.2-Instruct's generation_config.json lists <|end_of_text|>, which its tokenizer
+    names neither EOS nor end-of-turn: a model that emits it ends there under its own generate
+    (and vLLM), and so under the sampler."""
+    from tests.real_checkpoints import decoder, llama_style_tokenizer
+
+    tokenizer = llama_style_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token  # as models.loading.load_tokenizer sets it
+    model = decoder(tokenizer, "llama", 16, 1).eval()
+    end_of_text, eot = tokenizer.convert_tokens_to_ids(["<|end_of_text|>", "<|eot_id|>"])
+    model.generation_config.eos_token_id = [end_of_text, eot]
+    bias = torch.zeros(model.config.vocab_size)
+    bias[end_of_text] = 1e4  # every step's likeliest token
+    model.lm_head.register_forward_hook(lambda module, args, out: out + bias)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=8, pad_token_id=eot)  # fmt: skip
+    reference = out[0, ids.shape[1] :].tolist()
+    sampler = HFSampler(model, tokenizer, show_progress=False)
+    (completion,) = sampler.generate([prompt], 1, SamplingParams(0.0, 1.0, 8, 0))[0]
+    assert completion.token_ids == reference == [end_of_text]
+    assert completion.finish_reason == "stop"
