@@ -55,11 +55,15 @@ class DistillReport:
 # ---- models ------------------------------------------------------------------------------------
 
 
-def completion_log_probs(model: PreTrainedModel, batch: PolicyBatch) -> torch.Tensor:
+def completion_log_probs(
+    model: PreTrainedModel, batch: PolicyBatch, width: int | None = None
+) -> torch.Tensor:
     """Log-probabilities (N, C, V) over the vocabulary at each completion position.
 
     As `rl.rollouts.completion_logprobs`, but keeping the whole distribution, which the exact KL
-    needs; only completion positions go through the output projection.
+    needs; only completion positions go through the output projection. `width`: the first
+    `width` columns only, normalised over them (a teacher whose embedding is padded wider than
+    the student's: `output_width`).
     """
     position_ids = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     logits = model(
@@ -67,8 +71,13 @@ def completion_log_probs(model: PreTrainedModel, batch: PolicyBatch) -> torch.Te
         attention_mask=batch.attention_mask,
         position_ids=position_ids,
         logits_to_keep=batch.completion_width + 1,
-    ).logits[:, :-1, :]  # (N, C, V): position t predicts completion token t
+    ).logits[:, :-1, :width]  # (N, C, V): position t predicts completion token t
     return torch.log_softmax(logits.float(), dim=-1)
+
+
+def output_width(model: PreTrainedModel) -> int:
+    """The columns a model predicts over: its tokenizer's tokens and the embedding's padding."""
+    return model.get_output_embeddings().weight.shape[0]
 
 
 def check_shared_tokenizer(
@@ -79,26 +88,33 @@ def check_shared_tokenizer(
 ) -> None:
     """Refuse a teacher whose token ids do not mean what the student's mean.
 
-    The models' output widths must agree and cover the tokenizer. Given the teacher's tokenizer,
-    its special-token map and then its whole vocabulary must equal the student's. Without it the
-    caller vouches that the teacher was trained with `tokenizer`; only the widths can be checked
-    (model configs' eos ids are not compared: base and chat checkpoints of one tokenizer differ).
+    Given the teacher's tokenizer, its special-token map and then its whole vocabulary (each
+    token's id) must equal the student's; the embeddings may be padded to other widths (Qwen2.5
+    7B's 152,064 rows against 0.5B's 151,936, one tokenizer of 151,665 tokens), the teacher's at
+    least as wide as the student's: the KL is taken over the student's columns, the teacher's
+    renormalised over them (its extra rows name no token). Without it the caller vouches that
+    the teacher was trained with `tokenizer`, and only equal widths are taken for that (model
+    configs' eos ids are not compared: base and chat checkpoints of one tokenizer differ).
     """
-    s_width, t_width = (m.get_output_embeddings().weight.shape[0] for m in (student, teacher))
-    if s_width != t_width:
-        raise TokenizerMismatchError(
-            f"student predicts over {s_width} tokens and teacher over {t_width}: on-policy "
-            "distillation needs one shared tokenizer (cross-tokenizer distillation is not offered)"
-        )
+    s_width, t_width = output_width(student), output_width(teacher)
     if len(tokenizer) > s_width:
         raise TokenizerMismatchError(
-            f"the tokenizer has {len(tokenizer)} tokens but the models predict only {s_width}"
+            f"the tokenizer has {len(tokenizer)} tokens but the student predicts only {s_width}"
         )
     if teacher_tokenizer is None:
+        if s_width != t_width:
+            raise TokenizerMismatchError(
+                f"student predicts over {s_width} tokens and teacher over {t_width}, and no "
+                "teacher tokenizer was given to compare: on-policy distillation needs one "
+                "shared tokenizer (cross-tokenizer distillation is not offered)"
+            )
         return
+    shared = "on-policy distillation needs one shared tokenizer (cross-tokenizer distillation "
+    shared += "is not offered)"
     if len(teacher_tokenizer) != len(tokenizer):
         raise TokenizerMismatchError(
-            f"teacher tokenizer has {len(teacher_tokenizer)} tokens, student's {len(tokenizer)}"
+            f"teacher tokenizer has {len(teacher_tokenizer)} tokens, student's "
+            f"{len(tokenizer)}: {shared}"
         )
     s_special, t_special = (
         {t: tok.convert_tokens_to_ids(t) for t in tok.all_special_tokens}
@@ -106,12 +122,18 @@ def check_shared_tokenizer(
     )
     if s_special != t_special:
         diff = sorted(set(s_special.items()) ^ set(t_special.items()))
-        raise TokenizerMismatchError(f"special tokens map to different ids: {diff[:8]}")
+        raise TokenizerMismatchError(f"special tokens map to different ids: {diff[:8]}: {shared}")
     s_vocab, t_vocab = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     if s_vocab != t_vocab:
         diff = sorted(set(s_vocab.items()) ^ set(t_vocab.items()))
         raise TokenizerMismatchError(
-            f"{len(diff)} token->id entries differ between the tokenizers, e.g. {diff[:8]}"
+            f"{len(diff)} token->id entries differ between the tokenizers, e.g. {diff[:8]}: "
+            f"{shared}"
+        )
+    if s_width > t_width:
+        raise TokenizerMismatchError(
+            f"student predicts over {s_width} tokens, more than the teacher's {t_width}: its "
+            "samples could name ids the teacher has no logit for"
         )
 
 
@@ -138,7 +160,10 @@ def measure_reverse_kl(
         [c.token_ids for c in flat],
         tokenizer.pad_token_id,
     )
-    kl = reverse_kl(completion_log_probs(student, batch), completion_log_probs(teacher, batch))
+    width = output_width(student)  # a teacher padded wider is read over the student's columns
+    kl = reverse_kl(
+        completion_log_probs(student, batch, width), completion_log_probs(teacher, batch, width)
+    )
     return float(masked_mean(kl, batch.completion_mask))
 
 
@@ -157,6 +182,7 @@ class OnPolicyDistiller:
         teacher_tokenizer: PreTrainedTokenizerBase | None = None,
     ):
         check_shared_tokenizer(student, teacher, tokenizer, teacher_tokenizer)
+        self.width = output_width(student)  # the teacher's may be padded wider
         self.student = student
         self.teacher = teacher.eval()
         for p in self.teacher.parameters():
@@ -250,8 +276,8 @@ class OnPolicyDistiller:
             mask = batch.completion_mask  # (n, C)
             targets = batch.input_ids[:, batch.prompt_width :]  # (n, C)
             with torch.no_grad():
-                teacher_logp = completion_log_probs(self.teacher, batch)  # (n, C, V)
-            student_logp = completion_log_probs(self.student, batch)  # (n, C, V)
+                teacher_logp = completion_log_probs(self.teacher, batch, self.width)  # (n, C, V)
+            student_logp = completion_log_probs(self.student, batch, self.width)  # (n, C, V)
             weight = float(mask.sum()) / total
             loss = self.loss_fn(student_logp, teacher_logp, targets, mask, cfg.discount) * weight
             loss_sum += self.guard.check("loss", loss)

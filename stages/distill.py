@@ -76,7 +76,12 @@ def on_policy(
     model, teacher_model = load_model(student.path).to(device), load_model(teacher.path).to(device)
     prompts = [render_prompt(tokenizer, p.question) for p in load_problems(problems.train_path)]
     distiller = OnPolicyDistiller(
-        model, teacher_model, tokenizer, config.on_policy, tracker.log_metrics
+        model,
+        teacher_model,
+        tokenizer,
+        config.on_policy,
+        tracker.log_metrics,
+        teacher_tokenizer=load_tokenizer(teacher.path),  # vocabularies compared, not widths
     )
     distiller.train(
         prompts,

@@ -22,7 +22,7 @@ from rl.on_policy import (
     measure_reverse_kl,
 )
 from rl.rollouts import build_batch
-from sampling.interface import Completion
+from sampling.interface import Completion, SamplingParams
 from tests.tiny_models import TEXTS, distill_config
 
 QUESTIONS = [f"What is {a} + {b}?" for a in range(10) for b in range(10)]
@@ -330,3 +330,52 @@ def test_killed_run_resumes_to_the_same_weights(tokenizer, teacher, tmp_path):
     assert report_b.kl_curve == pytest.approx(report_a.kl_curve, abs=1e-6)
     for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_teacher_padded_wider_is_read_over_the_students_columns(tokenizer, teacher):
+    """One tokenizer, embeddings padded to other widths (Qwen2.5-7B's 152,064 rows against
+    0.5B's 151,936): accepted given the teacher's tokenizer, and the KL is the one against the
+    same teacher unpadded; a student wider than its teacher is refused."""
+    width = teacher.get_output_embeddings().weight.shape[0]
+    wide = copy.deepcopy(teacher)
+    wide.resize_token_embeddings(width + 64)
+    same = copy.deepcopy(tokenizer)
+    prompts = [render_prompt(tokenizer, q) for q in QUESTIONS[::9]]
+    kls = []
+    for model in (teacher, wide):
+        kls.append(measure_reverse_kl(student(tokenizer), model, tokenizer, prompts, 2, 6))
+        distiller = OnPolicyDistiller(
+            student(tokenizer), model, tokenizer, config(), lambda m, s: None, False, same
+        )
+        completions = distiller.sampler.generate(prompts, 1, SamplingParams(1.0, 1.0, 6, 0))
+        kls.append(distiller._update(prompts, [c for (c,) in completions])["reverse_kl"])
+    assert kls[2:] == pytest.approx(kls[:2], rel=1e-5)
+    with pytest.raises(TokenizerMismatchError, match="more than the teacher's"):
+        OnPolicyDistiller(wide, teacher, tokenizer, config(), lambda m, s: None, False, same)
+
+
+def test_the_stage_compares_the_teachers_vocabulary_not_its_width(tokenizer, teacher, tmp_path):
+    """A teacher of another vocabulary whose embedding is as wide as the student's is refused
+    by the stage, which hands it the teacher's tokenizer."""
+    from configs.schema import DistillConfig
+    from models.saved import ModelRef
+    from problems.loader import write_problems
+    from problems.types import ProblemSet
+    from stages.distill import on_policy
+    from stages.tracker import NullTracker
+    from tests.tiny_models import PROBLEMS
+
+    folders = {}
+    for name, model, tok in (
+        ("student", student(tokenizer), tokenizer),
+        ("teacher", teacher, swapped_tokenizer(tokenizer)),
+    ):
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+        folders[name] = ModelRef(tmp_path / name)
+    path = write_problems(tmp_path / "train.jsonl", PROBLEMS)
+    problems = ProblemSet(path, path, len(PROBLEMS), len(PROBLEMS))
+    settings = DistillConfig(method="on_policy", on_policy=config(steps=1))
+    with pytest.raises(TokenizerMismatchError, match="entries differ"):
+        on_policy(settings, folders["student"], folders["teacher"], problems, tmp_path / "out",
+                  NullTracker())  # fmt: skip
