@@ -157,9 +157,11 @@ def load_profile(
     cluster_address: str | None = None,
 ) -> PipelineConfig:
     """The profile with `cluster_address` as its `cluster.address` (when given), then the
-    `overrides` on top. A deployment that runs on a cluster sets the address as a parameter of
-    its own: Prefect merges a run's parameters over a deployment's key by key, so a run's
-    `overrides` would replace a list that held it, and add to this."""
+    `overrides` on top; overrides that move `bootstrap.path` and name no `bootstrap.hub_id`
+    drop the profile's hub_id, which named a download of the profile's path. A deployment that
+    runs on a cluster sets the address as a parameter of its own: Prefect merges a run's
+    parameters over a deployment's key by key, so a run's `overrides` would replace a list that
+    held it, and add to this."""
     path = profile_path(profile)
     if not path.exists():
         raise ConfigError(f"no profile {str(profile)!r}; known: {known_profiles()} or a .yaml path")
@@ -179,6 +181,19 @@ def load_profile(
         if not isinstance(cluster, dict):
             raise ConfigError(f"{path}: cluster must be a mapping")
         cluster["address"] = cluster_address
+    before = _checkpoint(data.get("bootstrap"))
     for assignment in overrides or []:
         apply_override(data, assignment)
+    path_now, hub_now = _checkpoint(data.get("bootstrap"))
+    if path_now != before[0] and hub_now == before[1] and hub_now is not None:
+        # the profile's hub_id says what ITS path is a download of: another folder given without
+        # a hub_id of its own is not that download (messages and MLflow tags would name it)
+        del data["bootstrap"]["hub_id"]
     return validate(data, source=str(path))
+
+
+def _checkpoint(section: Any) -> tuple[Any, Any]:
+    """A checkpoint section's (path, hub_id), (None, None) where it is not a mapping."""
+    if not isinstance(section, dict):
+        return None, None
+    return section.get("path"), section.get("hub_id")

@@ -71,3 +71,21 @@ def test_configs_are_frozen():
     cfg = load_profile("micro")
     with pytest.raises(Exception, match="frozen"):
         cfg.evaluation.k = 3
+
+
+def test_a_bootstrap_path_given_without_its_hub_id_drops_the_profiles():
+    """gpu-qwen's hub_id names a download of its own path: another folder is not that download,
+    so its messages and MLflow tags must not name it."""
+    from configs.preflight import MODEL_HINT, required_inputs
+
+    profile = load_profile("gpu-qwen")
+    assert profile.bootstrap.hub_id == "Qwen/Qwen2.5-1.5B-Instruct"
+    for moved in (["bootstrap.path=/srv/models/Math-1.5B"], ["bootstrap={path: /srv/m}"]):
+        config = load_profile("gpu-qwen", moved)
+        assert config.bootstrap.hub_id is None
+        (policy, *_) = required_inputs(config)
+        assert policy.key == "bootstrap.path" and policy.how_to_get == MODEL_HINT
+    named = ["bootstrap.path=/srv/m", "bootstrap.hub_id=Qwen/Qwen2.5-Math-1.5B"]
+    assert load_profile("gpu-qwen", named).bootstrap.hub_id == "Qwen/Qwen2.5-Math-1.5B"
+    same = load_profile("gpu-qwen", [f"bootstrap.path={profile.bootstrap.path}"])
+    assert same.bootstrap.hub_id == profile.bootstrap.hub_id
