@@ -27,7 +27,9 @@ integers), which is why it is CPU's kernel and not one to compile.
 
 `packed_attention(model)` switches an SDPA or eager model to the kernel for the forward passes in
 its block and back after. Models on other implementations (flash-attention reads the restarts
-itself) and models with sliding-window layers are left alone.
+itself) and models with sliding-window layers (by `layer_types`, or one `sliding_window` for all,
+as Mistral and Phi-3 declare it) are left alone: transformers' own masks attend within each
+sequence and its window.
 """
 
 from __future__ import annotations
@@ -331,6 +333,18 @@ def choose_kernel(device: torch.device, kernel: Kernel = "auto") -> str:
     return kernel
 
 
+def has_sliding_window(config: object) -> bool:
+    """Whether a model config gives some layer a sliding window: by `layer_types` (Gemma 2,
+    Qwen2 and Qwen3, where `use_sliding_window: false` makes every layer full), else by a
+    `sliding_window` for every layer (Mistral-7B-v0.1, Phi-3, Mixtral, Starcoder2)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return set(layer_types) != {"full_attention"}
+    if getattr(config, "use_sliding_window", True) is False:
+        return False
+    return bool(getattr(config, "sliding_window", None))
+
+
 @contextmanager
 def packed_attention(model: torch.nn.Module, kernel: Kernel = "auto") -> Iterator[None]:
     """Run `model`'s forward passes in this block with a packed-row kernel (`choose_kernel`) if
@@ -338,8 +352,7 @@ def packed_attention(model: torch.nn.Module, kernel: Kernel = "auto") -> Iterato
     transformers model or a wrapper of one in `.module` (a DeepSpeed engine)."""
     model = getattr(model, "module", model)
     impl = model.config._attn_implementation
-    layer_types = getattr(model.config, "layer_types", None) or ["full_attention"]
-    if impl not in ("sdpa", "eager") or set(layer_types) != {"full_attention"}:
+    if impl not in ("sdpa", "eager") or has_sliding_window(model.config):
         yield  # sliding-window layers need their masks: left to transformers
         return
     device = next(model.parameters()).device

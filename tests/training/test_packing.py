@@ -156,6 +156,32 @@ def test_models_with_sliding_window_layers_keep_their_attention(tokenizer):
         assert model.config._attn_implementation == "sdpa"
 
 
+def test_one_sliding_window_for_every_layer_keeps_its_attention(tokenizer):
+    """Mistral-7B-v0.1 and Phi-3 declare `sliding_window` without `layer_types`: a packed example
+    longer than the window keeps the loss it has alone (here a window of 8 binds on rows of 12 to
+    23); Qwen2's `sliding_window` under `use_sliding_window: false` is no window."""
+    from types import SimpleNamespace
+
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
+        max_position_embeddings=256, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = MistralForCausalLM(config).eval()
+    examples = _examples(len(tokenizer), [17, 23, 12], seed=2)
+    with torch.no_grad(), packed_attention(model):
+        loss = model(**pack(examples, tokenizer.pad_token_id), use_cache=False).loss
+    assert abs(float(loss - _alone_loss(model, examples))) < 2e-6
+    from training.varlen import has_sliding_window
+
+    qwen2 = SimpleNamespace(sliding_window=4096, use_sliding_window=False)
+    assert not has_sliding_window(qwen2) and has_sliding_window(model.config)
+    assert not has_sliding_window(gqa_model(tokenizer, "qwen2").config)
+
+
 def test_the_packed_kernel_is_chosen_by_device_and_refused_where_it_cannot_run(monkeypatch):
     """On CPU `auto` is the per-sequence kernel (exactly the reference); varlen FlashAttention is
     for CUDA GPUs and is refused by name elsewhere; $R1_PACKED_ATTENTION overrides `auto`."""
