@@ -50,7 +50,7 @@ GiB = 2**30
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A Qwen2- or Llama-style decoder's sizes."""
+    """A decoder's sizes, as the memory model counts them (Qwen2- and Llama-style)."""
 
     layers: int
     hidden: int
@@ -80,17 +80,36 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
-        """From a checkpoint's config.json (or a transformers config's `to_dict()`)."""
+        """From a checkpoint's config.json (or a transformers config's `to_dict()`): Qwen2's and
+        Llama's names, GPT-2's (n_layer, n_embd, n_head, n_inner: GPT-2, GPT-J, StarCoder) and a
+        multimodal checkpoint's `text_config`; a config with none of a size's names is refused
+        by name (ValueError). GPT-2's two-matrix MLP is counted as a gated one: an over-estimate
+        of its memory."""
+        text = config.get("text_config")
+        config = text if isinstance(text, dict) else config
+
+        def read(*names: str) -> Any:
+            for name in names:
+                if config.get(name) is not None:
+                    return config[name]
+            raise ValueError(
+                f"config.json (model_type {config.get('model_type')!r}) has none of "
+                f"{', '.join(names)}: the memory model reads Qwen2-, Llama- and GPT-2-style configs"
+            )
+
+        hidden = read("hidden_size", "n_embd")
+        heads = read("num_attention_heads", "n_head")
+        intermediate = config.get("intermediate_size") or config.get("n_inner") or 4 * hidden
         return cls(
-            layers=config["num_hidden_layers"],
-            hidden=config["hidden_size"],
-            intermediate=config["intermediate_size"],
-            heads=config["num_attention_heads"],
-            kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-            vocab=config["vocab_size"],
+            layers=read("num_hidden_layers", "n_layer"),
+            hidden=hidden,
+            intermediate=intermediate,
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads") or heads,
+            vocab=read("vocab_size"),
             tied=bool(config.get("tie_word_embeddings", False)),
             head_dim=config.get("head_dim") or 0,
-            qkv_bias=config.get("model_type", "qwen2") == "qwen2"
+            qkv_bias=config.get("model_type", "qwen2") in ("qwen2", "gpt2")
             or bool(config.get("attention_bias", False)),
         )
 

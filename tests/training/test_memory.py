@@ -340,3 +340,21 @@ def test_the_optimizer_steps_moment_is_what_the_allocator_holds(tmp_path, stage)
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads(done.stdout.strip().splitlines()[-1])
     assert abs(run["predicted"] / run["measured"] - 1) <= 0.01, run
+
+
+def test_gpt2_style_and_nested_configs_are_read_and_others_refused_by_name():
+    """GPT-2's names (n_layer, n_embd, n_head, n_inner unset: 4 x n_embd), a multimodal
+    checkpoint's text_config; a config with none of a size's names is a ValueError naming them."""
+    from transformers import GPT2Config
+
+    gpt2 = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=300).to_dict()
+    shape = ModelShape.from_config(gpt2)
+    assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads) == (2, 32, 4, 4)
+    assert (shape.intermediate, shape.vocab) == (128, 300)
+    llama = {"num_hidden_layers": 3, "hidden_size": 64, "intermediate_size": 96,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500}  # fmt: skip
+    nested = ModelShape.from_config({"model_type": "llava", "text_config": llama})
+    assert nested == ModelShape.from_config(llama) and nested.kv_heads == 2
+    with pytest.raises(ValueError, match="has none of num_hidden_layers, n_layer"):
+        ModelShape.from_config({"model_type": "odd", "hidden_size": 8, "num_attention_heads": 2,
+                                "vocab_size": 10})  # fmt: skip
