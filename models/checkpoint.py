@@ -19,6 +19,7 @@ from jinja2 import TemplateError
 
 from configs.preflight import model_folder_problems, required_inputs
 from configs.schema import PipelineConfig
+from contracts.answer_format import TAGS
 from models.chat import (
     ChatTemplateError,
     end_of_turn,
@@ -50,17 +51,25 @@ class CheckedCheckpoint:
 
 
 def check_chat(path: Path) -> tuple[str, tuple[int, ...], int]:
-    """The tokenizer renders a prompt and a completion, and the completion ends in exactly one
-    end-of-turn token; returns that token, the stop ids and the tokenizer's size."""
+    """The tokenizer renders a prompt and a completion, its generation prompt writes none of the
+    tags our completions write (`<think>`), and the completion ends in exactly one end-of-turn
+    token; returns that token, the stop ids and the tokenizer's size."""
     tokenizer = load_tokenizer(path)
     try:
-        text = render_prompt(tokenizer, _PROBE_QUESTION)
-        text += render_completion(tokenizer, _PROBE_COMPLETION)
+        prompt = render_prompt(tokenizer, _PROBE_QUESTION)
+        text = prompt + render_completion(tokenizer, _PROBE_COMPLETION)
         end = end_of_turn(tokenizer)
     except (ChatTemplateError, TemplateError, ValueError) as err:
         raise CheckpointError(
             f"{path}: the tokenizer's chat template cannot render our prompts: {err}"
         ) from None
+    opened = [tag for tag in TAGS if tag in prompt.rsplit(_PROBE_QUESTION, 1)[-1]]
+    if opened:  # DeepSeek-R1-Distill's and QwQ's generation prompts end in '<think>\n'
+        raise CheckpointError(
+            f"{path}: the chat template's generation prompt already writes {opened[0]!r}, which "
+            "our completions write themselves (every example would hold it twice): save the "
+            "tokenizer with a template whose generation prompt stops before it"
+        )
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if ids[-1] != tokenizer.convert_tokens_to_ids(end):
         raise CheckpointError(

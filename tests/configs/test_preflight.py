@@ -216,3 +216,19 @@ def test_every_checkpoint_is_checked_before_anything_runs(tmp_path, llama_folder
     args = [a for o in overrides for a in ("--set", o)]
     assert main(["config", "--profile", GPU, "--state-dir", str(state), *args]) == 3
     assert "2 checkpoint(s) cannot be used" in capsys.readouterr().err
+
+
+def test_a_template_whose_generation_prompt_opens_think_is_refused(tmp_path, llama_folder):
+    """DeepSeek-R1-Distill's and QwQ's generation prompts end in `<think>\\n`: our completions
+    open it themselves, so every example would hold two."""
+    from tests.real_checkpoints import LLAMA_TEMPLATE
+
+    folder = copy_of(llama_folder, tmp_path)
+    template = LLAMA_TEMPLATE.replace(
+        "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}",
+        "'<|start_header_id|>assistant<|end_header_id|>\\n\\n<think>\\n' }}",
+    )
+    assert template != LLAMA_TEMPLATE
+    (folder / "chat_template.jinja").write_text(template)
+    with pytest.raises(CheckpointError, match="generation prompt already writes '<think>'"):
+        check_checkpoint(folder)
