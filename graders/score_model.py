@@ -37,6 +37,7 @@ from graders.templates import (
     references,
     render,
 )
+from models.chat import TEMPLATE_VARIABLES
 
 Message = dict[str, str]
 Judge = Callable[[list[list[Message]], SamplingParamsSpec | None], list[str]]
@@ -143,7 +144,7 @@ class LocalJudge:
         ]
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(
-                chat, tokenize=False, add_generation_prompt=True
+                chat, tokenize=False, add_generation_prompt=True, **TEMPLATE_VARIABLES
             )
         return "".join(f"{m['role']}: {m['content']}\n" for m in chat) + "assistant:"
 

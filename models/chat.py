@@ -25,6 +25,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# What a template may read beyond the messages, fixed: Llama 3's puts `strftime_now` (today's
+# date) into every prompt unless given `date_string`, so a run's prompts, training examples and
+# stage keys would change with the day it ran on. Its template's own fallback date is used.
+TEMPLATE_VARIABLES = {"date_string": "26 Jul 2024"}
+
 _PROBE = "R1ENDOFTURNPROBE"  # plain letters: no template trims, escapes or splits it
 
 
@@ -35,7 +40,10 @@ class ChatTemplateError(ValueError):
 def render_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
     """The text a model continues to answer `question`."""
     return tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": question}],
+        tokenize=False,
+        add_generation_prompt=True,
+        **TEMPLATE_VARIABLES,
     )
 
 
@@ -49,7 +57,7 @@ def end_of_turn(tokenizer: PreTrainedTokenizerBase) -> str:
     if not tokenizer.chat_template:
         raise ChatTemplateError("the tokenizer has no chat template")
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _PROBE}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, **TEMPLATE_VARIABLES)
     if _PROBE not in text:
         raise ChatTemplateError("the chat template does not render the assistant's reply")
     tail = text.split(_PROBE, 1)[1]

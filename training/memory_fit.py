@@ -65,7 +65,10 @@ def gpu_total_bytes() -> int | None:
 def model_shape(path: Path | None, spec: ModelConfig, vocab: int) -> ModelShape:
     """A checkpoint's shape from its config.json, else the profile's model spec."""
     if path is not None and (Path(path) / "config.json").is_file():
-        return ModelShape.from_config(json.loads((Path(path) / "config.json").read_text()))
+        try:
+            return ModelShape.from_config(json.loads((Path(path) / "config.json").read_text()))
+        except ValueError as err:  # sizes under names the memory model does not read
+            raise MemoryFitError(f"{path}: {err}") from None
     return ModelShape(
         layers=spec.num_layers, hidden=spec.hidden_size, intermediate=spec.intermediate_size,
         heads=spec.num_heads, kv_heads=spec.num_kv_heads, vocab=vocab, tied=True,

@@ -12,7 +12,12 @@ from models.chat import (
     stop_token_ids,
 )
 from sampling.hf import HFSampler
-from tests.real_checkpoints import decoder, llama_style_tokenizer, qwen_style_tokenizer
+from tests.real_checkpoints import (
+    LLAMA_TEMPLATE,
+    decoder,
+    llama_style_tokenizer,
+    qwen_style_tokenizer,
+)
 from tests.tiny_models import make_tokenizer
 from training.examples import IGNORE, sft_examples
 
@@ -86,3 +91,31 @@ def test_the_sampler_stops_on_the_end_of_turn_as_well_as_eos(qwen):
     sampler = HFSampler(decoder(qwen, "qwen2", 16, 1), qwen, show_progress=False)
     assert sampler.stop_ids == stop_token_ids(qwen)
     assert qwen.convert_tokens_to_ids("<|im_end|>") in sampler.stop_ids
+
+
+def test_a_template_that_reads_todays_date_renders_the_same_every_day(monkeypatch):
+    """Llama 3.1/3.2's templates write `strftime_now` into the system turn unless given a
+    `date_string`: a run's prompts (and its training examples and stage keys) would change with
+    the day. The date is fixed to the template's own fallback."""
+    import datetime
+
+    from transformers.utils import chat_template_utils
+
+    tokenizer = llama_style_tokenizer()
+    tokenizer.chat_template = (
+        "{%- if not date_string is defined %}"
+        "{%- set date_string = strftime_now('%d %b %Y') %}{%- endif %}"
+        "{{ '<|start_header_id|>system<|end_header_id|>\\n\\nToday Date: ' + date_string"
+        " + '<|eot_id|>' }}" + LLAMA_TEMPLATE
+    )
+    first = render_prompt(tokenizer, "What is 2 + 3?")
+
+    class Tomorrow(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime(2031, 1, 2)
+
+    monkeypatch.setattr(chat_template_utils, "datetime", Tomorrow)
+    assert render_prompt(tokenizer, "What is 2 + 3?") == first
+    assert "Today Date: 26 Jul 2024" in first
+    assert end_of_turn(tokenizer) == "<|eot_id|>"

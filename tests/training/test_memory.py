@@ -358,3 +358,13 @@ def test_gpt2_style_and_nested_configs_are_read_and_others_refused_by_name():
     with pytest.raises(ValueError, match="has none of num_hidden_layers, n_layer"):
         ModelShape.from_config({"model_type": "odd", "hidden_size": 8, "num_attention_heads": 2,
                                 "vocab_size": 10})  # fmt: skip
+
+
+def test_a_checkpoint_whose_sizes_cannot_be_read_is_a_memory_fit_error(tmp_path):
+    """`r1 config` and `r1 run` print a MemoryFitError as one line (exit 3), not a traceback."""
+    from training.memory_fit import MemoryFitError, model_shape
+
+    odd = {"model_type": "odd", "hidden_size": 8, "num_attention_heads": 2, "vocab_size": 10}
+    (tmp_path / "config.json").write_text(json.dumps(odd))
+    with pytest.raises(MemoryFitError, match=r"config\.json \(model_type 'odd'\) has none of"):
+        model_shape(tmp_path, None, 10)
