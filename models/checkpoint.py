@@ -28,6 +28,7 @@ from models.chat import (
     stop_token_ids,
 )
 from models.loading import load_model, load_tokenizer, parameter_count
+from models.tokenizer import vocabulary_mismatch
 
 _PROBE_QUESTION = "What is 2 + 3?"
 _PROBE_COMPLETION = "<think> 2 + 3 = 5 </think> <answer> The answer is 5. </answer>"
@@ -110,11 +111,42 @@ def check_model_inputs(config: PipelineConfig, flow: str, source: str | None = N
                 check_tokenizer_side(item.path)
             except CheckpointError as err:
                 errors.append(f"  {item.key} ({item.what}): {err}")
+    if not errors:
+        errors = [f"  {problem}" for problem in on_policy_problems(config, flow)]
     if errors:
         raise CheckpointError(
             f"{source or f'profile {config.name}'}: {len(errors)} checkpoint(s) cannot be used; "
             "nothing has run:\n" + "\n".join(errors)
         )
+
+
+def on_policy_problems(config: PipelineConfig, flow: str) -> list[str]:
+    """Why on-policy distillation (`distillation.method: on_policy`) cannot take a student
+    checkpoint the flow opens: its KL compares the teacher's and the student's logits id by id,
+    so the student's tokenizer must be the policy's, which is the base checkpoint's (or, with no
+    `bootstrap.path`, one trained here, which no checkpoint shares)."""
+    if config.distillation.method != "on_policy":
+        return []
+    students = [i for i in required_inputs(config, flow) if i.key.startswith("distillation.")]
+    base = config.bootstrap.path
+    if base is None:
+        return [
+            f"{item.key} ({item.what}): on-policy distillation needs the policy's tokenizer, and "
+            "the policy's is trained here (no bootstrap.path); use distillation.method=sft"
+            for item in students
+        ]
+    if not students or not Path(base).is_dir():
+        return []
+    teacher = load_tokenizer(base)
+    problems = []
+    for item in students:
+        mismatch = vocabulary_mismatch(load_tokenizer(item.path), teacher)
+        if mismatch is not None:
+            problems.append(
+                f"{item.key} ({item.what}): not the policy's tokenizer ({base}), which on-policy "
+                f"distillation needs: {mismatch}; use distillation.method=sft"
+            )
+    return problems
 
 
 def check_checkpoint(path: Path) -> CheckedCheckpoint:

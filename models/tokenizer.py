@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from models.chat import CHAT_TEMPLATE, EOS, FORMAT_TOKENS, IM_END, PAD, SPECIAL_TOKENS
 
@@ -45,3 +45,23 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     tokenizer.add_tokens(FORMAT_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def vocabulary_mismatch(
+    first: PreTrainedTokenizerBase, second: PreTrainedTokenizerBase
+) -> str | None:
+    """How two tokenizers' ids differ in meaning (their sizes, their special tokens' ids, then
+    any token->id entry), or None when every id means the same token in both."""
+    if len(first) != len(second):
+        return f"one tokenizer has {len(first)} tokens, the other {len(second)}"
+    specials = [
+        {t: tok.convert_tokens_to_ids(t) for t in tok.all_special_tokens} for tok in (first, second)
+    ]
+    if specials[0] != specials[1]:
+        diff = sorted(set(specials[0].items()) ^ set(specials[1].items()))
+        return f"special tokens map to different ids: {diff[:8]}"
+    vocabularies = first.get_vocab(), second.get_vocab()
+    if vocabularies[0] != vocabularies[1]:
+        diff = sorted(set(vocabularies[0].items()) ^ set(vocabularies[1].items()))
+        return f"{len(diff)} token->id entries differ between the tokenizers, e.g. {diff[:8]}"
+    return None

@@ -25,6 +25,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from configs.schema import OnPolicyDistillConfig
+from models.tokenizer import vocabulary_mismatch
 from rl.kl_losses import DISTILL_LOSSES, masked_mean, reverse_kl
 from rl.rollouts import PolicyBatch, build_batch
 from rl.trainer import prompt_order
@@ -111,25 +112,9 @@ def check_shared_tokenizer(
         return
     shared = "on-policy distillation needs one shared tokenizer (cross-tokenizer distillation "
     shared += "is not offered)"
-    if len(teacher_tokenizer) != len(tokenizer):
-        raise TokenizerMismatchError(
-            f"teacher tokenizer has {len(teacher_tokenizer)} tokens, student's "
-            f"{len(tokenizer)}: {shared}"
-        )
-    s_special, t_special = (
-        {t: tok.convert_tokens_to_ids(t) for t in tok.all_special_tokens}
-        for tok in (tokenizer, teacher_tokenizer)
-    )
-    if s_special != t_special:
-        diff = sorted(set(s_special.items()) ^ set(t_special.items()))
-        raise TokenizerMismatchError(f"special tokens map to different ids: {diff[:8]}: {shared}")
-    s_vocab, t_vocab = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
-    if s_vocab != t_vocab:
-        diff = sorted(set(s_vocab.items()) ^ set(t_vocab.items()))
-        raise TokenizerMismatchError(
-            f"{len(diff)} token->id entries differ between the tokenizers, e.g. {diff[:8]}: "
-            f"{shared}"
-        )
+    mismatch = vocabulary_mismatch(tokenizer, teacher_tokenizer)
+    if mismatch is not None:
+        raise TokenizerMismatchError(f"{mismatch}: {shared}")
     if s_width > t_width:
         raise TokenizerMismatchError(
             f"student predicts over {s_width} tokens, more than the teacher's {t_width}: its "

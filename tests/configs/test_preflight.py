@@ -232,3 +232,31 @@ def test_a_template_whose_generation_prompt_opens_think_is_refused(tmp_path, lla
     (folder / "chat_template.jinja").write_text(template)
     with pytest.raises(CheckpointError, match="generation prompt already writes '<think>'"):
         check_checkpoint(folder)
+
+
+def test_on_policy_distillation_of_a_student_on_another_tokenizer_is_refused_before_it_runs(
+    tmp_path, llama_folder
+):
+    """Its KL compares logits id by id: a student whose ids mean other tokens than the policy's
+    would be refused only at stage 7, after every policy stage and the student's SFT."""
+    from models.checkpoint import check_model_inputs
+    from tests.real_checkpoints import qwen_style_tokenizer
+
+    tokenizer = qwen_style_tokenizer()
+    qwen = save_checkpoint(tmp_path / "qwen", decoder(tokenizer, "qwen2", 16, 1), tokenizer)
+    same = copy_of(llama_folder, tmp_path)
+    students = f"[{{name: same, path: '{same}'}}, {{name: other, path: '{qwen}'}}]"
+    overrides = [f"bootstrap.path={llama_folder}", f"distillation.students={students}"]
+    config = load_profile(GPU, [*overrides, "distillation.method=on_policy"])
+    with pytest.raises(CheckpointError) as err:
+        check_model_inputs(config, "distill")
+    lines = str(err.value).splitlines()
+    assert (
+        len(lines) == 2 and "students[1].path (student 'other' base): not the policy's" in lines[1]
+    )
+    check_model_inputs(load_profile(GPU, overrides), "distill")  # sft: text crosses tokenizers
+    fresh = load_profile(
+        GPU, [*overrides[1:], "distillation.method=on_policy", "bootstrap.path=null"]
+    )
+    with pytest.raises(CheckpointError, match="the policy's is trained here"):
+        check_model_inputs(fresh, "distill")
