@@ -24,8 +24,9 @@ ALIAS = alias_for(STAGE)
 
 
 def broken_judge(tmp_path) -> list[str]:
-    """R1-Zero's rewards plus a grader that reads `item.solution`, which no problem has: every
-    sample it judges scores None, one in five of the stage's reward terms."""
+    """R1-Zero's rewards plus a grader that reads `item.numbers.9`, a tenth number, which no
+    problem has (a puzzle has three, the others none): every sample it judges scores None, one
+    in five of the stage's reward terms."""
     grader = tmp_path / "reads_a_missing_field.yaml"
     grader.write_text(
         yaml.safe_dump(
@@ -34,7 +35,7 @@ def broken_judge(tmp_path) -> list[str]:
                 "name": "reads_a_missing_field",
                 "operation": "eq",
                 "input": "{{ sample.answer_text }}",
-                "reference": "{{ item.solution }}",
+                "reference": "{{ item.numbers.9 }}",
             }
         )
     )

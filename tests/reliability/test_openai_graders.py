@@ -21,6 +21,7 @@ from graders.similarity import fuzzy_match
 from rl.scoring import masked_advantages
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "graders" / "examples"
+pytestmark = pytest.mark.usefixtures("private_environment")  # `r1` sets the state folder's
 
 # The guide's multigrader example, as written there (no top-level name).
 OPENAI_MULTI = {
