@@ -25,5 +25,18 @@ def save_model(
     """Save a stage's model with its tokenizer under `out_dir/model` and refer to it."""
     model_dir = out_dir / "model"
     model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    save_tokenizer(tokenizer, model_dir)
     return ModelRef(path=model_dir, parameters=parameter_count(model))
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, model_dir: Path) -> None:
+    """Save the tokenizer without the padding and truncation a batch call left on its Rust
+    backend (sampling sets left padding): tokenizer.json is part of the model's digest, so the
+    same weights saved after sampling and after a resume that sampled nothing were two models to
+    the stage cache and to lineage. Nothing is lost: every encode call sets its own again
+    (transformers' `set_truncation_and_padding`)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_padding()
+        backend.no_truncation()
+    tokenizer.save_pretrained(model_dir)
