@@ -157,8 +157,8 @@ def render(
 def summary(root: LineageNode) -> dict[str, list[str]]:
     """The raw problem files the chain reaches and the inputs no stage recorded."""
     leaves = root.leaves()
-    return {
-        "problems": sorted({n.digest for n in leaves if n.kind == "problems"}),
+    return {  # a problem file read from the user's own data has that file (kind `raw`) below it
+        "problems": sorted({n.digest for n in root.walk() if n.kind == "problems"}),
         "unknown": sorted({n.digest for n in leaves if not n.known}),
     }
 

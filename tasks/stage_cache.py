@@ -85,11 +85,11 @@ def identity(value: Any) -> Any:
     if isinstance(value, Keyed):
         return value.stage_identity()
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
+        dumped = value.model_dump(mode="json")
+        named = named_contents(value)
+        return dumped | {"contents": named} if named else dumped
     if isinstance(value, Path):
-        if value.is_dir():
-            return tree_digest(value)
-        return file_digest(value) if value.exists() else str(value)
+        return content_digest(value) if value.exists() else str(value)
     if is_dataclass(value) and not isinstance(value, type):
         return {f.name: identity(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, dict):
@@ -99,6 +99,60 @@ def identity(value: Any) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     raise TypeError(f"no stage-key identity for a {type(value).__name__}")
+
+
+def named_contents(config: BaseModel, prefix: str = "") -> dict[str, str]:
+    """The content digest of every local file or folder a config names, by its dotted key: the
+    data files, `bootstrap.path`, a student's `path`, a grader reward's file. A file edited in
+    place, or a symlink pointed at other data, changes the key of each stage given the config,
+    not only a path renamed. Empty for a config that names none (the tiny world's)."""
+    found: dict[str, str] = {}
+    for name in type(config).model_fields:
+        value, key = getattr(config, name), f"{prefix}{name}"
+        if isinstance(value, Path) and value.exists():
+            found[key] = content_digest(value)
+        elif isinstance(value, BaseModel):
+            found |= named_contents(value, f"{key}.")
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    found |= named_contents(item, f"{key}.{i}.")
+    grader = _grader_file(config)
+    if grader is not None:
+        found[f"{prefix}params.path"] = content_digest(grader)
+    return found
+
+
+def _grader_file(config: BaseModel) -> Path | None:
+    """The file of a `grader` reward term, where it can be found (it is read from the working
+    folder, else the repository: graders.reward)."""
+    params = getattr(config, "params", None)
+    if getattr(config, "name", None) != "grader" or not isinstance(params, dict):
+        return None
+    from graders.reward import resolve_grader_path
+
+    given = params.get("path")
+    path = resolve_grader_path(given) if isinstance(given, str) and given else None
+    return path if path is not None and path.is_file() else None
+
+
+_DIGESTS: dict[tuple[str, tuple], str] = {}
+
+
+def content_digest(path: Path) -> str:
+    """A file's or folder's content digest (`storage.digests`), read once per process while its
+    files' sizes, times and inodes stay as they were: every stage's key may name a checkpoint
+    of many GB. A write changes a file's ctime, which no one can set back."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    signature = tuple(
+        (str(p), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        for p in files
+        for st in [p.stat()]
+    )
+    key = (str(path.resolve()), signature)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = tree_digest(path) if path.is_dir() else file_digest(path)
+    return _DIGESTS[key]
 
 
 StageName = str | Callable[[dict[str, Any]], str] | None

@@ -26,7 +26,7 @@ from configs.profiles import PROFILES_DIR, merged, validate
 from configs.schema import PipelineConfig
 from models.chat import end_of_turn
 from models.loading import load_tokenizer
-from storage.digests import tree_digest
+from storage.digests import file_digest, tree_digest
 from tests.real_checkpoints import make_stand_ins
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,3 +310,17 @@ def test_the_check_alone_reads_files_and_imports_no_model_library(stand_ins, tmp
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report == {"missing": ["distillation.students[1].path"], "heavy": []}
+
+
+@pytest.mark.heavy
+def test_the_problem_files_lineage_reaches_the_users_own_files(gpu_run, stand_ins):
+    """Below each problem file the run wrote: the data set file it read, by its content."""
+    state, _ = gpu_run
+    with duckdb.connect(str(state / "r1.duckdb"), read_only=True) as con:
+        raw = dict(
+            con.execute("SELECT artifact, digest FROM lineage WHERE kind = 'raw'").fetchall()
+        )
+        problems = con.execute("SELECT inputs FROM lineage WHERE kind = 'problems'").fetchall()
+    for split in ("train", "test"):
+        assert raw[str(stand_ins[split].resolve())] == file_digest(stand_ins[split])
+    assert {i["digest"] for (inputs,) in problems for i in json.loads(inputs)} == set(raw.values())
