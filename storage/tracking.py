@@ -409,5 +409,25 @@ def register_model(
     source = f"{client.get_run(run_id).info.artifact_uri}/model"
     version = client.create_model_version(name, source, run_id=run_id)
     if alias is not None:
+        client.set_model_version_tag(name, version.version, ALIAS_TAG, alias)  # it earned it
         client.set_registered_model_alias(name, alias, version.version)
     return version.version
+
+
+ALIAS_TAG = "r1.alias"  # on a model version: the alias its stage gave it (none: the guard's catch)
+
+
+def restore_alias(client: MlflowClient, name: str, run_id: str) -> str | None:
+    """Point the alias back at the version the stage run `run_id` registered with it, for a
+    stage a later run took from the cache: `NAME@ALIAS` is the model the latest run reports,
+    not one a run with other settings registered in between. Returns the version moved to."""
+    versions = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    earned = [v for v in versions if v.tags.get(ALIAS_TAG)]
+    if not earned:
+        return None
+    latest = max(earned, key=lambda v: int(v.version))
+    alias = latest.tags[ALIAS_TAG]
+    if str(client.get_registered_model(name).aliases.get(alias)) != str(latest.version):
+        client.set_registered_model_alias(name, alias, latest.version)
+        return latest.version
+    return None

@@ -37,9 +37,11 @@ from storage.tracking import (
     PARENT_TAG,
     STAGE_TAG,
     MlflowTracker,
+    alias_for,
     check_tracking_store,
     experiment_id,
     finish_run,
+    restore_alias,
     start_pipeline_run,
     tracking_client,
 )
@@ -180,6 +182,9 @@ def close_pipeline_run(
         if (origin := cached_from(client, ctx, result)) is not None:
             client.set_tag(ctx.parent_run_id, f"r1.cached.{result.stage}", result.run_id)
             notes = cache_note(client, ctx, result.stage, origin) | notes
+            if moved := restore_alias(client, ctx.model_name, result.run_id):
+                log.info("%s: %s@%s back on v%s", result.stage, ctx.model_name,
+                         alias_for(result.stage), moved)  # fmt: skip
         note = ", ".join(f"{k} {v}" for k, v in notes.items())
         rows.append(StageRow(result.stage, result.seconds, metrics, note))
     publish_report(ctx, rows, k)

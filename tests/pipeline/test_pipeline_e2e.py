@@ -561,3 +561,26 @@ def test_after_a_code_change_keep_finished_keeps_every_stage_and_says_so(micro_r
     assert any(said in m for m in messages), messages
     after = len(client.search_runs(experiments, filter_string="tags.`r1.stage` != 'pipeline'"))
     assert after == stage_runs
+
+
+def test_a_run_from_the_cache_puts_the_aliases_back_on_its_own_models(micro_run):
+    """A run with other settings moves `r1-micro@final` (and the students' aliases) to its own
+    models; the first settings run again, all from the cache, and the aliases name what that run
+    reports, which `r1 lineage` and the nightly evaluation follow."""
+    state, _ = micro_run
+    from flows.r1_pipeline import r1_pipeline
+
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    aliases = ("final", "student-qwen", "cold-start")
+
+    def versions() -> dict[str, str]:
+        return {a: client.get_model_version_by_alias("r1-micro", a).version for a in aliases}
+
+    first = versions()
+    steps = load_profile("micro").all_scenarios_rl.steps
+    r1_pipeline(profile="micro", overrides=[f"all_scenarios_rl.steps={steps + 1}"])
+    moved = versions()
+    assert moved["final"] != first["final"] and moved["student-qwen"] != first["student-qwen"]
+    assert moved["cold-start"] == first["cold-start"]  # before the change: not registered again
+    r1_pipeline(profile="micro")
+    assert versions() == first
