@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Run, RunStatus
@@ -86,6 +87,42 @@ def check_tracking_store(paths: StatePaths, timeout: float | None = None) -> Non
         write_ahead_log(paths.mlflow_db, wait)
     except sqlite3.OperationalError as err:
         raise _locked_or(uri, paths.mlflow_db, wait, err) from None
+    _check_artifact_location(uri, paths)
+
+
+def _check_artifact_location(uri: str, paths: StatePaths) -> None:
+    """Every experiment this project made in the store keeps its artifacts in this state
+    folder's `mlartifacts/`. MLflow records that location as an absolute path when it makes an
+    experiment: in a folder moved or copied since, a run would write its models into the old
+    folder (making it again if gone) and read registered models from there. A path that leads
+    here through a symlink is here. (Experiments kept elsewhere, such as MLflow's `Default`,
+    are not ours and are left alone.)"""
+    con = sqlite3.connect(paths.mlflow_db)
+    try:
+        found = con.execute("SELECT name, artifact_location FROM experiments").fetchall()
+    except sqlite3.Error:  # a store MLflow has not made its tables in yet
+        return
+    finally:
+        con.close()
+    here = paths.mlflow_artifacts.resolve()
+    for name, location in found:
+        folder = _local_folder(location or "")
+        if folder is None or folder.name != paths.mlflow_artifacts.name:
+            continue
+        if Path(os.path.realpath(folder)) != here:
+            old = folder.parent
+            raise TrackingStoreError(
+                f"MLflow store {uri}: experiment {name!r} keeps its artifacts in {folder}: this "
+                f"state folder was moved or copied from {old}; move it back, or make {old} a "
+                f'symlink to {paths.root} (docs/operations.md, "Moving a state folder")'
+            )
+
+
+def _local_folder(location: str) -> Path | None:
+    """The local folder an artifact location names (a `file:` URI or an absolute path)."""
+    if location.startswith("file:"):
+        location = unquote(urlparse(location).path)
+    return Path(location) if location.startswith("/") else None
 
 
 def _locked_or(
