@@ -81,6 +81,11 @@ class StatePaths:
         return self.root / "stage_keys"
 
     @property
+    def locks(self) -> Path:
+        """One lock file per stage key that a process computes now (tasks/stage_cache.py)."""
+        return self.root / "locks"
+
+    @property
     def identity_file(self) -> Path:
         return self.root / "state_id"
 

@@ -19,11 +19,13 @@ keeps nothing).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import fields, is_dataclass
 from functools import cache
 from pathlib import Path
@@ -35,6 +37,7 @@ from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 from pydantic import BaseModel
 
 from storage.digests import file_digest, tree_digest
+from storage.file_lock import FileBusy, held
 from storage.paths import StatePaths
 from tasks.progress import name_task_run_logs, run_logger
 
@@ -287,14 +290,52 @@ def stage_task(
     name_task_run_logs()
 
     def decorate(fn: Callable) -> Task:
+        @functools.wraps(fn)
+        def computed_alone(*args: Any, **kwargs: Any) -> Any:
+            with stage_held(stage, run_name or named):
+                return fn(*args, **kwargs)
+
         made = task(
             name=name,
             task_run_name=run_name or named,
             cache_key_fn=_cache_key,
             persist_result=True,
             **options,
-        )(fn)
+        )(computed_alone)
         setattr(made, STAGE_ATTR, stage)
         return made
 
     return decorate
+
+
+class StageBusyError(RuntimeError):
+    """Another process computes the same stage, on the same inputs, in this state folder now."""
+
+
+@contextmanager
+def stage_held(stage: StageName, run_name: RunName) -> Iterator[None]:
+    """Hold the stage task this runs in (a lock file named by its key, under `locks/` in the
+    state folder) while it computes. A second `r1 run` or deployment run on the same state
+    folder that reaches the same stage before the first has finished it would otherwise train
+    into the same stage folder (`runs/<stage>/<key>`: checkpoints, model) at once, each
+    recording a digest of files the other overwrites; it stops instead, in one line naming the
+    process that holds the stage."""
+    context = TaskRunContext.get()
+    parameters = context.parameters if context is not None else {}
+    root = getattr(parameters.get("ctx"), "state_root", None)
+    if root is None:  # not a pipeline run's stage: no stage folder to share
+        yield
+        return
+    paths = StatePaths(Path(root))
+    key = current_stage_key()[:KEY_LENGTH]
+    name = stage_name(parameters, stage)
+    where = f"in {paths.runs / name / key}" if name else f"(key {key}) in {paths.root}"
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(held(paths.locks / f"{key}.lock"))
+        except FileBusy as busy:
+            raise StageBusyError(
+                f"{run_name(parameters)}: {busy.holder} is computing this stage {where} now; "
+                "run the command again once it has finished: the stage then comes from the cache"
+            ) from None
+        yield
