@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlparse
 from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Run, RunStatus
 
+from storage.file_lock import FileBusy, held
 from storage.paths import StatePaths, env_seconds
 from storage.sqlite_lock import (
     StoreLockedTooLong,
@@ -63,6 +64,7 @@ DEFAULT_TIMEOUT = 5.0  # seconds to wait for a store another process is writing
 LOCK_WAIT_ENV = "R1_MLFLOW_LOCK_WAIT"
 # seconds a stage's write waits for another writer, MLflow's own 20 s busy wait per try included
 DEFAULT_LOCK_WAIT = 120.0
+STORE_MADE_WAIT = 120.0  # seconds to wait for another process making the store (its migration)
 
 
 class TrackingStoreError(RuntimeError):
@@ -76,17 +78,27 @@ def check_tracking_store(paths: StatePaths, timeout: float | None = None) -> Non
     default 5). Raises TrackingStoreError naming the store's URI and what failed.
 
     The store is then in write-ahead-log mode (made so if new): a process reading it, such as
-    the MLflow UI, never holds up a stage's write."""
+    the MLflow UI, never holds up a stage's write. A new store's tables are made here, by one
+    process at a time (`locks/mlflow-store.lock`): two runs starting together on a new state
+    folder would otherwise both run MLflow's migration on it, and one die of it."""
     wait = env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT) if timeout is None else timeout
     check_wait_settings()
     uri = paths.tracking_uri
     _check_folder(uri, paths.root, "state folder")
     _check_folder(uri, paths.mlflow_artifacts, "artifact folder")
-    _check_database(uri, paths.mlflow_db, wait)
-    try:
-        write_ahead_log(paths.mlflow_db, wait)
-    except sqlite3.OperationalError as err:
-        raise _locked_or(uri, paths.mlflow_db, wait, err) from None
+    try:  # two runs starting on a new folder: one makes the store, the other waits for it
+        with held(paths.locks / "mlflow-store.lock", max(wait, STORE_MADE_WAIT)):
+            _check_database(uri, paths.mlflow_db, wait)
+            try:
+                write_ahead_log(paths.mlflow_db, wait)
+            except sqlite3.OperationalError as err:
+                raise _locked_or(uri, paths.mlflow_db, wait, err) from None
+            tracking_client(paths).search_experiments(max_results=1)  # MLflow makes its tables
+    except FileBusy as busy:
+        raise TrackingStoreError(
+            f"MLflow store {uri}: {busy.holder} has been making or checking it for over "
+            f"{max(wait, STORE_MADE_WAIT):g} s; stop that process, or run again once it is done"
+        ) from None
     _check_artifact_location(uri, paths)
 
 

@@ -197,13 +197,48 @@ def test_a_usable_store_passes_and_is_left_as_it_was(tmp_path):
     check_tracking_store(paths)
     assert paths.mlflow_artifacts.is_dir() and in_write_ahead_log(paths.mlflow_db)
     with sqlite3.connect(paths.mlflow_db) as con:
-        con.execute("CREATE TABLE experiments (name TEXT)")
-        con.execute("INSERT INTO experiments VALUES ('r1-tiny')")
+        con.execute("CREATE TABLE notes (name TEXT)")
+        con.execute("INSERT INTO notes VALUES ('r1-tiny')")
     con.close()
     check_tracking_store(paths)
     with sqlite3.connect(paths.mlflow_db) as con:
-        assert con.execute("SELECT name FROM experiments").fetchall() == [("r1-tiny",)]
+        assert con.execute("SELECT name FROM notes").fetchall() == [("r1-tiny",)]
     con.close()
+
+
+# Opens the store as a pipeline run does (the check, then its experiment), once the clock
+# reaches argv[2]: several at once on a new state folder.
+OPENER = """
+import sys, time
+from pathlib import Path
+from storage.paths import StatePaths
+from storage.tracking import check_tracking_store, experiment_id, tracking_client
+paths = StatePaths(Path(sys.argv[1]))
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+check_tracking_store(paths)
+print(experiment_id(tracking_client(paths), "r1-test", paths))
+"""
+
+
+def test_runs_starting_together_on_a_new_state_folder_make_one_store(tmp_path):
+    """Each opens the store and finds the one experiment: MLflow's migration of the new
+    `mlflow.db` runs once, not in each process at once (where one died with an SQL error)."""
+    root = tmp_path / "state"
+    start = time.time() + 8  # every process has imported MLflow by then
+    openers = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPENER, str(root), str(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        for _ in range(3)
+    ]
+    results = [opener.communicate(timeout=120) for opener in openers]
+    for opener, (_, err) in zip(openers, results, strict=True):
+        assert opener.returncode == 0, err[-2000:]
+    assert len({out.strip() for out, _ in results}) == 1
 
 
 def in_write_ahead_log(db: Path) -> bool:
