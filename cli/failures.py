@@ -15,6 +15,10 @@ from typing import Any
 
 WIDTH = 80  # columns of the terminal a person reads these on
 RESUME = "Retry it to resume from its last checkpoint."
+# A run `r1 run` started has no deployment, which `prefect flow-run retry` needs.
+AGAIN = "Run the same r1 run command again to resume it from its last checkpoint."
+# What tasks/resume.py says of a crashed run whose command, run again, resumed it: done with.
+RESUMED = "run again resumed it"
 # Prefect's own crash messages, each with what happened in the project's words beside it
 CRASHES = {
     "Execution was aborted by a termination signal.": (
@@ -52,11 +56,22 @@ def exception_text(message: str) -> str:
     return message.strip()
 
 
-def crash_text(message: str) -> str:
-    """What ended a crashed run and what to do: Prefect's words explained, and the retry that
-    resumes it where the message does not say it already."""
+def settled(reason: str) -> bool:
+    """Whether a crashed run was resumed already, by the same command run again."""
+    return RESUMED in reason
+
+
+def crash_text(message: str, deployed: bool = True) -> str:
+    """What ended a crashed run and what to do: Prefect's words explained, and the way to
+    resume it (a retry; for a run with no deployment, the same command again) where the message
+    does not say it already, nothing where it was resumed."""
     said = CRASHES.get(message, message)
-    return said if "retry it" in said.lower() else f"{said} {RESUME}".strip()
+    if settled(said):
+        return said
+    resume = RESUME if deployed else AGAIN
+    if "retry it" in said.lower():
+        return said if deployed else said.replace(RESUME, AGAIN)
+    return f"{said} {resume}".strip()
 
 
 def failure_reason(client: Any, flow_run: Any) -> str:
@@ -72,8 +87,9 @@ def failure_reason(client: Any, flow_run: Any) -> str:
     message = exception_text(flow_run.state.message or "") or flow_run.state.name
     if flow_run.state.type != StateType.CRASHED:
         return message
+    said = crash_text(message, getattr(flow_run, "deployment_id", None) is not None)
     stage = crashed_stage(task_runs(client, flow_run))
-    return f"in {stage}: {crash_text(message)}" if stage else crash_text(message)
+    return f"in {stage}: {said}" if stage else said
 
 
 def task_runs(client: Any, flow_run: Any) -> list[Any]:

@@ -112,6 +112,20 @@ def _run_count(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit status. A reader that closed the pipe early (`r1 runs | head`) ends
+    it quietly, as Python's documentation of SIGPIPE recommends: what is left to print goes to
+    /dev/null, and the exit status is 1, with no traceback."""
+    try:
+        status = command(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is only reported
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return status
+
+
+def command(argv: list[str] | None) -> int:
     settle_process()  # before anything imports torch: its OpenMP runtime reads it at load
     args = _parser().parse_args(argv)
     if args.state_dir is not None and not args.state_dir.strip():

@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cli.failures import WIDTH, failure_reason, reason_lines, retry_helps
+from cli.failures import WIDTH, failure_reason, reason_lines, retry_helps, settled
 from storage.paths import StatePaths
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,15 @@ def use_served_api(paths: StatePaths) -> str:
 def served_api_url(env_file: Path) -> str | None:
     if not env_file.exists():
         return None
-    found = re.search(r"PREFECT_API_URL=(\S+)", env_file.read_text())
+    try:
+        text = env_file.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        why = "is a folder" if env_file.is_dir() else f"cannot be read ({err})"
+        raise NoServer(
+            f"{env_file} {why}, not the file scripts/serve.sh writes: remove it and start the "
+            "stack again, or set PREFECT_API_URL"
+        ) from None
+    found = re.search(r"PREFECT_API_URL=(\S+)", text)
     return found.group(1) if found else None
 
 
@@ -90,6 +98,7 @@ class RunLine:
     source: str  # deployment `flow/name`, or the flow's name for a run started by `r1 run`
     started: datetime | None
     reason: str = ""  # for a failed or crashed run: the stage that failed, and why
+    deployed: bool = True  # False for a run `r1 run` started: Prefect cannot retry it
 
     def lines(self) -> list[str]:
         """The run's line; its deployment on the next when the line would pass 80 columns
@@ -131,6 +140,7 @@ def run_lines(client: Any, states: list[str], limit: int) -> list[RunLine]:
                 names.get(run.id, "-"),
                 run.start_time or run.expected_start_time,
                 failure_reason(client, run) if failed else "",
+                run.deployment_id is not None,
             )
         )
     return lines
@@ -193,20 +203,26 @@ def runs_command(state_dir: str | None, states: list[str], limit: int) -> int:
         print("\n".join(line.lines()))
     if not lines:
         print("no flow runs" + (f" in state {', '.join(states)}" if states else ""))
-    elif reasons := [line.reason for line in lines if line.reason]:
-        print("\n" + "\n".join(next_steps(reasons, served)))
+    elif steps := next_steps(lines, served):
+        print("\n" + "\n".join(steps))
     return 0
 
 
-def next_steps(reasons: list[str], served: Served) -> list[str]:
-    """What to do about the failures listed: the retry, where one can end otherwise; for a
-    failure that a retry meets again (a bad setting), to fix it and start a new run."""
+def next_steps(lines: list[RunLine], served: Served) -> list[str]:
+    """What to do about the failures listed: the retry of a deployment's run, or for a run
+    `r1 run` started (no deployment, which a retry needs) the same command again, where either
+    can end otherwise; for a failure that they meet again (a bad setting), to fix it and start
+    a new run; nothing for a crash the same command already resumed."""
+    failed = [line for line in lines if line.reason and not settled(line.reason)]
+    resumable = [line for line in failed if retry_helps(line.reason)]
     steps = []
-    if any(retry_helps(reason) for reason in reasons):
+    if any(line.deployed for line in resumable):
         steps += [f"retry one: {served.retry('<id>')}", f"then follow it: {served.watch('<id>')}"]
-    if not all(retry_helps(reason) for reason in reasons):
+    if not all(line.deployed for line in resumable):
+        steps += ["resume one `r1 run` started: run that same r1 run command again"]
+    if len(resumable) < len(failed):
         steps += [
             "a bad setting, a missing input or a regression fails a retry the same way:",
-            "fix what the reason says, then start a new run (prefect deployment run ...)",
+            "fix what the reason says, then start a new run (prefect deployment run ..., r1 run)",
         ]
     return steps

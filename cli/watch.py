@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from cli.failures import failure_reason, reason_lines, retry_helps
+from cli.failures import failure_reason, reason_lines, retry_helps, settled
 from cli.outage import CLIENT_RETRIES, Outage, is_unreachable, longest_wait, nap
 from cli.runs import NoServer, Served, connect, unreachable
 
@@ -137,12 +137,18 @@ def ending(client: Any, run: Any, served: Served) -> tuple[list[str], int]:
         return [f"flow run {run.id} Completed{took}"], 0
     reason = failure_reason(client, run)
     lines = [f"flow run {run.id} {run.state.name}:", *reason_lines(reason, "  ")]
-    if not (run.state.is_failed() or run.state.is_crashed()):
+    if not (run.state.is_failed() or run.state.is_crashed()) or settled(reason):
         return lines, 1
     if not retry_helps(reason):
         lines += [
             "a retry runs the same parameters and would fail the same way: change what the",
-            "reason says and start a new run (prefect deployment run ... --param ...)",
+            "reason says and start a new run (prefect deployment run ... --param ..., r1 run)",
+        ]
+        return lines, 1
+    if run.deployment_id is None:  # started by `r1 run`: Prefect cannot retry it
+        lines += [
+            "run the same r1 run command again (finished stages come from the cache; the",
+            "failed one resumes from its last checkpoint)",
         ]
         return lines, 1
     lines += [

@@ -59,6 +59,9 @@ def resumed_command_run(
     return run_id
 
 
+RESUMED_MESSAGE = "its process ended while it ran; the same command run again resumed it"
+
+
 def crash_earlier_flow_run(flow_run_id: str) -> list[str]:
     """Mark Crashed the earlier attempt's flow run and its task runs, where its process was
     killed and left them Running. Returns the names of those it marked."""
@@ -67,7 +70,7 @@ def crash_earlier_flow_run(flow_run_id: str) -> list[str]:
     from prefect.exceptions import ObjectNotFound
     from prefect.states import Crashed
 
-    message = "its process ended while it ran; the same command run again resumed it"
+    message = RESUMED_MESSAGE
     try:
         flow_id = UUID(flow_run_id)
     except ValueError:

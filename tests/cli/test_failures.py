@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from uuid import uuid4
 
+import pytest
 from prefect.client.schemas.objects import StateType
 
 from cli.failures import WIDTH, crashed_stage, exception_text, failure_reason, reason_lines
@@ -35,8 +36,9 @@ class Client:
         return self.task_runs
 
 
-def flow_run(kind: str, message: str) -> SimpleNamespace:
-    return SimpleNamespace(id=uuid4(), state=state(kind, message))
+def flow_run(kind: str, message: str, deployed: bool = True) -> SimpleNamespace:
+    deployment = uuid4() if deployed else None  # None: a run `r1 run` started
+    return SimpleNamespace(id=uuid4(), state=state(kind, message), deployment_id=deployment)
 
 
 STAGES = [
@@ -106,14 +108,41 @@ def served(tmp_path):
 def test_r1_runs_says_to_fix_a_bad_setting_rather_than_retry(tmp_path):
     from cli.runs import next_steps
 
-    bad = failure_reason(Client([]), flow_run("FAILED", CONFIG_ERROR))
-    crash = failure_reason(Client(STAGES), flow_run("CRASHED", crash_message(90)))
+    bad = listed(failure_reason(Client([]), flow_run("FAILED", CONFIG_ERROR)))
+    crash = listed(failure_reason(Client(STAGES), flow_run("CRASHED", crash_message(90))))
     only_bad = next_steps([bad, bad], served(tmp_path))
     assert not any("retry one" in step for step in only_bad), only_bad
     assert any("fix what the reason says" in step for step in only_bad), only_bad
     mixed = "\n".join(next_steps([bad, crash], served(tmp_path)))
     assert "retry one: " in mixed and "fix what the reason says" in mixed
     assert "fix what" not in "\n".join(next_steps([crash], served(tmp_path)))
+
+
+def listed(reason: str, deployed: bool = True):
+    from cli.runs import RunLine
+
+    return RunLine(SERVED_RUN, "Failed", "r1_pipeline", T0, reason, deployed)
+
+
+def test_a_run_r1_run_started_is_resumed_by_the_same_command_not_a_retry(tmp_path):
+    """Prefect refuses `prefect flow-run retry` for a run with no deployment: `r1 runs` says to
+    run the same `r1 run` command again, and a crash that command resumed asks for nothing."""
+    from cli.runs import next_steps
+    from tasks.resume import RESUMED_MESSAGE
+
+    failed = task_run("reasoning_rl", "FAILED", 3)
+    failed.state.message = "Task run encountered an exception InjectedFailure: reasoning_rl: x"
+    mine = flow_run("FAILED", "x", deployed=False)
+    steps = "\n".join(
+        next_steps([listed(failure_reason(Client([failed]), mine), False)], served(tmp_path))
+    )
+    assert "flow-run retry" not in steps and "run that same r1 run command again" in steps, steps
+
+    killed = failure_reason(Client(STAGES), flow_run("CRASHED", crash_message(90), deployed=False))
+    assert "Retry it" not in killed and "Run the same r1 run command again" in killed, killed
+    resumed = failure_reason(Client(STAGES), flow_run("CRASHED", RESUMED_MESSAGE, deployed=False))
+    assert resumed == f"in reasoning_rl: {RESUMED_MESSAGE}", resumed
+    assert next_steps([listed(resumed, False), listed(resumed, True)], served(tmp_path)) == []
 
 
 def test_r1_runs_rows_fit_80_columns_with_every_reason_line_under_the_run(tmp_path):
@@ -170,3 +199,30 @@ def test_a_long_deployment_name_goes_on_a_line_of_its_own():
     assert lines == [f"{SERVED_RUN}  Completed  11-28 12:00", f"    deployment {source}"]
     short = RunLine(SERVED_RUN, "Completed", "r1-pipeline/micro", T0).lines()
     assert short == [f"{SERVED_RUN}  Completed  11-28 12:00 r1-pipeline/micro"]
+
+
+def test_r1_watch_says_to_run_the_same_command_again_for_a_run_r1_run_started(tmp_path):
+    from prefect.states import Crashed, Failed
+
+    from cli.watch import ending
+    from tasks.resume import RESUMED_MESSAGE
+
+    failed = task_run("reasoning_rl", "FAILED", 3)
+    failed.state.message = "Task run encountered an exception InjectedFailure: reasoning_rl: x"
+    run = SimpleNamespace(id=uuid4(), state=Failed(message="x"), deployment_id=None)
+    lines, status = ending(Client([failed]), run, served(tmp_path))
+    said = "\n".join(lines)
+    assert status == 1 and "flow-run retry" not in said, said
+    assert "run the same r1 run command again" in said, said
+    run = SimpleNamespace(id=uuid4(), state=Crashed(message=RESUMED_MESSAGE), deployment_id=None)
+    lines, _ = ending(Client(STAGES), run, served(tmp_path))
+    said = " ".join(line.strip() for line in lines)
+    assert said.endswith(f"in reasoning_rl: {RESUMED_MESSAGE}"), lines  # and nothing to do
+
+
+def test_a_serve_env_that_is_a_folder_is_one_line(tmp_path):
+    from cli.runs import NoServer, served_api_url
+
+    (tmp_path / "serve.env").mkdir()
+    with pytest.raises(NoServer, match="serve.env is a folder, not the file scripts/serve.sh"):
+        served_api_url(tmp_path / "serve.env")
