@@ -21,14 +21,7 @@ from graders.base import Grader, Item, make_sample
 from graders.build import build_grader
 from graders.python_grader import DEFAULT_SECONDS_PER_SAMPLE
 from graders.score_model import Judge
-from graders.spec import (
-    GraderFileError,
-    MultiSpec,
-    ScoreModelSpec,
-    StringCheckSpec,
-    TextSimilaritySpec,
-    load_spec,
-)
+from graders.spec import GraderFileError, MultiSpec, load_spec, template_fields
 from graders.templates import references
 
 log = logging.getLogger(__name__)
@@ -129,12 +122,7 @@ def check_item_fields(spec: Any, where: str, key: str = "") -> None:
         for name, sub in spec.graders.items():
             check_item_fields(sub, where, f"{at}graders.{name}")
         return
-    fields: list[tuple[str, str]] = []
-    if isinstance(spec, StringCheckSpec | TextSimilaritySpec):
-        fields = [("input", spec.input), ("reference", spec.reference)]
-    elif isinstance(spec, ScoreModelSpec):
-        fields = [(f"input.{i}.content", m.content) for i, m in enumerate(spec.input)]
-    for field, template in fields:
+    for field, template in template_fields(spec):
         for ref in references(template):
             if ref.namespace == "item" and ref.path[0] not in ITEM_FIELDS:
                 raise GraderFileError(

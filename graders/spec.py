@@ -280,13 +280,18 @@ def _first_error(exc: ValidationError, where: str, at: str) -> str:
     return f"{where}: {at}{key}: {message}"
 
 
-def _check_templates(spec: _Spec, where: str, at: str) -> None:
-    fields: list[tuple[str, str]] = []
+def template_fields(spec: _Spec) -> list[tuple[str, str]]:
+    """A grader's templates by key (`input`, `reference`, `input.0.content`); none for a multi
+    grader's own keys or a python grader."""
     if isinstance(spec, StringCheckSpec | TextSimilaritySpec):
-        fields = [("input", spec.input), ("reference", spec.reference)]
-    elif isinstance(spec, ScoreModelSpec):
-        fields = [(f"input.{i}.content", m.content) for i, m in enumerate(spec.input)]
-    for key, template in fields:
+        return [("input", spec.input), ("reference", spec.reference)]
+    if isinstance(spec, ScoreModelSpec):
+        return [(f"input.{i}.content", m.content) for i, m in enumerate(spec.input)]
+    return []
+
+
+def _check_templates(spec: _Spec, where: str, at: str) -> None:
+    for key, template in template_fields(spec):
         try:
             references(template)
         except TemplateError as exc:
