@@ -129,7 +129,8 @@ def test_a_crashed_runs_ending_names_the_retry_with_the_stacks_api(tmp_path, pro
     from cli.runs import Served
     from cli.watch import ending
 
-    run = SimpleNamespace(id=RUN_ID, state=Crashed(message="Execution was aborted by a signal."))
+    crashed = Crashed(message="Execution was aborted by a signal.")
+    run = SimpleNamespace(id=RUN_ID, state=crashed, deployment_id=RUN_ID)  # a deployment's run
     client = SimpleNamespace(read_task_runs=lambda **_: [])
     lines, status = ending(client, run, Served("http://127.0.0.1:4290/api", tmp_path))
     assert status == 1
