@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from configs.guard import GuardConfig
-from configs.strict import Family, Strict
+from configs.strict import HOW_IT_RUNS, Family, Strict
 from configs.supervised import EngineConfig, ModelConfig, TrainConfig
 from contracts.reward_names import known_rewards
 
@@ -24,7 +24,7 @@ class SamplerConfig(Strict):
     tensor_parallel_size: int = Field(
         1, ge=1, description="vllm: GPUs one engine shards the model over"
     )
-    gpu_memory_utilization: float = Field(
+    gpu_memory_utilization: Annotated[float, HOW_IT_RUNS] = Field(
         0.85,
         gt=0,
         le=1,
@@ -39,19 +39,19 @@ class SamplerConfig(Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="vllm: weights and activations; auto: the checkpoint's (fp32 -> bf16)"
     )
-    start_timeout_s: float = Field(
+    start_timeout_s: Annotated[float, HOW_IT_RUNS] = Field(
         900.0, gt=0, description="vllm: engine start (loading, compiling, CUDA graphs, NCCL)"
     )
-    generate_timeout_s: float = Field(
+    generate_timeout_s: Annotated[float, HOW_IT_RUNS] = Field(
         1800.0, gt=0, description="vllm: one generate call (all its prompts and samples)"
     )
-    sync_timeout_s: float = Field(
+    sync_timeout_s: Annotated[float, HOW_IT_RUNS] = Field(
         300.0, gt=0, description="vllm: one weight sync from the trainer into the engine"
     )
-    sync_chunk_mb: int = Field(
+    sync_chunk_mb: Annotated[int, HOW_IT_RUNS] = Field(
         256, ge=1, description="vllm: weights handed over per load call (bounds the extra memory)"
     )
-    sleep_mode: bool = Field(
+    sleep_mode: Annotated[bool, HOW_IT_RUNS] = Field(
         True,
         description="vllm, a trainer's colocated engine: give its device memory back during "
         "each update (weights and KV cache discarded, reloaded by the next sync)",
@@ -206,8 +206,13 @@ class GRPOConfig(Strict):
     max_seconds: float | None = Field(
         None, gt=0, description="stop after this much training time (RL-only twins in stage 7)"
     )
-    checkpoint_every: int = Field(10, ge=1)
-    samples_every: int = Field(
+    checkpoint_every: int = Field(
+        10,
+        ge=1,
+        description="save every N steps; also how far back the guard keeps and rolls back to, "
+        "so, unlike SFT's, part of the stage's key",
+    )
+    samples_every: Annotated[int, HOW_IT_RUNS] = Field(
         10, ge=1, description="log a table of sample completions every N steps"
     )
     probe: ProbeConfig = ProbeConfig()
@@ -313,5 +318,5 @@ class RewardModelConfig(Strict):
         checkpoint_every=100,
         log_every=10,
     )
-    eval_batch_size: int = Field(64, ge=1)
+    eval_batch_size: Annotated[int, HOW_IT_RUNS] = Field(64, ge=1)
     seed: int = Field(0, description="the new head's (or fresh model's) init; train.seed orders")

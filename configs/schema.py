@@ -8,7 +8,7 @@ to a default) and models are frozen so the object that MLflow logs is the object
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -23,7 +23,7 @@ from configs.reinforcement import (
     SamplerConfig,
     verifier_terms,
 )
-from configs.strict import Strict, hub_id_field
+from configs.strict import HOW_IT_RUNS, Strict, hub_id_field
 from configs.supervised import (
     BootstrapConfig,
     CurationConfig,
@@ -72,7 +72,7 @@ class RejectionConfig(Strict):
     temperature: float = Field(0.7, gt=0)
     top_p: float = Field(0.95, gt=0, le=1)
     max_new_tokens: int = Field(200, ge=1)
-    batch_size: int = Field(128, ge=1)
+    batch_size: Annotated[int, HOW_IT_RUNS] = Field(128, ge=1)
     sampler: SamplerConfig = SamplerConfig()
     chunk_prompts: int = Field(64, ge=1, description="prompts per committed DuckDB chunk")
     rewards: list[RewardTerm] = Field(
@@ -147,18 +147,18 @@ class OnPolicyDistillConfig(Strict):
         le=1,
         description="0: each position's KL alone (Thinking Machines); 1: sequence-level KL",
     )
-    micro_batch_size: int = Field(
+    micro_batch_size: Annotated[int, HOW_IT_RUNS] = Field(
         16, ge=1, description="completions per forward pass; bounds the (N, T, V) logits in memory"
     )
-    checkpoint_every: int = Field(10, ge=1)
+    checkpoint_every: Annotated[int, HOW_IT_RUNS] = Field(10, ge=1)
     seed: int = 0
 
 
-class DistillConfig(Strict):
-    """Stage 7: the final model's filtered traces, SFT into each student; RL-only twins."""
+class StudentTraining(Strict):
+    """How each student is trained on the teacher's traces: a student's distillation stage is
+    computed by these settings (its config and key), so adding a student or changing the RL
+    twins' settings leaves the students already distilled in the cache."""
 
-    traces: RejectionConfig = RejectionConfig(samples_per_prompt=2)
-    students: list[StudentConfig] = Field(default_factory=list)
     method: Literal["sft", "on_policy"] = Field(
         "sft", description="on_policy: then minimise reverse KL to the teacher on own samples"
     )
@@ -167,13 +167,25 @@ class DistillConfig(Strict):
         EngineConfig(), description="where the students' SFT trains (the RL twins: rl_twin.engine)"
     )
     on_policy: OnPolicyDistillConfig = OnPolicyDistillConfig()
+
+    @model_validator(mode="after")
+    def _sft_batch_splits(self) -> StudentTraining:
+        SFTConfig(train=self.sft, engine=self.engine)  # the students' SFT, checked at load
+        return self
+
+
+class DistillConfig(StudentTraining):
+    """Stage 7: the final model's filtered traces, SFT into each student; RL-only twins."""
+
+    traces: RejectionConfig = RejectionConfig(samples_per_prompt=2)
+    students: list[StudentConfig] = Field(default_factory=list)
     rl_twin: GRPOConfig = GRPOConfig()
     rl_twins: bool = Field(True, description="train each student by GRPO alone for comparison")
 
-    @model_validator(mode="after")
-    def _sft_batch_splits(self) -> DistillConfig:
-        SFTConfig(train=self.sft, engine=self.engine)  # the students' SFT, checked at load
-        return self
+    def student_training(self) -> StudentTraining:
+        """This section's settings that a student's distillation is computed by."""
+        names = StudentTraining.model_fields
+        return StudentTraining(**{name: getattr(self, name) for name in names})
 
 
 def _default_rewards(dotted: str) -> list[dict[str, Any]]:

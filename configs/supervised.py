@@ -4,11 +4,11 @@ engine."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from configs.strict import Strict, hub_id_field
+from configs.strict import HOW_IT_RUNS, Strict, hub_id_field
 
 
 class ModelConfig(Strict):
@@ -45,8 +45,8 @@ class TrainConfig(Strict):
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     max_length: int = Field(256, ge=8)
-    checkpoint_every: int = Field(50, ge=1)
-    log_every: int = Field(10, ge=1)
+    checkpoint_every: Annotated[int, HOW_IT_RUNS] = Field(50, ge=1)
+    log_every: Annotated[int, HOW_IT_RUNS] = Field(10, ge=1)
     length_window: int = Field(
         0,
         ge=0,
@@ -183,7 +183,7 @@ class EngineConfig(Strict):
         "GPU that holds the state anyway; 2: optimizer state and gradients sharded; 3: the "
         "parameters too",
     )
-    bucket_size: float = Field(
+    bucket_size: Annotated[float, HOW_IT_RUNS] = Field(
         5e6,
         ge=1e3,
         description="elements per ZeRO reduce/all-gather bucket; DeepSpeed's 5e8 default makes "
@@ -195,14 +195,14 @@ class EngineConfig(Strict):
         "(DeepSpeed's bf16 mixed precision; in one process, training/mixed.py), for GPUs; fp32: "
         "what the CPU tests compare",
     )
-    launcher: Literal["torchrun", "deepspeed"] = "torchrun"
-    master_port: int | None = Field(
+    launcher: Annotated[Literal["torchrun", "deepspeed"], HOW_IT_RUNS] = "torchrun"
+    master_port: Annotated[int | None, HOW_IT_RUNS] = Field(
         None, ge=1024, le=65535, description="rendezvous port; None: a free one"
     )
-    timeout_s: float = Field(
+    timeout_s: Annotated[float, HOW_IT_RUNS] = Field(
         24 * 3600.0, gt=0, description="the workers are stopped and the stage fails after this"
     )
-    micro_batch_tokens: int | Literal["auto"] = Field(
+    micro_batch_tokens: Annotated[int | Literal["auto"], HOW_IT_RUNS] = Field(
         65536,
         description="tokens (prompt + completion) one forward and backward pass takes: a step's "
         "rows are split into micro-batches within this and their gradients accumulated into the "
@@ -210,36 +210,36 @@ class EngineConfig(Strict):
         "(a tiny-world step fits in one); auto: on a GPU, the largest the memory model says fits "
         "the device (training/memory_fit.py), else the whole step",
     )
-    logits_chunk_mb: float = Field(
+    logits_chunk_mb: Annotated[float, HOW_IT_RUNS] = Field(
         1024.0,
         gt=0,
         description="MiB of float32 logits one SFT or GRPO pass may hold; a larger pass computes "
         "its loss or log-probabilities a chunk of positions at a time (training/logits.py)",
     )
-    fused_head: bool = Field(
+    fused_head: Annotated[bool, HOW_IT_RUNS] = Field(
         False,
         description="compile the chunked head's elementwise work (log-sum-exp, softmax "
         "gradient, casts) into fused kernels, per chunk: about 6 bytes a logit moved instead "
         "of about 52, no float32 chunk held (training/fused_head.py); applies where a pass's "
         "logits exceed logits_chunk_mb; the first step pays the compilation",
     )
-    compile: bool = Field(
+    compile: Annotated[bool, HOW_IT_RUNS] = Field(
         False,
         description="torch.compile each decoder layer (DeepSpeed engines): fused norms, rotary "
         "embedding and MLP activation; the first steps pay the compilation",
     )
-    zero3_sampling: Literal["auto", "gathered", "shards"] = Field(
+    zero3_sampling: Annotated[Literal["auto", "gathered", "shards"], HOW_IT_RUNS] = Field(
         "auto",
         description="how a ZeRO-3 trainer's hf sampler reads its model: a whole copy gathered "
         "once per generate call (gathered), the shards a layer at a time in every forward "
         "(shards), or the copy when the memory model says it fits (auto)",
     )
-    gradient_checkpointing: bool = Field(
+    gradient_checkpointing: Annotated[bool, HOW_IT_RUNS] = Field(
         False,
         description="recompute each decoder layer in the backward pass instead of keeping its "
         "activations: about a third more compute, activations of one layer instead of all",
     )
-    overflow_scan: bool = Field(
+    overflow_scan: Annotated[bool, HOW_IT_RUNS] = Field(
         True,
         description="deepspeed, ZeRO-2 in bf16: DeepSpeed scans every gradient for NaN and "
         "infinity before each update; false: no scan, the global norm the clipping computes "

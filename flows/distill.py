@@ -51,12 +51,14 @@ def distil_students(
     stages.append(traces)
     for student in distill.students:
         s_base = student_base(student, config.bootstrap.corpus, ctx, base, problems)
-        s_model = distill_student(distill, student, ctx, s_base, teacher, traces, problems)
+        s_model = distill_student(
+            distill.student_training(), student, ctx, s_base, teacher, traces, problems
+        )
         stages += [s_base, s_model]
         evals[s_model.stage] = evaluate(s_model)
         if distill.rl_twins:
             twin = rl_only_twin(
-                distill, student, ctx, s_base, problems, s_model.seconds, reward_model
+                distill.rl_twin, student, ctx, s_base, problems, s_model.seconds, reward_model
             )
             stages.append(twin)
             evals[twin.stage] = evaluate(twin)

@@ -290,6 +290,15 @@ def template_fields(spec: _Spec) -> list[tuple[str, str]]:
     return []
 
 
+def judge_models(spec: GraderSpec) -> list[str]:
+    """The `model` of every score_model grader in `spec`, a multi grader's included."""
+    if isinstance(spec, ScoreModelSpec):
+        return [spec.model]
+    if isinstance(spec, MultiSpec):
+        return [model for sub in spec.graders.values() for model in judge_models(sub)]
+    return []
+
+
 def _check_templates(spec: _Spec, where: str, at: str) -> None:
     for key, template in template_fields(spec):
         try:

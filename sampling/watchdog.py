@@ -62,7 +62,8 @@ class SamplerTimeoutError(TimeoutError):
             f"vLLM {operation} did not finish within {limit_s:g} s (the sampler's "
             f"`{config_key}`). Common causes: {causes}. If it is only slow, raise "
             f"`sampler.{config_key}` in the stage's config (for example "
-            f"--set reasoning_rl.sampler.{config_key}={max(2 * limit_s, 1):g}). The engine is "
+            f"--set reasoning_rl.sampler.{config_key}={max(2 * limit_s, 1):g}; run again with it "
+            "raised, the stage resumes from its last checkpoint). The engine is "
             "still inside the unfinished call: restart the process before sampling again."
         )
 

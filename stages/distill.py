@@ -15,7 +15,7 @@ from pathlib import Path
 
 from configs.cluster import ClusterConfig
 from configs.reinforcement import GRPOConfig
-from configs.schema import DistillConfig
+from configs.schema import StudentTraining
 from configs.supervised import SFTConfig
 from models.chat import render_prompt
 from models.loading import load_model, load_tokenizer, model_device
@@ -38,7 +38,7 @@ def check_smaller(student: ModelRef, teacher: ModelRef, name: str) -> None:
 
 
 def distill(
-    config: DistillConfig,
+    config: StudentTraining,
     student_base: ModelRef,
     teacher: ModelRef,
     traces: Path,
@@ -64,7 +64,7 @@ def distill(
 
 
 def on_policy(
-    config: DistillConfig,
+    config: StudentTraining,
     student: ModelRef,
     teacher: ModelRef,
     problems: ProblemSet,

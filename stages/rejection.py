@@ -25,6 +25,7 @@ import pyarrow as pa
 from cluster.placement import close_sampler, stage_sampler
 from configs.cluster import ClusterConfig
 from configs.schema import RejectionConfig
+from configs.strict import computed_settings
 from host.terminal import progress_bar
 from models.chat import render_prompt
 from models.loading import load_tokenizer
@@ -49,10 +50,13 @@ def rollouts_key(model_digest: str, config: RejectionConfig) -> str:
     """The key of a model's rollouts under `config`: `<model digest>:<settings digest>`.
 
     Every setting but the funnel's counts (sampling, prompt selection and chunking, which set
-    each chunk's seed, the sampler, and the rewards stored with each row): a rerun with the same
+    each chunk's seed, the sampler, and the rewards stored with each row) and those that say
+    only how it runs (`configs.strict.HOW_IT_RUNS`: the batch size, since each row's tokens are
+    drawn from a stream of its own, and the sampler's time limits): a rerun with the same
     settings resumes its rows, one with any other setting samples its own.
     """
-    settings = config.model_dump(mode="json", exclude=NOT_IN_KEY)
+    computed = computed_settings(config)
+    settings = {name: value for name, value in computed.items() if name not in NOT_IN_KEY}
     blob = json.dumps(settings, sort_keys=True).encode()
     return f"{model_digest}:{hashlib.sha256(blob).hexdigest()[:SETTINGS_DIGEST_LENGTH]}"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from configs.schema import DistillConfig, StudentConfig
+from configs.reinforcement import GRPOConfig
+from configs.schema import StudentConfig, StudentTraining
 from configs.supervised import CorpusConfig
 from models.saved import ModelRef
 from problems.types import ProblemSet
@@ -64,7 +65,7 @@ def student_base(
 
 @stage_task("distill-student", stage=student_stage("student_"))
 def distill_student(
-    config: DistillConfig,
+    config: StudentTraining,
     student: StudentConfig,
     ctx: RunContext,
     base: StageResult[ModelRef],
@@ -106,7 +107,7 @@ def distill_student(
 
 @stage_task("rl-only-twin", stage=student_stage("rl_only_"))
 def rl_only_twin(
-    config: DistillConfig,
+    config: GRPOConfig,
     student: StudentConfig,
     ctx: RunContext,
     base: StageResult[ModelRef],
@@ -114,15 +115,15 @@ def rl_only_twin(
     seconds: float,
     reward_model: StageResult[RewardModelRef] | None = None,
 ) -> StageResult[ModelRef]:
-    """The same student base, GRPO alone, for the wall time its distillation took (the reward
-    model scores too where the twin's rewards name it)."""
+    """The same student base, GRPO alone (`distillation.rl_twin`), for the wall time its
+    distillation took (the reward model scores too where the twin's rewards name it)."""
     stage = f"rl_only_{student.name}"
-    reward_model = reward_model if uses_reward_model(config.rl_twin) else None
-    with tracked_stage(ctx, stage, config.rl_twin) as (tracker, timing):
+    reward_model = reward_model if uses_reward_model(config) else None
+    with tracked_stage(ctx, stage, config) as (tracker, timing):
         train_digest = log_problems(tracker.client, tracker.run_id, problems, "train")
         with guard_reported(ctx, tracker, stage) as guard:
             model = distill_stage.rl_twin(
-                config.rl_twin,
+                config,
                 base.output,
                 problems,
                 seconds,

@@ -15,6 +15,7 @@ from prefect.logging.loggers import flow_run_logger
 from cluster.connect import check_room
 from configs.preflight import check_inputs
 from configs.schema import PipelineConfig
+from configs.strict import computed_settings
 from curation.curated import CuratedSet
 from evaluation.metrics import EvalReport
 from evaluation.report import (
@@ -90,11 +91,12 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
     experiment = experiment_id(client, config.name, paths)
     logger = get_run_logger()
     settings = config.model_dump(mode="json")
+    command = computed_settings(config)  # the same command, whatever its cadence settings
     run_id = retried_pipeline_run(client, experiment, flow_run_id)
     if run_id is not None:
         logger.info("retry: its MLflow run goes on:\n%s", run_id)
         crash_leftover_task_runs(flow_run_id)
-    elif run_id := resumed_command_run(client, experiment, flow, settings, flow_run_id):
+    elif run_id := resumed_command_run(client, experiment, flow, command, flow_run_id):
         logger.info("the same command again: MLflow parent run %s goes on", run_id)
     else:
         run_id = start_pipeline_run(
@@ -102,7 +104,7 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
         )
         client.set_tag(run_id, "r1.flow", flow)
         logger.info("MLflow parent run and store:\n%s\n%s", run_id, paths.tracking_uri)
-    hold_pipeline_run(client, run_id, flow, settings)
+    hold_pipeline_run(client, run_id, flow, command)
     fail_at = config.faults.fail_once_at
     cluster = config.cluster.active()
     plan = planned_stages(config, flow)

@@ -36,6 +36,7 @@ from prefect.context import TaskRunContext
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 from pydantic import BaseModel
 
+from configs.strict import computed_settings
 from storage.digests import file_digest, tree_digest
 from storage.file_lock import FileBusy, held
 from storage.paths import StatePaths
@@ -87,8 +88,8 @@ def identity(value: Any) -> Any:
     A value with a `stage_identity()` method (the run context, a stage's result) says its own."""
     if isinstance(value, Keyed):
         return value.stage_identity()
-    if isinstance(value, BaseModel):
-        dumped = value.model_dump(mode="json")
+    if isinstance(value, BaseModel):  # what the stage computes by: no cadence setting
+        dumped = computed_settings(value)
         named = named_contents(value)
         return dumped | {"contents": named} if named else dumped
     if isinstance(value, Path):
@@ -106,7 +107,8 @@ def identity(value: Any) -> Any:
 
 def named_contents(config: BaseModel, prefix: str = "") -> dict[str, str]:
     """The content digest of every local file or folder a config names, by its dotted key: the
-    data files, `bootstrap.path`, a student's `path`, a grader reward's file. A file edited in
+    data files, `bootstrap.path`, a student's `path`, a grader reward's file and the model
+    folders its score_model graders judge with. A file edited in
     place, or a symlink pointed at other data, changes the key of each stage given the config,
     not only a path renamed. Empty for a config that names none (the tiny world's)."""
     found: dict[str, str] = {}
@@ -123,6 +125,8 @@ def named_contents(config: BaseModel, prefix: str = "") -> dict[str, str]:
     grader = _grader_file(config)
     if grader is not None:
         found[f"{prefix}params.path"] = content_digest(grader)
+        for model, folder in _judge_folders(grader).items():
+            found[f"{prefix}params.path:{model}"] = content_digest(folder)
     return found
 
 
@@ -137,6 +141,21 @@ def _grader_file(config: BaseModel) -> Path | None:
     given = params.get("path")
     path = resolve_grader_path(given) if isinstance(given, str) and given else None
     return path if path is not None and path.is_file() else None
+
+
+def _judge_folders(grader: Path) -> dict[str, Path]:
+    """The local model folders a grader file's score_model graders judge with, by the name the
+    file gives them: new weights in one are another reward. None for a file that does not load
+    (refused at the run's start: `check_reward_params`)."""
+    from graders.score_model import resolve_model_path
+    from graders.spec import GraderFileError, judge_models, load_spec
+
+    try:
+        models = judge_models(load_spec(grader))
+    except GraderFileError:
+        return {}
+    folders = {model: resolve_model_path(model) for model in models}
+    return {model: folder for model, folder in folders.items() if folder.is_dir()}
 
 
 _DIGESTS: dict[tuple[str, tuple], str] = {}

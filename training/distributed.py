@@ -261,7 +261,8 @@ def run_workers(
             if time.monotonic() > deadline:
                 raise WorkerFailedError(
                     f"{spec.desc}: the DeepSpeed workers ran past engine.timeout_s "
-                    f"({engine.timeout_s:g} s) and were stopped; their last output:\n"
+                    f"({engine.timeout_s:g} s) and were stopped (raise it and run again: the "
+                    "stage resumes from its last checkpoint); their last output:\n"
                     + "".join(group.tail)
                 )
             time.sleep(0.2)

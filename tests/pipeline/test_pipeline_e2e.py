@@ -584,3 +584,37 @@ def test_a_run_from_the_cache_puts_the_aliases_back_on_its_own_models(micro_run)
     assert moved["cold-start"] == first["cold-start"]  # before the change: not registered again
     r1_pipeline(profile="micro")
     assert versions() == first
+
+
+def test_how_stages_run_computes_nothing_again_and_rl_twin_settings_only_the_twins(micro_run):
+    """A run again with other logging and checkpoint intervals, time limits and micro-batches,
+    and other RL-twin settings: only the twins are computed again; every other stage, the
+    students' distillation among them, comes from the cache."""
+    state, _ = micro_run
+    from flows.r1_pipeline import r1_pipeline
+
+    client = MlflowClient(f"sqlite:///{state}/mlflow.db")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+
+    def runs() -> dict[str, int]:
+        found = client.search_runs(experiments, filter_string="tags.`r1.stage` != 'pipeline'")
+        stages = [run.data.tags["r1.stage"] for run in found]
+        return {stage: stages.count(stage) for stage in STAGES}
+
+    r1_pipeline(profile="micro")  # whatever settings the module's tests ran last: these first
+    before = runs()
+    twin_steps = load_profile("micro").distillation.rl_twin.steps + 1
+    r1_pipeline(
+        profile="micro",
+        overrides=[
+            "cold_start_sft.train.log_every=3",
+            "mixed_sft.train.checkpoint_every=2",
+            "mixed_sft.engine.micro_batch_tokens=256",
+            "reasoning_rl.engine.timeout_s=600",
+            "reasoning_rl.samples_every=2",
+            "distillation.sft.log_every=1",
+            f"distillation.rl_twin.steps={twin_steps}",
+        ],
+    )
+    twins = {"rl_only_qwen", "rl_only_llama"}
+    assert runs() == {stage: n + (stage in twins) for stage, n in before.items()}

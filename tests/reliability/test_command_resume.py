@@ -1,8 +1,10 @@
 """`r1 run` killed with SIGKILL mid-stage (the command and everything it started, as when its
-machine goes down), then the same command again: it resumes, and leaves the record a Prefect
-retry leaves. One parent run and one run per stage, none left RUNNING; the stage's curve whole,
-one point per step from 1; its description summing up every step; its time, and the report's,
-over both attempts; the killed attempt's Prefect flow run and task runs marked Crashed."""
+machine goes down), then the same command again, its logging intervals changed (settings that
+say how often a stage logs or saves, no part of what it asks for): it resumes, and leaves the
+record a Prefect retry leaves. One parent run and one run per stage, none left RUNNING; the
+stage's curve whole, one point per step from 1; its description summing up every step; its
+time, and the report's, over both attempts; the killed attempt's Prefect flow run and task runs
+marked Crashed."""
 
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ STEPS = 20  # micro's stage 3 checkpoints every step; enough steps to kill it mi
 COMMAND = [
     str(R1), "run", "--profile", "micro",
     "--set", f"{STAGE}.steps={STEPS}", "--set", f"{STAGE}.checkpoint_every=1",
+]  # fmt: skip
+AGAIN = COMMAND + [
+    "--set", f"{STAGE}.samples_every=2", "--set", "cold_start_sft.train.log_every=2",
 ]  # fmt: skip
 WAIT = 900.0  # seconds for the first run to reach the stage's third step on a busy 2-core box
 
@@ -89,7 +94,7 @@ def resumed(tmp_path_factory) -> tuple[Path, MlflowClient, str]:
     assert [r.info.status for r in all_runs(client) if r.data.tags.get("r1.stage") == STAGE] == [
         "RUNNING"
     ]  # what the kill leaves
-    again = subprocess.run(COMMAND, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    again = subprocess.run(AGAIN, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     output = again.stdout + again.stderr
     assert again.returncode == 0, output[-5000:]
     return state, client, output

@@ -111,7 +111,7 @@ def test_rewards_are_routed_by_prompt_kind(model, tmp_path):
 
 def test_rows_are_reused_only_under_the_same_sampling_settings(model, tmp_path):
     """A rerun with more tokens or more samples per prompt samples its own rows; one that only
-    changes the funnel takes the stored rows."""
+    changes the funnel, the batch size or the sampler's time limits takes the stored rows."""
     db = tmp_path / "r.duckdb"
     prompts = rejection.select_prompts(CONFIG, REASONING[:4], [])
 
@@ -126,6 +126,8 @@ def test_rows_are_reused_only_under_the_same_sampling_settings(model, tmp_path):
     stricter = CONFIG.model_copy(update={"funnel": FunnelConfig(require_correct=True)})
     assert rejection.rollouts_key("digest", stricter) == rejection.rollouts_key("digest", CONFIG)
     assert sample(stricter).sampled == 0
+    limits = CONFIG.sampler.model_copy(update={"generate_timeout_s": 60.0})
+    assert sample(CONFIG.model_copy(update={"batch_size": 1, "sampler": limits})).sampled == 0
     with duckdb.connect(str(db), read_only=True) as con:
         by_key = con.execute(
             "SELECT model_id, count(*), max(completion_tokens) FROM rollouts GROUP BY model_id"
