@@ -290,3 +290,36 @@ def test_engine_config_is_checked():
     for bad in ({"processes": 0}, {"zero_stage": 4}, {"launcher": "mpirun"}, {"master_port": 80}):
         with pytest.raises(ValueError):
             EngineConfig(**bad)
+
+
+@pytest.mark.slow
+@needs_deepspeed
+@pytest.mark.heavy
+def test_a_stopped_zero_sft_stage_run_again_with_other_run_settings_resumes(world, tmp_path):
+    """Run again with settings that say only how it runs (smaller micro-batches, other ZeRO
+    buckets, a longer time limit, a checkpoint interval, gradient checkpointing): the DeepSpeed
+    workers load the checkpoint the stopped run committed and end with the uninterrupted run's
+    weights (configs.strict.HOW_IT_RUNS)."""
+    train_cfg = TRAIN.model_copy(update={"epochs": 6, "checkpoint_every": 2})
+    cfg = deepspeed_config(2, train_cfg)
+    base = ModelRef(world["base"])
+    straight = sft.run(cfg, base, world["data"], tmp_path / "straight", Recorder())
+    with pytest.raises(RuntimeError, match="at step 3"):
+        sft.run(cfg, base, world["data"], tmp_path / "resumed", StopAtStep3())
+    engine = cfg.engine.model_copy(
+        update={
+            "micro_batch_tokens": 48,
+            "bucket_size": 2e4,
+            "timeout_s": 7200.0,
+            "gradient_checkpointing": True,
+        }
+    )
+    how = SFTConfig(train=train_cfg.model_copy(update={"checkpoint_every": 5}), engine=engine)
+    recorder = Recorder()
+    resumed = sft.run(how, base, world["data"], tmp_path / "resumed", recorder)
+    first = min(recorder.steps)
+    assert 3 <= first <= 24 and first % 2 == 1  # resumed after an even, committed step
+    assert max(recorder.steps) == 24
+    trained = load_model(resumed.path).state_dict()
+    for name, weight in load_model(straight.path).state_dict().items():
+        assert torch.allclose(trained[name], weight, atol=WEIGHT_ATOL), name
