@@ -91,7 +91,7 @@ def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunC
     experiment = experiment_id(client, config.name, paths)
     logger = get_run_logger()
     settings = config.model_dump(mode="json")
-    command = computed_settings(config)  # the same command, whatever its cadence settings
+    command = computed_settings(config)  # the same command, however its stages run
     run_id = retried_pipeline_run(client, experiment, flow_run_id)
     if run_id is not None:
         logger.info("retry: its MLflow run goes on:\n%s", run_id)

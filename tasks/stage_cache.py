@@ -88,7 +88,7 @@ def identity(value: Any) -> Any:
     A value with a `stage_identity()` method (the run context, a stage's result) says its own."""
     if isinstance(value, Keyed):
         return value.stage_identity()
-    if isinstance(value, BaseModel):  # what the stage computes by: no cadence setting
+    if isinstance(value, BaseModel):  # what decides what the stage computes (HOW_IT_RUNS)
         dumped = computed_settings(value)
         named = named_contents(value)
         return dumped | {"contents": named} if named else dumped
@@ -145,8 +145,8 @@ def _grader_file(config: BaseModel) -> Path | None:
 
 def _judge_folders(grader: Path) -> dict[str, Path]:
     """The local model folders a grader file's score_model graders judge with, by the name the
-    file gives them: new weights in one are another reward. None for a file that does not load
-    (refused at the run's start: `check_reward_params`)."""
+    file gives them: new weights in one are another reward. Empty for a file that does not
+    load (refused at the run's start: `check_reward_params`)."""
     from graders.score_model import resolve_model_path
     from graders.spec import GraderFileError, judge_models, load_spec
 
