@@ -26,6 +26,9 @@ RUNTIME_REWARDS = {PREFERENCE: "the reward model's score (where general data tra
 # The columns a GRPO stage passes every reward beside the prompts and completions
 # (rl/scoring.py), by which a grader file's `{{ item.<column> }}` is checked when it loads.
 REWARD_COLUMNS = ("answer", "language", "kind", "family", "tests", "numbers", "completion_tokens")
+# Of those, the columns whose value is a list (of text, of numbers): `{{ item.tests.0 }}` reads
+# an element; every other column holds one value, with nothing to read inside it.
+LIST_COLUMNS = ("tests", "numbers")
 
 
 def known_rewards() -> list[str]:

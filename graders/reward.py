@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from contracts.reward_names import REWARD_COLUMNS
+from contracts.reward_names import LIST_COLUMNS, REWARD_COLUMNS
 from graders.base import Grader, Item, make_sample
 from graders.build import build_grader
 from graders.python_grader import DEFAULT_SECONDS_PER_SAMPLE
@@ -124,8 +124,26 @@ def check_item_fields(spec: Any, where: str, key: str = "") -> None:
         return
     for field, template in template_fields(spec):
         for ref in references(template):
-            if ref.namespace == "item" and ref.path[0] not in ITEM_FIELDS:
-                raise GraderFileError(
-                    f"{where}: {at}{field}: {{{{item.{ref.path[0]}}}}} is not a column the RL "
-                    f"stages pass; an item has {list(ITEM_FIELDS)} (the gold answer is item.answer)"
-                )
+            problem = item_path_problem(ref.path) if ref.namespace == "item" else None
+            if problem is not None:
+                raise GraderFileError(f"{where}: {at}{field}: {problem}")
+
+
+def item_path_problem(path: tuple[str, ...]) -> str | None:
+    """Why `{{ item.<path> }}` can find nothing in any item the RL stages pass, else None: a
+    column they do not pass, a step inside a column of one value, or a list column read by a
+    step that is not an index (each would score every sample None while grading)."""
+    head, rest, text = path[0], path[1:], "{{item." + ".".join(path) + "}}"
+    if head not in ITEM_FIELDS:
+        return (
+            f"{{{{item.{head}}}}} is not a column the RL stages pass; an item has "
+            f"{list(ITEM_FIELDS)} (the gold answer is item.answer)"
+        )
+    if head in LIST_COLUMNS:
+        if rest and not rest[0].isdigit():
+            return f"{text}: item.{head} is a list, read by index (item.{head}.0)"
+        if len(rest) > 1:
+            return f"{text}: each of item.{head} is one value, with nothing inside it to read"
+    elif rest:
+        return f"{text}: item.{head} is one value (text or a number), with nothing inside it"
+    return None

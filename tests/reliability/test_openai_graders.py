@@ -253,3 +253,28 @@ def test_openai_shapes_load_unnamed_graders_and_text_parts(tmp_path):
     image = {**spec, "input": [{"role": "user", "content": [{"type": "input_image", "x": 1}]}]}
     with pytest.raises(GraderFileError, match="'input_image' is not supported"):
         load_grader(write_json(tmp_path, image, "image.json"), judge=lambda c, p: [])
+
+
+@pytest.mark.parametrize(
+    "reference,says",
+    [
+        ("{{item.answer.value}}", "item.answer is one value"),
+        ("{{item.prompt.text}}", "item.prompt is one value"),
+        ("{{item.tests.first}}", "item.tests is a list, read by index"),
+        ("{{item.numbers.0.x}}", "each of item.numbers is one value"),
+    ],
+)
+def test_a_reference_past_what_an_item_holds_is_refused_when_it_loads(reference, says, tmp_path):
+    """Each would find nothing in any item and score every sample None while grading, which the
+    guard's judge_trouble rule would then count; it is refused when the file loads instead."""
+    grader = {"type": "string_check", "name": "g", "operation": "eq",
+              "input": "{{sample.output_text}}", "reference": reference}  # fmt: skip
+    with pytest.raises(GraderFileError, match=re.escape(says)):
+        grader_reward(path=str(write_json(tmp_path, grader)))
+
+
+def test_an_element_of_a_list_column_is_read_by_index(tmp_path):
+    grader = {"type": "string_check", "name": "g", "operation": "eq",
+              "input": "{{sample.output_text}}", "reference": "{{item.numbers.1}}"}  # fmt: skip
+    reward = grader_reward(path=str(write_json(tmp_path, grader)))
+    assert reward(["p", "p"], ["7", "8"], numbers=[[3, 7], [3, 7]]) == [1.0, 0.0]
