@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,13 +28,30 @@ def tree_digest(root: Path, skip: Iterable[str] = ()) -> str:
     is bookkeeping, not content: two downloads of the same files digest the same."""
     skipped = set(skip)
     h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in tree_files(root):
         rel = path.relative_to(root).as_posix()
         if rel in skipped or rel.startswith(HUB_CACHE):
             continue
         h.update(rel.encode())
         h.update(file_digest(path).encode())
     return h.hexdigest()
+
+
+def tree_files(root: Path) -> list[Path]:
+    """Every file under `root`, in name order, through folders that are symlinks too (a
+    checkpoint put together from links to other folders), each real folder once (a link back up
+    the tree ends there)."""
+    found: list[Path] = []
+    seen: set[str] = set()
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            subfolders.clear()
+            continue
+        seen.add(real)
+        subfolders.sort()  # the same folder reached twice: the first name in order counts
+        found += [Path(folder, name) for name in files if Path(folder, name).is_file()]
+    return sorted(found)
 
 
 def rows_digest(rows: Iterable[dict]) -> str:

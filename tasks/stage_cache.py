@@ -37,7 +37,7 @@ from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 from pydantic import BaseModel
 
 from configs.strict import computed_settings
-from storage.digests import file_digest, tree_digest
+from storage.digests import file_digest, tree_digest, tree_files
 from storage.file_lock import FileBusy, held
 from storage.paths import StatePaths
 from tasks.progress import name_task_run_logs, run_logger
@@ -165,7 +165,7 @@ def content_digest(path: Path) -> str:
     """A file's or folder's content digest (`storage.digests`), read once per process while its
     files' sizes, times and inodes stay as they were: every stage's key may name a checkpoint
     of many GB. A write changes a file's ctime, which no one can set back."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = tree_files(path) if path.is_dir() else [path]
     signature = tuple(
         (str(p), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         for p in files
