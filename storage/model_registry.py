@@ -23,6 +23,10 @@ class RegistryError(LookupError):
     """A model, alias or version the registry does not have; the message names what is missing."""
 
 
+class SourceRunGone(RegistryError):
+    """A registered version whose MLflow run, and so its files, the store no longer holds."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A registered model named by alias or by version."""
@@ -86,6 +90,25 @@ def resolve(client: Any, spec: ModelSpec) -> ResolvedModel:
     return ResolvedModel(spec, number, version.run_id, version.source)
 
 
+def require_source_run(client: Any, model: ResolvedModel) -> None:
+    """Refuse, naming what to do, a version whose MLflow run the store no longer holds: deleted
+    (the MLflow UI, `mlflow runs delete`) and collected (`mlflow gc`) with its files, the
+    version left registered without them."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_run(model.run_id)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise SourceRunGone(
+            f"{model.spec.uri} is version {model.version}, whose MLflow run {model.run_id} is "
+            "deleted from the store with its files (mlflow gc): run the pipeline again with the "
+            "same settings (r1 run) to compute that stage again and register its model anew, "
+            "or point the alias at another version"
+        ) from None
+
+
 def download(client: Any, model: ResolvedModel, root: Path) -> Path:
     """The version's model folder under `root/NAME/vVERSION`, fetched once (a partial fetch is
     never mistaken for a finished one)."""
@@ -134,6 +157,7 @@ def fetch(client: Any, spec: ModelSpec, root: Path) -> RegisteredModel:
     uses registered models). A clear error when the name, alias or version is unknown, or when
     the version holds no saved model."""
     resolved = resolve(client, spec)
+    require_source_run(client, resolved)
     path = download(client, resolved, root)
     if not (path / "config.json").exists():
         raise RegistryError(

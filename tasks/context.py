@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from mlflow import MlflowClient
+from mlflow.entities import LifecycleStage
+from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
 from configs.cluster import ClusterConfig
@@ -62,6 +64,17 @@ class RunContext:
 
     def client(self) -> MlflowClient:
         return tracking_client(self.paths)
+
+    def holds_run(self, run_id: str) -> bool:
+        """Whether the MLflow store still holds `run_id`, not deleted (`mlflow runs delete`,
+        the UI's delete; `mlflow gc` then removes it and its files)."""
+        try:
+            run = self.client().get_run(run_id)
+        except MlflowException as error:
+            if error.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+        return run.info.lifecycle_stage != LifecycleStage.DELETED
 
     def stage_identity(self) -> dict[str, str]:
         """Its part of a stage key: the state folder, by its path and its own identity (stages
