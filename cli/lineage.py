@@ -17,7 +17,15 @@ from rich.measure import Measurement
 from rich.text import Text
 from rich.tree import Tree
 
-from storage.lineage import LineageError, LineageNode, LineageRow, chain, latest_rows, produced_by
+from storage.lineage import (
+    LineageError,
+    LineageGone,
+    LineageNode,
+    LineageRow,
+    chain,
+    latest_rows,
+    produced_by,
+)
 from storage.model_registry import RegistryError, ResolvedModel, parse_model, resolve
 from storage.paths import StatePaths
 
@@ -206,6 +214,15 @@ def print_tree(
         console.print(f"inputs with no lineage row: {missing}")
 
 
+# what a registered model whose lineage rows are gone needs (the model is there, so a pipeline ran)
+LINEAGE_GONE = (
+    "its lineage rows were deleted. Each stage writes its rows as it computes, and a run that "
+    "takes the stages from the cache writes none: run the same r1 run command again with "
+    "PREFECT_TASKS_REFRESH_CACHE=true to compute them again (training stages resume from "
+    "their last checkpoints)"
+)
+
+
 def lineage_command(model: str, state_dir: str | None = None, json_output: bool = False) -> int:
     """Print the chain of `model`; 2 with a message naming what is missing."""
     try:
@@ -215,6 +232,9 @@ def lineage_command(model: str, state_dir: str | None = None, json_output: bool 
         resolved = resolve(client, spec)
         row = model_row(paths.duckdb, client, resolved)
         root = chain(paths.duckdb, row.digest, row.produced_by)
+    except LineageGone as err:
+        print(f"r1: {err}, so {model} cannot be followed: {LINEAGE_GONE}", file=sys.stderr)
+        return 2
     except (LineageCommandError, LineageError, RegistryError, ValueError) as err:
         print(f"r1: {err}", file=sys.stderr)
         return 2

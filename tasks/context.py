@@ -30,7 +30,7 @@ from storage.tracking import (
     tracking_client,
 )
 from tasks.progress import ProgressLines, run_logger, stage_position, step_text
-from tasks.stage_cache import KEY_LENGTH, current_stage_key, identity
+from tasks.stage_cache import KEY_LENGTH, current_stage_key, identity, recorded_runs
 from training import PROGRESS
 
 T = TypeVar("T")
@@ -75,6 +75,19 @@ class RunContext:
                 return False
             raise
         return run.info.lifecycle_stage != LifecycleStage.DELETED
+
+    def unrecorded(self, result: Any) -> list[str]:
+        """What the MLflow store no longer holds of a stage's finished result: a run that
+        recorded it (`holds_run`), or the registered version of a stage's model (a version
+        deleted in the MLflow UI: the stage's alias would stay off it)."""
+        runs = recorded_runs(result)
+        gone = [f"MLflow run {run_id}" for run_id in runs if not self.holds_run(run_id)]
+        if gone or not isinstance(result, StageResult) or not isinstance(result.output, ModelRef):
+            return gone
+        query = f"name = '{self.model_name}' and run_id = '{result.run_id}'"
+        if self.client().search_model_versions(query):
+            return []
+        return [f"the registered version of {self.model_name} from run {result.run_id}"]
 
     def stage_identity(self) -> dict[str, str]:
         """Its part of a stage key: the state folder, by its path and its own identity (stages

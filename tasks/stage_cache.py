@@ -216,8 +216,10 @@ def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     payload = _key_payload(context.task.name, parameters, stage)  # input digests: read once
     key = _digest(payload | {"code": code_version()})
     name = stage_name(parameters, stage) or context.task.name
-    holds_run = getattr(parameters.get("ctx"), "holds_run", None)  # the run context's, if any
-    usable = functools.partial(usable_result, context.result_store, name=name, holds_run=holds_run)
+    unrecorded = getattr(parameters.get("ctx"), "unrecorded", None)  # the run context's, if any
+    usable = functools.partial(
+        usable_result, context.result_store, name=name, unrecorded=unrecorded
+    )
     whole = _refreshing(context.task) or usable(key)
     index = _index_of(parameters.get("ctx"))
     if index is None:
@@ -241,22 +243,24 @@ def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 
 
 def usable_result(
-    store: ResultStore, key: str, name: str, holds_run: Callable[[str], bool] | None = None
+    store: ResultStore,
+    key: str,
+    name: str,
+    unrecorded: Callable[[Any], list[str]] | None = None,
 ) -> bool:
-    """Whether a finished result is stored under `key`, every file it names is still there and,
-    with `holds_run`, the MLflow store still holds every run it names (`Recorded`). One with any
-    of them gone (a stage folder or its model deleted to free disk, a stage run deleted in the
-    MLflow UI and its files collected) is set to expire now, Prefect's own mark of a result it no
-    longer serves: the task then computes again under the same key, into the same stage folder
-    (from its checkpoints where they were kept), and writes its new result there."""
+    """Whether a finished result is stored under `key`, every file it names is still there and
+    nothing that recorded it is gone from the MLflow store (`unrecorded`, the run context's:
+    a stage run deleted in the MLflow UI, a registered version deleted there). One with any of
+    them gone (a stage folder or its model deleted to free disk, too) is set to expire now,
+    Prefect's own mark of a result it no longer serves: the task then computes again under the
+    same key, into the same stage folder (from its checkpoints where they were kept), and
+    writes its new result there."""
     if not store.exists(key):
         return False
     result = store.read(key).result
     gone = [str(path) for path in missing_files(result)]
-    if holds_run is not None:
-        gone += [
-            f"MLflow run {run_id}" for run_id in recorded_runs(result) if not holds_run(run_id)
-        ]
+    if not gone and unrecorded is not None:
+        gone = unrecorded(result)
     if not gone:
         return True
     past = datetime.now(UTC) - timedelta(seconds=1)

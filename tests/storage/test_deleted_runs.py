@@ -1,17 +1,21 @@
-"""Runs deleted from the MLflow store as its UI deletes them (`delete_run`), then collected with
-their files (`mlflow gc`): a registered version they logged is refused in one sentence saying
-what to run, the pipeline's run context says which runs it no longer holds, and the report's
-note on a stage from the cache names a pipeline run that is gone instead of failing."""
+"""What a user deletes between runs, in the MLflow store and beside it: runs deleted as its UI
+deletes them (`delete_run`), then collected with their files (`mlflow gc`); a registered version
+or an alias deleted in the UI; the DuckDB file. A registered version whose run is gone is refused
+in one sentence saying what to run, the pipeline's run context says what of a stage's result the
+store no longer holds, the report's note on a stage from the cache names a pipeline run that is
+gone instead of failing, and the nightly evaluation and `r1 lineage` say what is gone and what
+to run."""
 
 import pytest
 from click.testing import CliRunner
 from mlflow import MlflowClient
 from mlflow.cli import gc
 
+from models.saved import ModelRef
 from storage.model_registry import ModelSpec, RegistryError, SourceRunGone, fetch
 from storage.paths import StatePaths
 from storage.tracking import experiment_id, finish_run, register_model, tracking_client
-from tasks.context import RunContext
+from tasks.context import RunContext, StageResult
 from tasks.pipeline import cache_note
 
 NAME = "r1-micro"
@@ -86,3 +90,47 @@ def test_a_stage_cached_from_a_pipeline_run_that_is_gone_is_noted_so(paths):
     assert cache_note(client, ctx, "bootstrap", origin) == {
         "cached from run": f"{origin[:8]} (deleted)"
     }
+
+
+def test_a_stage_whose_registered_version_was_deleted_is_not_whole(paths, tmp_path):
+    """The MLflow UI deletes a version: the cached stage would never put its alias back."""
+    model = saved_model(tmp_path)
+    run_id = logged_run(paths, model)
+    ctx = RunContext(paths.root, "parent", "flow-run", NAME)
+    result = StageResult("all_scenarios_rl", run_id, ModelRef(model), 1.0, "digest")
+    assert ctx.unrecorded(result) == []
+    tracking_client(paths).delete_model_version(NAME, "1")
+    assert ctx.unrecorded(result) == [f"the registered version of {NAME} from run {run_id}"]
+    delete(paths, run_id)
+    assert ctx.unrecorded(result) == [f"MLflow run {run_id}"]
+
+
+def test_the_nightly_evaluation_of_an_alias_deleted_in_the_ui_says_the_run_that_puts_it_back(
+    paths, tmp_path
+):
+    from tasks.scheduled_eval import retarget_hint
+
+    logged_run(paths, saved_model(tmp_path))
+    tracking_client(paths).delete_registered_model_alias(NAME, "final")
+    hint = retarget_hint(ModelSpec(NAME, alias="final"), "micro", paths)
+    assert hint.startswith(
+        "A run of profile 'micro' with the same settings puts its aliases back on its models "
+        "(r1 run --profile micro;"
+    )
+    assert hint.endswith(f"--param model=models:/{NAME}@ALIAS")
+
+
+def test_lineage_with_its_duckdb_file_deleted_says_what_is_gone_and_what_to_run(
+    paths, tmp_path, capsys
+):
+    from cli.lineage import lineage_command
+
+    logged_run(paths, saved_model(tmp_path))
+    assert not paths.duckdb.exists()  # deleted, or as here never written
+    assert lineage_command(f"models:/{NAME}@final", str(paths.root)) == 2
+    said = capsys.readouterr().err.splitlines()[-1]  # after MLflow's own lines on its store
+    assert said.startswith(
+        f"r1: no DuckDB file at {paths.duckdb}, so models:/{NAME}@final cannot be followed: its "
+        "lineage rows were deleted."
+    )
+    assert "PREFECT_TASKS_REFRESH_CACHE=true" in said
