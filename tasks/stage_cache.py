@@ -13,10 +13,12 @@ result takes the latest earlier one on the same inputs that has: a run resumed a
 fourth stage keeps the three before it, though the code changed, and runs the stages that never
 finished under the code as it is now (the report says which stages were kept, from which code).
 
-A result is used only while every file and folder it names is still there (`missing_files`): a
-stage folder, or only its saved model, deleted to free disk is computed again under the same key,
-into the same folder (resuming from its checkpoints where they were kept), instead of being handed
-to the next stage as if whole.
+A result is used only while every file and folder it names is still there (`missing_files`) and,
+for a pipeline stage, while the MLflow store holds the runs that recorded it and its registered
+model (`RunContext.unrecorded`): a stage folder or its saved model deleted to free disk, or a
+stage run or model version deleted in the MLflow UI, is computed again under the same key, into
+the same folder (resuming from its checkpoints where they were kept), instead of being handed to
+the next stage as if whole.
 
 Set `PREFECT_TASKS_REFRESH_CACHE=true` to recompute every stage regardless (keep_finished then
 keeps nothing).
@@ -210,8 +212,8 @@ def fault_for(parameters: dict[str, Any], stage: StageName) -> str | None:
 def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     """The call's stage key, remembered in the state folder's index; with the run's
     `keep_finished` on and no whole result under it, the latest earlier key on the same inputs
-    that has one (its result is then the task's, from the cache). A result under the key whose
-    files are gone is expired first (`usable_result`), so the stage is computed again."""
+    that has one (its result is then the task's, from the cache). A result under the key that
+    is no longer whole is expired first (`usable_result`), so the stage is computed again."""
     stage = getattr(context.task, STAGE_ATTR, None)
     payload = _key_payload(context.task.name, parameters, stage)  # input digests: read once
     key = _digest(payload | {"code": code_version()})
