@@ -6,6 +6,8 @@ store no longer holds, the report's note on a stage from the cache names a pipel
 gone instead of failing, and the nightly evaluation and `r1 lineage` say what is gone and what
 to run."""
 
+import shutil
+
 import pytest
 from click.testing import CliRunner
 from mlflow import MlflowClient
@@ -134,3 +136,26 @@ def test_lineage_with_its_duckdb_file_deleted_says_what_is_gone_and_what_to_run(
         "lineage rows were deleted."
     )
     assert "PREFECT_TASKS_REFRESH_CACHE=true" in said
+
+
+def test_lineage_marks_the_files_and_runs_that_are_gone(paths, tmp_path, capsys):
+    from cli.lineage import lineage_command
+    from storage import store
+
+    stage_folder = paths.runs / "bootstrap" / "0123456789abcdef"
+    model = stage_folder / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    run_id = logged_run(paths, model)
+    problems = paths.runs / "problems" / "train.jsonl"
+    store.record_lineage(paths.duckdb, str(problems), "problems", "p" * 64, "problems", "gone", [])
+    store.record_lineage(
+        paths.duckdb, str(model), "model", "m" * 64, "bootstrap", run_id, ["p" * 64]
+    )
+    shutil.rmtree(stage_folder)  # to free disk
+    assert lineage_command(f"models:/{NAME}@final", str(paths.root)) == 0
+    out = capsys.readouterr().out
+    assert f"run {run_id} (stage)  {model} (gone)" in out
+    assert f"run gone (not in the MLflow store)  {problems} (gone)" in out
+    assert "runs not in the MLflow store: gone" in out
+    assert "files gone: 2; a run with the same settings computes again" in out
