@@ -8,6 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from storage.digests import tree_digest
 
@@ -24,7 +25,23 @@ class RegistryError(LookupError):
 
 
 class SourceRunGone(RegistryError):
-    """A registered version whose MLflow run, and so its files, the store no longer holds."""
+    """A registered version whose MLflow run, or only its files, the store no longer holds."""
+
+
+AGAIN = (
+    "run the pipeline again with the same settings (r1 run) to compute that stage again and "
+    "register its model anew, or point the alias at another version"
+)
+
+
+def source_present(source: str) -> bool:
+    """Whether a version's files are where MLflow records them: a local folder (`file://`, as
+    this project's store keeps them) that holds something; any other source is taken as there."""
+    parsed = urlparse(source)
+    if parsed.scheme != "file":
+        return True
+    folder = Path(unquote(parsed.path))
+    return folder.is_dir() and any(folder.iterdir())
 
 
 @dataclass(frozen=True)
@@ -93,7 +110,7 @@ def resolve(client: Any, spec: ModelSpec) -> ResolvedModel:
 def require_source_run(client: Any, model: ResolvedModel) -> None:
     """Refuse, naming what to do, a version whose MLflow run the store no longer holds: deleted
     (the MLflow UI, `mlflow runs delete`) and collected (`mlflow gc`) with its files, the
-    version left registered without them."""
+    version left registered without them; or whose files alone were deleted (`mlartifacts/`)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -103,10 +120,13 @@ def require_source_run(client: Any, model: ResolvedModel) -> None:
             raise
         raise SourceRunGone(
             f"{model.spec.uri} is version {model.version}, whose MLflow run {model.run_id} is "
-            "deleted from the store with its files (mlflow gc): run the pipeline again with the "
-            "same settings (r1 run) to compute that stage again and register its model anew, "
-            "or point the alias at another version"
+            f"deleted from the store with its files (mlflow gc): {AGAIN}"
         ) from None
+    if not source_present(model.source):
+        raise SourceRunGone(
+            f"{model.spec.uri} is version {model.version}, whose files are gone from the MLflow "
+            f"store ({model.source}): {AGAIN}"
+        )
 
 
 def download(client: Any, model: ResolvedModel, root: Path) -> Path:

@@ -159,3 +159,21 @@ def test_lineage_marks_the_files_and_runs_that_are_gone(paths, tmp_path, capsys)
     assert f"run gone (not in the MLflow store)  {problems} (gone)" in out
     assert "runs not in the MLflow store: gone" in out
     assert "files gone: 2; a run with the same settings computes again" in out
+
+
+def test_a_version_whose_files_alone_were_deleted_is_refused_and_its_stage_not_whole(
+    paths, tmp_path
+):
+    """`mlartifacts/` deleted to free disk, the runs and versions left in `mlflow.db`."""
+    model = saved_model(tmp_path)
+    run_id = logged_run(paths, model)
+    ctx = RunContext(paths.root, "parent", "flow-run", NAME)
+    result = StageResult("all_scenarios_rl", run_id, ModelRef(model), 1.0, "digest")
+    assert ctx.unrecorded(result) == []
+    shutil.rmtree(paths.mlflow_artifacts)
+    assert ctx.unrecorded(result) == [f"the files of {NAME} version 1"]
+    with pytest.raises(SourceRunGone, match=r"^models:/r1-micro@final is version 1, whose files"):
+        fetch(tracking_client(paths), ModelSpec(NAME, alias="final"), tmp_path / "registry")
+    assert not (tmp_path / "registry" / NAME).exists() or not any(
+        (tmp_path / "registry" / NAME).iterdir()
+    )
