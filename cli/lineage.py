@@ -17,7 +17,15 @@ from rich.measure import Measurement
 from rich.text import Text
 from rich.tree import Tree
 
-from storage.lineage import LineageError, LineageNode, LineageRow, chain, latest_rows, produced_by
+from storage.lineage import (
+    LineageError,
+    LineageGone,
+    LineageNode,
+    LineageRow,
+    chain,
+    latest_rows,
+    produced_by,
+)
 from storage.model_registry import RegistryError, ResolvedModel, parse_model, resolve
 from storage.paths import StatePaths
 
@@ -96,6 +104,15 @@ def run_guards(client: Any, run_ids: set[str]) -> dict[str, str]:
     return guards
 
 
+NOT_IN_STORE = "not in the MLflow store"  # a run deleted there, or never recorded in it
+
+
+def artifact_gone(artifact: str) -> bool:
+    """Whether a file or folder a lineage row names by its whole path is no longer there (a
+    stage folder deleted to free disk)."""
+    return bool(artifact) and Path(artifact).is_absolute() and not Path(artifact).exists()
+
+
 def node_label(
     node: LineageNode, names: dict[str, str], guards: dict[str, str] | None = None
 ) -> Text:
@@ -104,7 +121,7 @@ def node_label(
     short = node.digest[:12]
     if not node.known:
         return Text.assemble(("unknown ", "bold red"), (short, "cyan"), " (no lineage row)")
-    run = f"run {node.produced_by} ({names.get(node.produced_by, '?')})"
+    run = f"run {node.produced_by} ({names.get(node.produced_by, NOT_IN_STORE)})"
     parts: list[str | tuple[str, str]] = [
         (node.stage, "bold"),
         f"  {node.kind}  ",
@@ -112,6 +129,8 @@ def node_label(
         f"  {run}  ",
         (node.artifact, "dim"),
     ]
+    if artifact_gone(node.artifact):
+        parts.append((" (gone)", "bold red"))
     if node.cycle:
         parts.insert(0, ("cycle back to ", "bold yellow"))
     guard = (guards or {}).get(node.produced_by)
@@ -204,6 +223,25 @@ def print_tree(
     if found["unknown"]:
         missing = ", ".join(d[:12] for d in found["unknown"])
         console.print(f"inputs with no lineage row: {missing}")
+    nodes = [node for node in root.walk() if node.known]
+    runs = sorted({n.produced_by for n in nodes if n.produced_by and n.produced_by not in names})
+    gone = sorted({n.artifact for n in nodes if artifact_gone(n.artifact)})
+    if runs:
+        console.print(f"runs {NOT_IN_STORE}: {', '.join(runs)}")
+    if gone:
+        console.print(
+            f"files gone: {len(gone)}; a run with the same settings computes again each stage "
+            "of its own whose files are gone"
+        )
+
+
+# what a registered model whose lineage rows are gone needs (the model is there, so a pipeline ran)
+LINEAGE_GONE = (
+    "its lineage rows were deleted. Each stage writes its rows as it computes, and a run that "
+    "takes the stages from the cache writes none: run the same r1 run command again with "
+    "PREFECT_TASKS_REFRESH_CACHE=true to compute them again (training stages resume from "
+    "their last checkpoints)"
+)
 
 
 def lineage_command(model: str, state_dir: str | None = None, json_output: bool = False) -> int:
@@ -215,6 +253,9 @@ def lineage_command(model: str, state_dir: str | None = None, json_output: bool 
         resolved = resolve(client, spec)
         row = model_row(paths.duckdb, client, resolved)
         root = chain(paths.duckdb, row.digest, row.produced_by)
+    except LineageGone as err:
+        print(f"r1: {err}, so {model} cannot be followed: {LINEAGE_GONE}", file=sys.stderr)
+        return 2
     except (LineageCommandError, LineageError, RegistryError, ValueError) as err:
         print(f"r1: {err}", file=sys.stderr)
         return 2

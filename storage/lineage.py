@@ -47,6 +47,10 @@ class LineageError(Exception):
     """The lineage table cannot be read: no DuckDB file, no table, or a pipeline writing it."""
 
 
+class LineageGone(LineageError):
+    """No DuckDB file, or no lineage table in it: none was made, or it was deleted."""
+
+
 @dataclass(frozen=True)
 class LineageRow:
     """One row of the lineage table: an artifact, the stage run that produced it, its inputs."""
@@ -114,7 +118,7 @@ class LineageNode:
 def read_only(db: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     """A read-only connection to the state's DuckDB file that exists only for the block."""
     if not db.is_file():
-        raise LineageError(f"no DuckDB file at {db}: no pipeline has run in this state folder")
+        raise LineageGone(f"no DuckDB file at {db}")
     try:
         con = duckdb.connect(str(db), read_only=True)
     except duckdb.IOException as err:
@@ -136,7 +140,7 @@ def _query(db: Path, sql: str, params: list[Any] | None = None) -> list[LineageR
         try:
             found = con.execute(sql, params or []).fetchall()
         except duckdb.CatalogException as err:
-            raise LineageError(f"{db} has no lineage table") from err
+            raise LineageGone(f"{db} has no lineage table") from err
     return [_row(values) for values in found]
 
 

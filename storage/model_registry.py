@@ -8,6 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from storage.digests import tree_digest
 
@@ -21,6 +22,26 @@ _ALIAS_URI = re.compile(r"models:/(?P<name>[A-Za-z0-9][\w.\-]*)@(?P<alias>[A-Za-
 
 class RegistryError(LookupError):
     """A model, alias or version the registry does not have; the message names what is missing."""
+
+
+class SourceRunGone(RegistryError):
+    """A registered version whose MLflow run, or only its files, the store no longer holds."""
+
+
+AGAIN = (
+    "run the pipeline again with the same settings (r1 run) to compute that stage again and "
+    "register its model anew, or point the alias at another version"
+)
+
+
+def source_present(source: str) -> bool:
+    """Whether a version's files are where MLflow records them: a local folder (`file://`, as
+    this project's store keeps them) that holds something; any other source is taken as there."""
+    parsed = urlparse(source)
+    if parsed.scheme != "file":
+        return True
+    folder = Path(unquote(parsed.path))
+    return folder.is_dir() and any(folder.iterdir())
 
 
 @dataclass(frozen=True)
@@ -86,6 +107,28 @@ def resolve(client: Any, spec: ModelSpec) -> ResolvedModel:
     return ResolvedModel(spec, number, version.run_id, version.source)
 
 
+def require_source_run(client: Any, model: ResolvedModel) -> None:
+    """Refuse, naming what to do, a version whose MLflow run the store no longer holds: deleted
+    (the MLflow UI, `mlflow runs delete`) and collected (`mlflow gc`) with its files, the
+    version left registered without them; or whose files alone were deleted (`mlartifacts/`)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_run(model.run_id)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise SourceRunGone(
+            f"{model.spec.uri} is version {model.version}, whose MLflow run {model.run_id} is "
+            f"deleted from the store with its files (mlflow gc): {AGAIN}"
+        ) from None
+    if not source_present(model.source):
+        raise SourceRunGone(
+            f"{model.spec.uri} is version {model.version}, whose files are gone from the MLflow "
+            f"store ({model.source}): {AGAIN}"
+        )
+
+
 def download(client: Any, model: ResolvedModel, root: Path) -> Path:
     """The version's model folder under `root/NAME/vVERSION`, fetched once (a partial fetch is
     never mistaken for a finished one)."""
@@ -134,6 +177,7 @@ def fetch(client: Any, spec: ModelSpec, root: Path) -> RegisteredModel:
     uses registered models). A clear error when the name, alias or version is unknown, or when
     the version holds no saved model."""
     resolved = resolve(client, spec)
+    require_source_run(client, resolved)
     path = download(client, resolved, root)
     if not (path / "config.json").exists():
         raise RegistryError(

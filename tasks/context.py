@@ -10,14 +10,18 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from mlflow import MlflowClient
+from mlflow.entities import LifecycleStage
+from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
 from configs.cluster import ClusterConfig
 from models.saved import ModelRef
 from problems.types import ProblemSet
+from stages.reward_model import RewardModelRef
 from storage import store
 from storage.digests import file_digest, tree_digest
 from storage.lineage import InputRef
+from storage.model_registry import source_present
 from storage.paths import StatePaths
 from storage.tracking import (
     MlflowTracker,
@@ -28,7 +32,7 @@ from storage.tracking import (
     tracking_client,
 )
 from tasks.progress import ProgressLines, run_logger, stage_position, step_text
-from tasks.stage_cache import KEY_LENGTH, current_stage_key, identity
+from tasks.stage_cache import KEY_LENGTH, current_stage_key, identity, recorded_runs
 from training import PROGRESS
 
 T = TypeVar("T")
@@ -62,6 +66,36 @@ class RunContext:
 
     def client(self) -> MlflowClient:
         return tracking_client(self.paths)
+
+    def holds_run(self, run_id: str) -> bool:
+        """Whether the MLflow store still holds `run_id`, not deleted (`mlflow runs delete`,
+        the UI's delete; `mlflow gc` then removes it and its files)."""
+        try:
+            run = self.client().get_run(run_id)
+        except MlflowException as error:
+            if error.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+        return run.info.lifecycle_stage != LifecycleStage.DELETED
+
+    def unrecorded(self, result: Any) -> list[str]:
+        """What the MLflow store no longer holds of a stage's finished result: a run that
+        recorded it (`holds_run`), or the registered version of a stage's model (a version
+        deleted in the MLflow UI: the stage's alias would stay off it), or that version's files
+        (`mlartifacts/` deleted to free disk)."""
+        runs = recorded_runs(result)
+        gone = [f"MLflow run {run_id}" for run_id in runs if not self.holds_run(run_id)]
+        if gone or not isinstance(result, StageResult):
+            return gone
+        query = f"name = '{self.model_name}' and run_id = '{result.run_id}'"
+        versions = self.client().search_model_versions(query)
+        if any(source_present(version.source) for version in versions):
+            return []
+        if versions:
+            return [f"the files of {self.model_name} version {versions[0].version}"]
+        if isinstance(result.output, ModelRef | RewardModelRef):  # the stages that register
+            return [f"the registered version of {self.model_name} from run {result.run_id}"]
+        return []
 
     def stage_identity(self) -> dict[str, str]:
         """Its part of a stage key: the state folder, by its path and its own identity (stages

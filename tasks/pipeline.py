@@ -8,6 +8,7 @@ from uuid import UUID
 
 import torch
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 from prefect import get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.logging.loggers import flow_run_logger
@@ -201,7 +202,12 @@ def cache_note(client: MlflowClient, ctx: RunContext, stage: str, origin: str) -
     """The report's note on a stage from the cache: the pipeline run that computed it, and the
     code it ran under where that is not this run's (`cache.keep_finished` kept it), also as the
     parent run's tag `r1.kept.<stage>`."""
-    code = client.get_run(origin).data.tags.get(CODE_TAG, "")
+    try:
+        code = client.get_run(origin).data.tags.get(CODE_TAG, "")
+    except MlflowException as err:  # that pipeline run deleted (mlflow gc): its stages hold
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return {"cached from run": f"{origin[:8]} (deleted)"}
     if not code or code == code_version():
         return {"cached from run": origin[:8]}
     client.set_tag(ctx.parent_run_id, f"r1.kept.{stage}", code)

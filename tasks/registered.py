@@ -17,12 +17,13 @@ from tasks.context import StageResult
 @task(name="registered-model", task_run_name="registered-model: {uri}")
 def registered_model(paths: StatePaths, uri: str, missing_hint: str = "") -> RegisteredModel:
     """`uri` (`models:/NAME@ALIAS`, `NAME@ALIAS` or `models:/NAME/VERSION`) resolved and fetched;
-    when the registry lacks it, the error ends with `missing_hint` (how to name another)."""
+    when the registry lacks it, the error ends with `missing_hint` (how to name another); a
+    version whose files were deleted says what to run instead."""
     spec = model_registry.parse_model(uri)
     try:
         model = model_registry.fetch(tracking_client(paths), spec, paths.root / "registry")
     except model_registry.RegistryError as err:
-        if not missing_hint:
+        if not missing_hint or isinstance(err, model_registry.SourceRunGone):
             raise
         raise model_registry.RegistryError(f"{err}. {missing_hint}") from None
     get_run_logger().info("%s is version %s, in %s", model.uri, model.version, model.path)

@@ -109,8 +109,15 @@ def profiles_by_model() -> dict[str, str]:
 
 def retarget_hint(spec: ModelSpec, profile: str, paths: StatePaths) -> str:
     """What to run to evaluate a model the registry holds, when it lacks `spec`: the command
-    with the profile whose final model is registered, and how to name any alias."""
+    with the profile whose final model is registered, and how to name any alias; for a model
+    registered without the alias (deleted in the MLflow UI), the run that puts it back."""
     registered = {m.name for m in tracking_client(paths).search_registered_models()}
+    if spec.name in registered:  # the model is there, without the alias or version asked for
+        return (
+            f"A run of profile '{profile}' with the same settings puts its aliases back on its "
+            f"models (r1 run --profile {profile}; a stage whose registered version was deleted "
+            f"is computed again), or name an alias it has: --param model=models:/{spec.name}@ALIAS"
+        )
     profiles = profiles_by_model()
     other = next((profiles[name] for name in sorted(registered) if name in profiles), None)
     command = f"prefect deployment run '{DEPLOYMENT}'"

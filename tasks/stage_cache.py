@@ -13,6 +13,13 @@ result takes the latest earlier one on the same inputs that has: a run resumed a
 fourth stage keeps the three before it, though the code changed, and runs the stages that never
 finished under the code as it is now (the report says which stages were kept, from which code).
 
+A result is used only while every file and folder it names is still there (`missing_files`) and,
+for a pipeline stage, while the MLflow store holds the runs that recorded it and its registered
+model (`RunContext.unrecorded`): a stage folder or its saved model deleted to free disk, or a
+stage run or model version deleted in the MLflow UI, is computed again under the same key, into
+the same folder (resuming from its checkpoints where they were kept), instead of being handed to
+the next stage as if whole.
+
 Set `PREFECT_TASKS_REFRESH_CACHE=true` to recompute every stage regardless (keep_finished then
 keeps nothing).
 """
@@ -27,12 +34,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import fields, is_dataclass
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from prefect import Task, task
 from prefect.context import TaskRunContext
+from prefect.results import ResultStore
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 from pydantic import BaseModel
 
@@ -221,27 +230,30 @@ def fault_for(parameters: dict[str, Any], stage: StageName) -> str | None:
 
 def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     """The call's stage key, remembered in the state folder's index; with the run's
-    `keep_finished` on and no result under it, the latest earlier key on the same inputs that
-    has one (its result is then the task's, from the cache)."""
+    `keep_finished` on and no whole result under it, the latest earlier key on the same inputs
+    that has one (its result is then the task's, from the cache). A result under the key that
+    is no longer whole is expired first (`usable_result`), so the stage is computed again."""
     stage = getattr(context.task, STAGE_ATTR, None)
     payload = _key_payload(context.task.name, parameters, stage)  # input digests: read once
     key = _digest(payload | {"code": code_version()})
+    name = stage_name(parameters, stage) or context.task.name
+    unrecorded = getattr(parameters.get("ctx"), "unrecorded", None)  # the run context's, if any
+    usable = functools.partial(
+        usable_result, context.result_store, name=name, unrecorded=unrecorded
+    )
+    whole = _refreshing(context.task) or usable(key)
     index = _index_of(parameters.get("ctx"))
     if index is None:
         return key
     same_inputs = _digest(payload)
-    name = stage_name(parameters, stage) or context.task.name
     try:
         remember_key(index, same_inputs, key)
     except OSError as error:  # the cache itself still works: only a later keep cannot see it
         run_logger().warning("%s: its key is not noted in %s: %s", name, index, error)
-    if not getattr(parameters.get("ctx"), "keep_finished", False) or _refreshing(context.task):
-        return key
-    exists = context.result_store.exists
-    if exists(key):
+    if whole or not getattr(parameters.get("ctx"), "keep_finished", False):
         return key
     try:
-        earlier = finished_key(index, same_inputs, exists)
+        earlier = finished_key(index, same_inputs, usable)
     except OSError as error:
         run_logger().warning("%s: %s cannot be read, nothing kept: %s", name, index, error)
         return key
@@ -249,6 +261,76 @@ def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
         return key
     run_logger().info("%s: kept, finished under earlier code (cache.keep_finished)", name)
     return earlier
+
+
+def usable_result(
+    store: ResultStore,
+    key: str,
+    name: str,
+    unrecorded: Callable[[Any], list[str]] | None = None,
+) -> bool:
+    """Whether a finished result is stored under `key`, every file it names is still there and
+    nothing that recorded it is gone from the MLflow store (`unrecorded`, the run context's:
+    a stage run deleted in the MLflow UI, a registered version deleted there). One with any of
+    them gone (a stage folder or its model deleted to free disk, too) is set to expire now,
+    Prefect's own mark of a result it no longer serves: the task then computes again under the
+    same key, into the same stage folder (from its checkpoints where they were kept), and
+    writes its new result there."""
+    if not store.exists(key):
+        return False
+    result = store.read(key).result
+    gone = [str(path) for path in missing_files(result)]
+    if not gone and unrecorded is not None:
+        gone = unrecorded(result)
+    if not gone:
+        return True
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    store.write(result, key=key, expiration=past)
+    run_logger().warning(
+        "%s: its finished result names %s, which is gone: computing the stage again", name, gone[0]
+    )
+    return False
+
+
+@runtime_checkable
+class Recorded(Protocol):
+    """A result an MLflow run recorded (a stage's): the report and lineage read that run."""
+
+    run_id: str
+
+
+def _parts(result: Any) -> Iterator[Any]:
+    """`result` and everything it holds: fields of dataclasses and pydantic models, the values
+    of dicts, the items of lists and tuples."""
+    yield result
+    if isinstance(result, BaseModel):
+        inner = [getattr(result, name) for name in type(result).model_fields]
+    elif is_dataclass(result) and not isinstance(result, type):
+        inner = [getattr(result, f.name) for f in fields(result)]
+    elif isinstance(result, dict):
+        inner = list(result.values())
+    elif isinstance(result, list | tuple):
+        inner = list(result)
+    else:
+        return
+    for item in inner:
+        yield from _parts(item)
+
+
+def missing_files(result: Any) -> list[Path]:
+    """The files and folders a stage's result names that are gone, or are folders left empty;
+    a result that names none has none missing."""
+    return [part for part in _parts(result) if isinstance(part, Path) and not _present(part)]
+
+
+def recorded_runs(result: Any) -> list[str]:
+    """The MLflow runs that recorded a result and what it holds."""
+    return [part.run_id for part in _parts(result) if isinstance(part, Recorded) and part.run_id]
+
+
+def _present(path: Path) -> bool:
+    """A file that exists, or a folder that holds something."""
+    return path.is_file() or (path.is_dir() and any(path.iterdir()))
 
 
 def _index_of(ctx: Any) -> Path | None:

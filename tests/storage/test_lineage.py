@@ -212,7 +212,7 @@ def test_lineage_prints_the_chain_to_the_problems(registry, capsys):
     for stage in ("cold_start_sft", "bootstrap"):
         assert f"run {registry[stage]} ({stage})" in out
     assert f"{PROBLEMS[:12]}  run {registry['pipeline']} (r1_pipeline-test)" in out
-    assert "runs/p/problems/train.jsonl" in out and "run run-cur (?)" in out
+    assert "runs/p/problems/train.jsonl" in out and "run run-cur (not in the MLflow store)" in out
     assert "(inputs shown above)" in out  # the base is an input twice; its inputs drawn once
     assert f"raw problems reached: {PROBLEMS[:12]}" in out
 
