@@ -14,7 +14,7 @@ from prefect import flow
 
 from configs.profiles import load_profile
 from configs.schema import PipelineConfig
-from flows.hooks import pipeline_failed
+from flows.hooks import pipeline_cancelled, pipeline_failed
 from tasks.result import PipelineResult
 
 if TYPE_CHECKING:
@@ -63,7 +63,12 @@ def distil_students(
     return stages, evals
 
 
-@flow(name="distill", on_failure=[pipeline_failed], on_crashed=[pipeline_failed])
+@flow(
+    name="distill",
+    on_failure=[pipeline_failed],
+    on_crashed=[pipeline_failed],
+    on_cancellation=[pipeline_cancelled],
+)
 def distill(
     profile: str = "tiny",
     overrides: list[str] | None = None,

@@ -17,11 +17,16 @@ from prefect import flow
 
 from configs.profiles import load_profile
 from configs.schema import PipelineConfig
-from flows.hooks import pipeline_failed
+from flows.hooks import pipeline_cancelled, pipeline_failed
 from tasks.result import PipelineResult
 
 
-@flow(name="r1-pipeline", on_failure=[pipeline_failed], on_crashed=[pipeline_failed])
+@flow(
+    name="r1-pipeline",
+    on_failure=[pipeline_failed],
+    on_crashed=[pipeline_failed],
+    on_cancellation=[pipeline_cancelled],
+)
 def r1_pipeline(
     profile: str = "tiny",
     overrides: list[str] | None = None,
