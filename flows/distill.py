@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 from prefect import flow
 
-from configs.profiles import load_profile
+from configs.profiles import flow_config
 from configs.schema import PipelineConfig
+from flows import deployment_run
 from flows.hooks import pipeline_cancelled, pipeline_failed
 from tasks.result import PipelineResult
 
@@ -86,7 +87,7 @@ def distill(
     from tasks.problems import prepare_problems
     from tasks.registered import as_stage_result, registered_model
 
-    config = config or load_profile(profile, overrides or [])
+    config = flow_config(profile, overrides, config, whole=deployment_run())
     with kept_actors(config.cluster):
         ctx = open_pipeline_run(config, flow="distill")
         problems = prepare_problems(config.data, ctx)

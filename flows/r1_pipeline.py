@@ -15,8 +15,9 @@ settle_process()
 
 from prefect import flow
 
-from configs.profiles import load_profile
+from configs.profiles import flow_config
 from configs.schema import PipelineConfig
+from flows import deployment_run
 from flows.hooks import pipeline_cancelled, pipeline_failed
 from tasks.result import PipelineResult
 
@@ -49,7 +50,7 @@ def r1_pipeline(
     from tasks.rejection import rejection_sample
     from tasks.sft import cold_start_sft, mixed_sft
 
-    config = config or load_profile(profile, overrides or [], cluster_address)
+    config = flow_config(profile, overrides, config, cluster_address, whole=deployment_run())
     with kept_actors(config.cluster):
         ctx = open_pipeline_run(config)
         problems = prepare_problems(config.data, ctx)

@@ -10,8 +10,9 @@ settle_process()
 
 from prefect import flow
 
-from configs.profiles import load_profile
+from configs.profiles import flow_config
 from configs.schema import PipelineConfig
+from flows import deployment_run
 from flows.hooks import pipeline_cancelled, pipeline_failed
 from tasks.result import PipelineResult
 
@@ -36,7 +37,7 @@ def r1_zero(
     from tasks.problems import prepare_problems
     from tasks.reasoning_rl import grpo
 
-    config = config or load_profile(profile, overrides or [])
+    config = flow_config(profile, overrides, config, whole=deployment_run())
     with kept_actors(config.cluster):
         ctx = open_pipeline_run(config, flow="r1_zero")
         problems = prepare_problems(config.data, ctx)
