@@ -77,3 +77,33 @@ def test_the_cluster_deployments_address_fills_a_config_that_names_none():
     data["cluster"]["address"] = "10.0.0.1:6379"
     own = as_deployment_parameter(data)
     assert flow_config("tiny", [], own, "auto", whole=True).cluster.address == "10.0.0.1:6379"
+
+
+@pytest.mark.usefixtures("private_environment")
+def test_a_teacher_that_is_no_model_uri_is_refused_before_the_state_folder_is_touched(
+    tmp_path, monkeypatch
+):
+    state = tmp_path / "state"
+    monkeypatch.setenv("R1_STATE_DIR", str(state))
+    with pytest.raises(ValueError, match=r"cannot read the model 'bogus'"):
+        distill_module.distill.fn(profile="micro", overrides=[], teacher="bogus")
+    assert not state.exists()
+
+
+def test_a_teacher_of_another_profile_is_named_with_the_profiles_own(tmp_path):
+    """`distill/tiny --param profile=micro`: the deployment's teacher is r1-tiny's final model;
+    where the registry lacks it, the error says which teacher the profile's models give."""
+    from storage.model_registry import RegistryError
+    from storage.paths import StatePaths
+    from storage.tracking import tracking_client
+    from tasks.registered import registered_model, teacher_hint
+
+    paths = StatePaths(tmp_path / "state").ensure()
+    tracking_client(paths).create_registered_model("r1-micro")
+    with pytest.raises(RegistryError) as missing:
+        registered_model.fn(paths, "models:/r1-tiny@final", teacher_hint("r1-tiny", "r1-micro"))
+    assert str(missing.value) == (
+        "no registered model 'r1-tiny' (registered: r1-micro). The profile's models are "
+        "r1-micro: to distil its final model, add --param teacher=models:/r1-micro@final"
+    )
+    assert teacher_hint("r1-micro", "r1-micro") == ""
