@@ -21,7 +21,7 @@ def pipeline_failed(flow: Any, flow_run: Any, state: Any) -> None:
 
 def pipeline_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
     """The flow run's parent MLflow run, and its stage runs still RUNNING, ended KILLED."""
-    end_cancelled(flow, flow_run, state, "pipeline")
+    end_cancelled(flow, flow_run, state, "pipeline", "resumes it")
 
 
 def evaluation_failed(flow: Any, flow_run: Any, state: Any) -> None:
@@ -34,14 +34,14 @@ def evaluation_failed(flow: Any, flow_run: Any, state: Any) -> None:
 
 def evaluation_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
     """The flow run's evaluation run (tasks.scheduled_eval) ended KILLED."""
-    end_cancelled(flow, flow_run, state, "evaluation")
+    end_cancelled(flow, flow_run, state, "evaluation", "evaluates again")
 
 
-def end_cancelled(flow: Any, flow_run: Any, state: Any, stage: str) -> None:
+def end_cancelled(flow: Any, flow_run: Any, state: Any, stage: str, retry: str) -> None:
     """Cancellation hook (`prefect flow-run cancel`): end KILLED the MLflow runs of `flow_run`
-    tagged `stage` still RUNNING, and say so in its logs. Prefect's runner calls it in the
-    worker's process once the flow run's process is gone, so it loads only the stores' code
-    (no stage code, no torch: a worker keeps what it imports)."""
+    tagged `stage` still RUNNING, and say so in its logs, with what a retry does (`retry`).
+    Prefect's runner calls it in the worker's process once the flow run's process is gone, so
+    it loads only the stores' code (no stage code, no torch: a worker keeps what it imports)."""
     from prefect.logging.loggers import flow_run_logger
 
     from storage.paths import StatePaths
@@ -54,7 +54,8 @@ def end_cancelled(flow: Any, flow_run: Any, state: Any, stage: str) -> None:
     why = f"cancelled: flow run {flow_run.id} ({state.message})"
     ended = end_cancelled_runs(tracking_client(paths), str(flow_run.id), stage, why)
     flow_run_logger(flow_run, flow).warning(
-        "flow run cancelled; MLflow run %s ended KILLED; `prefect flow-run retry %s` resumes it",
+        "flow run cancelled; MLflow run %s ended KILLED; `prefect flow-run retry %s` %s",
         ", ".join(ended) or "(none open)",
         flow_run.id,
+        retry,
     )
