@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from configs.schema import PipelineConfig
 
@@ -197,3 +197,65 @@ def _checkpoint(section: Any) -> tuple[Any, Any]:
     if not isinstance(section, dict):
         return None, None
     return section.get("path"), section.get("hub_id")
+
+
+def unset_settings(model: BaseModel, prefix: str = "") -> list[str]:
+    """The dotted paths of the settings `model` took from the schema's defaults rather than from
+    what it was validated from (a section left out counts once, by its own path)."""
+    unset = []
+    for name in type(model).model_fields:
+        path = f"{prefix}{name}"
+        if name not in model.model_fields_set:
+            unset.append(path)
+            continue
+        value = getattr(model, name)
+        if isinstance(value, dict):
+            items = [(f"{path}.{key}.", item) for key, item in value.items()]
+        elif isinstance(value, list | tuple):
+            items = [(f"{path}.{index}.", item) for index, item in enumerate(value)]
+        else:
+            items = [(f"{path}.", value)]
+        for inner, item in items:
+            if isinstance(item, BaseModel):
+                unset += unset_settings(item, inner)
+    return unset
+
+
+SHOWN_UNSET = 6  # settings named in the refusal of a partial config; the rest are counted
+
+
+def flow_config(
+    profile: str,
+    overrides: list[str] | None,
+    config: PipelineConfig | None,
+    cluster_address: str | None = None,
+    whole: bool = False,
+) -> PipelineConfig:
+    """What a flow runs on: the named profile with `overrides` (and `cluster_address`), or
+    `config` where one is given (with `cluster_address` where it names no address). A `config`
+    replaces the profile and its overrides entirely, so one given with overrides is refused
+    (they would be dropped without a word), and, with `whole` (a deployment run, where
+    `config` comes as JSON: `--params '{"config": ...}'`), one that leaves any setting out is
+    refused: the schema's default would take its place, not the profile's, and
+    `{"config": {"name": "x"}}` ran the whole recipe at the defaults' sizes."""
+    if config is None:
+        return load_profile(profile, overrides or [], cluster_address)
+    if overrides:
+        raise ConfigError(
+            f"the parameter config replaces the profile and its overrides, and overrides "
+            f"{overrides} were given too: give the settings in one of them"
+        )
+    if whole and (unset := unset_settings(config)):
+        named = ", ".join(unset[:SHOWN_UNSET])
+        more = f" and {len(unset) - SHOWN_UNSET} more" if len(unset) > SHOWN_UNSET else ""
+        raise ConfigError(
+            f"the parameter config leaves out {named}{more}: a config replaces the profile "
+            f"whole, so each would take the schema's default, not its value in profile "
+            f"{profile!r}. Change settings with --param overrides='[\"evaluation.k=2\"]', or "
+            f"give every setting (r1 config --profile {profile} prints them)"
+        )
+    if cluster_address and config.cluster.address is None:  # the config's own address wins
+        data = config.model_dump(mode="json")
+        data["cluster"]["address"] = cluster_address
+        return validate(data, source="the parameter config")
+    return config

@@ -13,3 +13,13 @@ def load_stage_code() -> None:
 
     for module in pkgutil.iter_modules(tasks.__path__):
         importlib.import_module(f"tasks.{module.name}")
+
+
+def deployment_run() -> bool:
+    """Whether the flow running now is a deployment's run (`prefect deployment run`, a
+    schedule), whose parameters come as JSON, rather than a call in this process (`r1 run`)."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    flow_run = context.flow_run if context is not None else None
+    return flow_run is not None and flow_run.deployment_id is not None

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from prefect import flow
 
-from configs.profiles import load_profile
+from configs.profiles import flow_config
 from configs.schema import PipelineConfig
-from flows.hooks import pipeline_failed
+from flows import deployment_run
+from flows.hooks import pipeline_cancelled, pipeline_failed
 from tasks.result import PipelineResult
 
 if TYPE_CHECKING:
@@ -65,7 +66,12 @@ def distil_students(
     return stages, evals
 
 
-@flow(name="distill", on_failure=[pipeline_failed], on_crashed=[pipeline_failed])
+@flow(
+    name="distill",
+    on_failure=[pipeline_failed],
+    on_crashed=[pipeline_failed],
+    on_cancellation=[pipeline_cancelled],
+)
 def distill(
     profile: str = "tiny",
     overrides: list[str] | None = None,
@@ -81,19 +87,19 @@ def distill(
     from tasks.general import prepare_general
     from tasks.pipeline import close_pipeline_run, open_pipeline_run
     from tasks.problems import prepare_problems
-    from tasks.registered import as_stage_result, registered_model
+    from tasks.registered import as_stage_result, registered_model, teacher_hint
 
-    config = config or load_profile(profile, overrides or [])
+    name = model_registry.parse_model(teacher).name  # a bad URI fails before a store opens
+    config = flow_config(profile, overrides, config, whole=deployment_run())
     with kept_actors(config.cluster):
         ctx = open_pipeline_run(config, flow="distill")
         problems = prepare_problems(config.data, ctx)
         general = prepare_general(config.data.general, ctx) if config.data.general else None
-        name = model_registry.parse_model(teacher).name
 
-        def registered(uri: str, stage: str) -> StageResult[ModelRef]:
-            return as_stage_result(registered_model(ctx.paths, uri), stage)
+        def registered(uri: str, stage: str, hint: str = "") -> StageResult[ModelRef]:
+            return as_stage_result(registered_model(ctx.paths, uri, hint), stage)
 
-        model = registered(teacher, "teacher")
+        model = registered(teacher, "teacher", teacher_hint(name, config.name))
         base = registered(f"models:/{name}@{alias_for('bootstrap')}", "bootstrap")
         rm = (
             registered(f"models:/{name}@{alias_for('reward_model')}", "reward_model")

@@ -23,7 +23,7 @@ settle_process()
 from prefect import flow
 
 from configs.profiles import load_profile
-from flows.hooks import evaluation_failed
+from flows.hooks import evaluation_cancelled, evaluation_failed
 from storage.model_registry import parse_alias_uri
 
 
@@ -31,6 +31,7 @@ from storage.model_registry import parse_alias_uri
     name="evaluate-model",
     on_failure=[evaluation_failed],
     on_crashed=[evaluation_failed],
+    on_cancellation=[evaluation_cancelled],
 )
 def evaluate_registered(
     model: str | None = None,

@@ -15,13 +15,19 @@ settle_process()
 
 from prefect import flow
 
-from configs.profiles import load_profile
+from configs.profiles import flow_config
 from configs.schema import PipelineConfig
-from flows.hooks import pipeline_failed
+from flows import deployment_run
+from flows.hooks import pipeline_cancelled, pipeline_failed
 from tasks.result import PipelineResult
 
 
-@flow(name="r1-pipeline", on_failure=[pipeline_failed], on_crashed=[pipeline_failed])
+@flow(
+    name="r1-pipeline",
+    on_failure=[pipeline_failed],
+    on_crashed=[pipeline_failed],
+    on_cancellation=[pipeline_cancelled],
+)
 def r1_pipeline(
     profile: str = "tiny",
     overrides: list[str] | None = None,
@@ -44,7 +50,7 @@ def r1_pipeline(
     from tasks.rejection import rejection_sample
     from tasks.sft import cold_start_sft, mixed_sft
 
-    config = config or load_profile(profile, overrides or [], cluster_address)
+    config = flow_config(profile, overrides, config, cluster_address, whole=deployment_run())
     with kept_actors(config.cluster):
         ctx = open_pipeline_run(config)
         problems = prepare_problems(config.data, ctx)

@@ -10,13 +10,19 @@ settle_process()
 
 from prefect import flow
 
-from configs.profiles import load_profile
+from configs.profiles import flow_config
 from configs.schema import PipelineConfig
-from flows.hooks import pipeline_failed
+from flows import deployment_run
+from flows.hooks import pipeline_cancelled, pipeline_failed
 from tasks.result import PipelineResult
 
 
-@flow(name="r1-zero", on_failure=[pipeline_failed], on_crashed=[pipeline_failed])
+@flow(
+    name="r1-zero",
+    on_failure=[pipeline_failed],
+    on_crashed=[pipeline_failed],
+    on_cancellation=[pipeline_cancelled],
+)
 def r1_zero(
     profile: str = "tiny", overrides: list[str] | None = None, config: PipelineConfig | None = None
 ) -> PipelineResult:
@@ -31,7 +37,7 @@ def r1_zero(
     from tasks.problems import prepare_problems
     from tasks.reasoning_rl import grpo
 
-    config = config or load_profile(profile, overrides or [])
+    config = flow_config(profile, overrides, config, whole=deployment_run())
     with kept_actors(config.cluster):
         ctx = open_pipeline_run(config, flow="r1_zero")
         problems = prepare_problems(config.data, ctx)

@@ -161,3 +161,19 @@ def end_leftover_children(client: MlflowClient, parent_run_id: str) -> list[str]
     for child in left:
         kill_run(client, child.info.run_id, f"{KILLED}; no later attempt resumed it")
     return [child.data.tags.get(STAGE_TAG, child.info.run_id) for child in left]
+
+
+def end_cancelled_runs(client: MlflowClient, flow_run_id: str, stage: str, why: str) -> list[str]:
+    """End KILLED, tagged with `why`, the runs of the flow run `flow_run_id` tagged `stage`
+    (`pipeline`: its parent runs; `evaluation`: a scheduled evaluation's run) that are still
+    RUNNING, with their child runs still RUNNING. Returns their ids. A cancelled flow run
+    left them RUNNING for ever in the MLflow UI; KILLED, a retry of it reopens its parent run
+    (held_by_nobody) and the stage that was cut off resumes from its checkpoint."""
+    runs = client.search_runs(
+        experiment_ids=[e.experiment_id for e in client.search_experiments()],
+        filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}' AND tags.`{STAGE_TAG}` = "
+        f"'{stage}' AND attributes.status = 'RUNNING'",
+    )
+    for run in runs:
+        end_killed(client, run, why)
+    return [run.info.run_id for run in runs]

@@ -14,6 +14,19 @@ from storage.tracking import alias_for, tracking_client
 from tasks.context import StageResult
 
 
+def teacher_hint(teacher: str, models: str) -> str:
+    """What to name when the registry lacks the teacher (the model name `teacher`) and the
+    profile's own models are `models`: its final model (`distill/tiny` names r1-tiny's; run
+    with `--param profile=micro`, the teacher stayed r1-tiny's). Empty where they agree."""
+    if teacher == models:
+        return ""
+    final = alias_for("all_scenarios_rl")
+    return (
+        f"The profile's models are {models}: to distil its final model, add "
+        f"--param teacher=models:/{models}@{final}"
+    )
+
+
 @task(name="registered-model", task_run_name="registered-model: {uri}")
 def registered_model(paths: StatePaths, uri: str, missing_hint: str = "") -> RegisteredModel:
     """`uri` (`models:/NAME@ALIAS`, `NAME@ALIAS` or `models:/NAME/VERSION`) resolved and fetched;

@@ -119,14 +119,22 @@ def retarget_hint(spec: ModelSpec, profile: str, paths: StatePaths) -> str:
             f"is computed again), or name an alias it has: --param model=models:/{spec.name}@ALIAS"
         )
     profiles = profiles_by_model()
-    other = next((profiles[name] for name in sorted(registered) if name in profiles), None)
+    # the profile's own model first: where it is registered, the model asked for is what lacks
+    names = sorted(registered & profiles.keys(), key=lambda n: (profiles[n] != profile, n))
     command = f"prefect deployment run '{DEPLOYMENT}'"
-    if other is None:
+    if not names:
         return (
             f"Run the pipeline on profile '{profile}' first, or name a registered model: "
             f"{command} --param model=models:/NAME@ALIAS --param profile=PROFILE"
         )
-    name = next(n for n, p in profiles.items() if p == other)
+    name = names[0]
+    other = profiles[name]
+    if other == profile:
+        return (
+            f"Without --param model, profile '{profile}' evaluates {name}@{FINAL_ALIAS}: "
+            f"{command} --param profile={profile} (any alias of it: --param "
+            f"model=models:/{name}@ALIAS)"
+        )
     return (
         f"Profile '{profile}' evaluates {spec.uri}; to evaluate {name}@{FINAL_ALIAS}, name "
         f"its profile: {command} --param profile={other} (any alias: add "

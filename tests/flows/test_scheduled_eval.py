@@ -477,6 +477,27 @@ def test_a_missing_model_is_an_error_that_names_the_command_for_a_registered_one
     assert "--param model=models:/r1-micro@ALIAS" in state.message
 
 
+def test_a_missing_alias_of_the_profiles_own_model_is_not_told_to_name_that_profile(tmp_path):
+    """`--param profile=micro --param model=models:/r1-micro@nowhere` in a store that holds
+    r1-micro (and r1-tiny): the hint says what evaluating profile micro does, not to name the
+    profile the command already named, nor tiny's."""
+    from tasks.scheduled_eval import retarget_hint
+
+    paths = StatePaths(tmp_path / "state").ensure()
+    client = tracking_client(paths)
+    for name in ("r1-tiny", NAME):
+        client.create_registered_model(name)
+    hint = retarget_hint(ModelSpec(NAME, alias="nowhere"), "micro", paths)
+    assert hint == (
+        "Without --param model, profile 'micro' evaluates r1-micro@final: prefect deployment "
+        "run 'evaluate-model/final-nightly' --param profile=micro (any alias of it: --param "
+        "model=models:/r1-micro@ALIAS)"
+    )
+    hint = retarget_hint(ModelSpec("r1-other", alias="final"), "gpu-qwen", paths)
+    assert "name its profile: prefect deployment run 'evaluate-model/final-nightly' " in hint
+    assert "--param profile=micro" in hint or "--param profile=tiny" in hint
+
+
 @pytest.mark.heavy
 def test_without_a_model_the_profiles_final_model_is_evaluated(evaluations):
     from flows.evaluate_registered import evaluate_registered
