@@ -32,8 +32,8 @@ CRASHES = {
 NOT_FIXED_BY_RETRY = frozenset(
     {
         "ConfigError", "ValidationError", "RegistryError", "MissingInputsError",
-        "ProblemFileError", "DataFitError", "MemoryFitError", "EvaluationRegression",
-        "NonFiniteLossError", "RayMissingError", "DeepSpeedMissingError",
+        "ProblemFileError", "DataFitError", "PlanSizeError", "MemoryFitError",
+        "EvaluationRegression", "NonFiniteLossError", "RayMissingError", "DeepSpeedMissingError",
     }
 )  # fmt: skip
 ERROR_NAME = re.compile(r"\b([A-Z][A-Za-z0-9]*(?:Error|Regression|Exception|Failure))\b")

@@ -183,11 +183,13 @@ def command(argv: list[str] | None) -> int:
     except CheckpointError as err:
         print(f"r1: {err}", file=sys.stderr)
         return 3
+    from configs.sizes import PlanSizeError, check_plan_sizes
     from problems.fit import DataFitError, check_data_fit
 
-    try:  # what the data holds can feed the stages asked for
+    try:  # what the data holds can feed the stages asked for, at sizes the machine can hold
         check_data_fit(config, flow_name)
-    except DataFitError as err:
+        check_plan_sizes(config)
+    except (DataFitError, PlanSizeError) as err:
         print(f"r1: {err}", file=sys.stderr)
         return 2
     from training.memory_fit import MemoryFitError, check_memory_fit

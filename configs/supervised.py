@@ -38,7 +38,13 @@ class ModelConfig(Strict):
 class TrainConfig(Strict):
     """A causal-LM training run on one process."""
 
-    epochs: float = Field(1.0, gt=0)
+    epochs: float = Field(
+        1.0,
+        gt=0,
+        le=10_000,
+        description="passes over the data; at most 10,000 (the order of every step's examples "
+        "is drawn up front: a mistyped 1e9 would fill the machine's memory)",
+    )
     batch_size: int = Field(16, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(10, ge=0)

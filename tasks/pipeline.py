@@ -16,6 +16,7 @@ from prefect.logging.loggers import flow_run_logger
 from cluster.connect import check_room
 from configs.preflight import check_inputs
 from configs.schema import PipelineConfig
+from configs.sizes import check_plan_sizes
 from configs.strict import computed_settings
 from curation.curated import CuratedSet
 from evaluation.metrics import EvalReport
@@ -60,7 +61,8 @@ log = logging.getLogger(__name__)
 
 def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StatePaths:
     """Before any store is touched: every local checkpoint and data file the flow needs (each
-    checkpoint's tokenizer, chat template and weight files too; and, for a flow that trains,
+    checkpoint's tokenizer, chat template and weight files too; sizes the machine can hold;
+    and, for a flow that trains,
     that its data fits the models), the Ray cluster it names (it answers and has room), the
     thread count, and the state folder with an MLflow store that answers (failing fast, naming
     it)."""
@@ -68,6 +70,7 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
     check_model_inputs(config, flow)
     check_fault_stage(config, flow)
     check_reward_params({key: stage.rewards for key, stage in config.grpo_stages().items()})
+    check_plan_sizes(config)
     if trains:
         check_data_fit(config, flow)
         check_memory_fit(config, f"profile {config.name}")  # the GPU found here, if any

@@ -107,12 +107,25 @@ def profiles_by_model() -> dict[str, str]:
     return found
 
 
+def earned_alias(client: Any, spec: ModelSpec) -> bool:
+    """Whether a stage once gave a version of `spec`'s model the alias `spec` names (tag
+    `r1.alias`): an alias deleted since (in the MLflow UI), not one no run sets."""
+    from storage.tracking import ALIAS_TAG
+
+    if spec.alias is None:
+        return False
+    versions = client.search_model_versions(f"name = '{spec.name}'")
+    return any(version.tags.get(ALIAS_TAG) == spec.alias for version in versions)
+
+
 def retarget_hint(spec: ModelSpec, profile: str, paths: StatePaths) -> str:
     """What to run to evaluate a model the registry holds, when it lacks `spec`: the command
-    with the profile whose final model is registered, and how to name any alias; for a model
-    registered without the alias (deleted in the MLflow UI), the run that puts it back."""
-    registered = {m.name for m in tracking_client(paths).search_registered_models()}
-    if spec.name in registered:  # the model is there, without the alias or version asked for
+    with the profile whose final model is registered, and how to name any alias; for an alias
+    a stage gave the model and that was deleted since (in the MLflow UI), the run that puts it
+    back."""
+    client = tracking_client(paths)
+    registered = {m.name for m in client.search_registered_models()}
+    if spec.name in registered and earned_alias(client, spec):  # one of its stages' aliases
         return (
             f"A run of profile '{profile}' with the same settings puts its aliases back on its "
             f"models (r1 run --profile {profile}; a stage whose registered version was deleted "

@@ -13,6 +13,7 @@ import pytest
 
 from cli.main import main
 from configs.profiles import ConfigError, load_profile, read_yaml
+from configs.sizes import PlanSizeError, check_plan_sizes
 from rewards.registry import RewardParamsError, RewardSet, check_reward_params
 from tasks.plan import FaultStageError, check_fault_stage
 
@@ -223,3 +224,38 @@ def test_a_section_given_as_a_mapping_changes_only_the_keys_it_names():
     assert (changed.n_samples, changed.max_problems) == (micro.n_samples, micro.max_problems)
     rewards = load_profile("micro", ["reasoning_rl.rewards=[{name: accuracy}]"]).reasoning_rl
     assert [t.name for t in rewards.rewards] == ["accuracy"]  # a list replaces
+
+
+@pytest.mark.parametrize(
+    "setting,says",
+    [
+        ("evaluation.n_samples=100000000000", "evaluation: 6 held-out problems x n_samples"),
+        ("reasoning_rl.steps=1000000000000", "reasoning_rl.steps 1000000000000 x prompts_per_step"),
+        ("rejection.max_new_tokens=99999999999", "rejection: chunk_prompts 8 x samples_per_prompt"),
+    ],
+)
+def test_a_size_no_machine_can_hold_is_refused_before_anything_runs(
+    setting, says, capsys, tmp_path
+):
+    """A number mistyped by orders of magnitude is a valid integer: the run took it and, after
+    its cached stages, grew one list until the kernel's out-of-memory killer ended it (or
+    another process on the machine)."""
+    state = tmp_path / "state"
+    assert main(["config", "--profile", "micro", "--state-dir", str(state), "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert "ask a stage to hold more than this machine's" in err and says in err, err
+    assert "Traceback" not in err and not state.exists()
+
+
+def test_epochs_past_ten_thousand_are_refused():
+    with pytest.raises(ConfigError, match=r"cold_start_sft\.train\.epochs: Input should be"):
+        load_profile("micro", ["cold_start_sft.train.epochs=1e9"])
+
+
+@pytest.mark.parametrize("profile", ["micro", "tiny", "gpu-tiny", "gpu-qwen"])
+def test_the_shipped_profiles_hold_far_less_than_a_laptop(profile):
+    """No false refusal: every shipped profile's largest held size is under 1 GiB."""
+    config = load_profile(profile)
+    check_plan_sizes(config, memory=2**30)
+    with pytest.raises(PlanSizeError, match="evaluation: "):
+        check_plan_sizes(config.model_copy(update={"name": "x"}), memory=1)
