@@ -1,5 +1,7 @@
-"""A byte-level tokenizer, a one-layer Qwen2 model small enough to train in a test, and the small
-GRPO and on-policy distillation settings the trainer tests share."""
+"""A byte-level tokenizer, a one-layer Qwen2 model small enough to train in a test, the small
+GRPO and on-policy distillation settings the trainer tests share, and a saved base with SFT rows."""
+
+from pathlib import Path
 
 from configs.reinforcement import GRPOConfig, RewardTerm
 from configs.schema import OnPolicyDistillConfig
@@ -77,3 +79,23 @@ def distill_config(**overrides) -> OnPolicyDistillConfig:
         checkpoint_every=2,
     )
     return OnPolicyDistillConfig(**(base | overrides))
+
+
+def sft_world(root: Path) -> tuple[Path, Path]:
+    """A saved tiny Qwen2 base and 32 SFT rows of different lengths (so padding matters), under
+    `root`: the base folder and the saved data set."""
+    from datasets import Dataset
+
+    from models.saved import save_model
+
+    tokenizer = make_tokenizer()
+    base = save_model(tiny_model(tokenizer), tokenizer, root / "base").path
+    questions = [f"What is {a} + {a % 7}?" for a in range(32)]
+    completions = [
+        "<think> " + " ".join(f"{a} + {i} = {a + i}" for i in range(a % 5 + 1)) + " </think> "
+        f"<answer> {a + a % 7} </answer>"
+        for a in range(32)
+    ]
+    data = root / "data"
+    Dataset.from_dict({"question": questions, "completion": completions}).save_to_disk(str(data))
+    return base, data

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
 
 from configs.supervised import EngineConfig, SFTConfig, TrainConfig
 from models.loading import load_model
-from models.saved import ModelRef, save_model
+from models.saved import ModelRef
 from stages import sft
-from tests.tiny_models import make_tokenizer, tiny_model
+from tests.tiny_models import sft_world
 
 TRAIN = TrainConfig(
     epochs=3, batch_size=8, learning_rate=5e-3, warmup_steps=2, log_every=1, checkpoint_every=2
@@ -53,16 +52,7 @@ class Recorder:
 def world(tmp_path_factory) -> dict[str, Path]:
     """A saved tiny Qwen2 base and 32 SFT rows of different lengths: 12 steps over 3 epochs."""
     root = tmp_path_factory.mktemp("how-it-runs")
-    tokenizer = make_tokenizer()
-    base = save_model(tiny_model(tokenizer), tokenizer, root / "base").path
-    questions = [f"What is {a} + {a % 7}?" for a in range(32)]
-    completions = [
-        "<think> " + " ".join(f"{a} + {i} = {a + i}" for i in range(a % 5 + 1)) + " </think> "
-        f"<answer> {a + a % 7} </answer>"
-        for a in range(32)
-    ]
-    data = root / "data"
-    Dataset.from_dict({"question": questions, "completion": completions}).save_to_disk(str(data))
+    base, data = sft_world(root)
     straight = sft.run(SFTConfig(train=TRAIN), ModelRef(base), data, root / "straight", Recorder())
     return {"base": base, "data": data, "straight": straight.path}
 

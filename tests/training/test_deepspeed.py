@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
 
 from configs.supervised import EngineConfig, SFTConfig, TrainConfig
 from models.loading import load_model, load_tokenizer
 from models.saved import ModelRef, save_model
 from stages import sft
-from tests.tiny_models import make_tokenizer, tiny_model
+from tests.tiny_models import sft_world
 from training import distributed
 from training.distributed import (
     DeepSpeedMissingError,
@@ -74,16 +73,7 @@ def deepspeed_config(
 def world(tmp_path_factory) -> dict[str, Path]:
     """A saved tiny Qwen2 base and 32 SFT rows of different lengths (so padding matters)."""
     root = tmp_path_factory.mktemp("deepspeed")
-    tokenizer = make_tokenizer()
-    base = save_model(tiny_model(tokenizer), tokenizer, root / "base").path
-    questions = [f"What is {a} + {a % 7}?" for a in range(32)]
-    completions = [
-        "<think> " + " ".join(f"{a} + {i} = {a + i}" for i in range(a % 5 + 1)) + " </think> "
-        f"<answer> {a + a % 7} </answer>"
-        for a in range(32)
-    ]
-    data = root / "data"
-    Dataset.from_dict({"question": questions, "completion": completions}).save_to_disk(str(data))
+    base, data = sft_world(root)
     return {"root": root, "base": base, "data": data}
 
 
@@ -241,6 +231,12 @@ def test_a_stopped_zero_sft_stage_resumes_from_its_checkpoint(
         sft.run(cfg, base, world["data"], tmp_path / "resumed", StopAtStep3())
     recorder = Recorder()
     resumed = sft.run(cfg, base, world["data"], tmp_path / "resumed", recorder)
+    assert_resumed_to(straight, resumed, recorder)
+
+
+def assert_resumed_to(straight: ModelRef, resumed: ModelRef, recorder: Recorder) -> None:
+    """The rerun began after an even, committed step, ran to step 24 and ended with the
+    uninterrupted run's weights."""
     first = min(recorder.steps)
     assert 3 <= first <= 24 and first % 2 == 1  # resumed after an even, committed step
     assert max(recorder.steps) == 24
@@ -317,9 +313,4 @@ def test_a_stopped_zero_sft_stage_run_again_with_other_run_settings_resumes(worl
     how = SFTConfig(train=train_cfg.model_copy(update={"checkpoint_every": 5}), engine=engine)
     recorder = Recorder()
     resumed = sft.run(how, base, world["data"], tmp_path / "resumed", recorder)
-    first = min(recorder.steps)
-    assert 3 <= first <= 24 and first % 2 == 1  # resumed after an even, committed step
-    assert max(recorder.steps) == 24
-    trained = load_model(resumed.path).state_dict()
-    for name, weight in load_model(straight.path).state_dict().items():
-        assert torch.allclose(trained[name], weight, atol=WEIGHT_ATOL), name
+    assert_resumed_to(straight, resumed, recorder)
