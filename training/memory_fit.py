@@ -307,9 +307,52 @@ def memory_fits(config: PipelineConfig, total: int) -> list[StageFit]:
     ]
 
 
+# fp32 weights, their gradients and AdamW's two moments: the least a model trained here holds
+TRAINED_BYTES_PER_PARAMETER = 16
+
+
+def scratch_models(config: PipelineConfig) -> dict[str, ModelShape]:
+    """The models a run builds from nothing, by the setting that sizes each: the tiny world's
+    base (no `bootstrap.path`) and each student given a `model` and no `path`."""
+    vocab = config.bootstrap.vocab_size
+    found = {}
+    if config.bootstrap.path is None:
+        found["bootstrap.model"] = model_shape(None, config.bootstrap.model, vocab)
+    for i, student in enumerate(config.distillation.students):
+        if student.path is None and student.model is not None:
+            found[f"distillation.students.{i}.model"] = model_shape(None, student.model, vocab)
+    return found
+
+
+def check_host_model_sizes(config: PipelineConfig, source: str, memory: int | None = None) -> None:
+    """Raise MemoryFitError naming each model built from nothing whose training state (weights,
+    gradients, AdamW's moments) exceeds the machine's memory (or `memory` bytes): a size
+    mistyped by orders of magnitude, refused before anything runs."""
+    import psutil
+
+    total = memory if memory is not None else psutil.virtual_memory().total
+    over = {
+        key: shape.parameters
+        for key, shape in scratch_models(config).items()
+        if shape.parameters * TRAINED_BYTES_PER_PARAMETER > total
+    }
+    if over:
+        lines = [f"{source}: {len(over)} model(s) to train cannot fit this machine's "]
+        lines[0] += f"{total / GiB:.1f} GiB of memory; nothing has run:"
+        lines += [
+            f"  {key}: {n:.3g} parameters, at least "
+            f"{n * TRAINED_BYTES_PER_PARAMETER / GiB:.3g} GiB to train (fp32 weights, gradients, "
+            "AdamW's moments)"
+            for key, n in over.items()
+        ]
+        raise MemoryFitError("\n".join(lines))
+
+
 def check_memory_fit(config: PipelineConfig, source: str, total: int | None = None) -> None:
-    """Raise MemoryFitError naming every GPU stage that cannot fit the GPU found here (or
-    `total` bytes) and what to change; nothing to check without a GPU or GPU stages."""
+    """Raise MemoryFitError naming each model built from nothing that this machine cannot hold
+    (`check_host_model_sizes`), and every GPU stage that cannot fit the GPU found here (or
+    `total` bytes) and what to change; no GPU check without a GPU or GPU stages."""
+    check_host_model_sizes(config, source)
     total = total if total is not None else gpu_total_bytes()
     if total is None:
         return

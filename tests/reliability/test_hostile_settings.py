@@ -16,6 +16,7 @@ from configs.profiles import ConfigError, load_profile, read_yaml
 from configs.sizes import PlanSizeError, check_plan_sizes
 from rewards.registry import RewardParamsError, RewardSet, check_reward_params
 from tasks.plan import FaultStageError, check_fault_stage
+from training.memory_fit import check_host_model_sizes
 
 # `r1` points the process environment at its state folder: each test gets its own copy.
 pytestmark = pytest.mark.usefixtures("private_environment")
@@ -259,3 +260,21 @@ def test_the_shipped_profiles_hold_far_less_than_a_laptop(profile):
     check_plan_sizes(config, memory=2**30)
     with pytest.raises(PlanSizeError, match="evaluation: "):
         check_plan_sizes(config.model_copy(update={"name": "x"}), memory=1)
+
+
+def test_a_model_to_train_that_no_machine_can_hold_is_refused_before_anything_runs(
+    capsys, tmp_path
+):
+    state = tmp_path / "state"
+    sizes = [f"bootstrap.model.{key}=1000000000" for key in ("hidden_size", "intermediate_size")]
+    argv = ["config", "--profile", "micro", "--state-dir", str(state)]
+    assert main(argv + [arg for size in sizes for arg in ("--set", size)]) == 3
+    err = capsys.readouterr().err
+    assert "model(s) to train cannot fit this machine's" in err
+    assert "bootstrap.model: 1.2e+19 parameters" in err, err
+    assert "Traceback" not in err and not state.exists()
+
+
+@pytest.mark.parametrize("profile", ["micro", "tiny", "gpu-tiny", "gpu-qwen"])
+def test_the_shipped_profiles_models_train_in_a_laptops_memory(profile):
+    check_host_model_sizes(load_profile(profile), profile, memory=2**30)
