@@ -163,17 +163,32 @@ def end_leftover_children(client: MlflowClient, parent_run_id: str) -> list[str]
     return [child.data.tags.get(STAGE_TAG, child.info.run_id) for child in left]
 
 
-def end_cancelled_runs(client: MlflowClient, flow_run_id: str, stage: str, why: str) -> list[str]:
-    """End KILLED, tagged with `why`, the runs of the flow run `flow_run_id` tagged `stage`
-    (`pipeline`: its parent runs; `evaluation`: a scheduled evaluation's run) that are still
-    RUNNING, with their child runs still RUNNING. Returns their ids. A cancelled flow run
-    left them RUNNING for ever in the MLflow UI; KILLED, a retry of it reopens its parent run
-    (held_by_nobody) and the stage that was cut off resumes from its checkpoint."""
-    runs = client.search_runs(
+def open_flow_runs(client: MlflowClient, flow_run_id: str, stage: str) -> list[Run]:
+    """The runs of the flow run `flow_run_id` tagged `stage` (`pipeline`: its parent runs;
+    `evaluation`: a scheduled evaluation's run) that are still RUNNING."""
+    return client.search_runs(
         experiment_ids=[e.experiment_id for e in client.search_experiments()],
         filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}' AND tags.`{STAGE_TAG}` = "
         f"'{stage}' AND attributes.status = 'RUNNING'",
     )
+
+
+def end_cancelled_runs(client: MlflowClient, flow_run_id: str, stage: str, why: str) -> list[str]:
+    """End KILLED, tagged with `why`, the open runs of the flow run tagged `stage`
+    (open_flow_runs), with their child runs still RUNNING. Returns their ids. A cancelled flow
+    run left them RUNNING for ever in the MLflow UI; KILLED, a retry of it reopens its parent
+    run (held_by_nobody) and the stage that was cut off resumes from its checkpoint."""
+    runs = open_flow_runs(client, flow_run_id, stage)
     for run in runs:
         end_killed(client, run, why)
+    return [run.info.run_id for run in runs]
+
+
+def end_failed_runs(client: MlflowClient, flow_run_id: str, stage: str) -> list[str]:
+    """End FAILED the open runs of the flow run tagged `stage` (open_flow_runs); their child
+    runs stay as they are: a stage run left RUNNING by a killed process is resumed by the
+    retry, which records that attempt as killed. Returns their ids."""
+    runs = open_flow_runs(client, flow_run_id, stage)
+    for run in runs:
+        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FAILED))
     return [run.info.run_id for run in runs]

@@ -11,7 +11,6 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from prefect import get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
-from prefect.logging.loggers import flow_run_logger
 
 from cluster.connect import check_room
 from configs.preflight import check_inputs
@@ -258,26 +257,3 @@ def run_url(experiment: str, run_id: str) -> str:
     UI starts in its GenAI view (traces) unless the address asks for model training (runs)."""
     ui = os.environ.get("R1_MLFLOW_UI", "http://127.0.0.1:5000").rstrip("/")
     return f"{ui}/#/experiments/{experiment}/runs/{run_id}?workflowType=machine_learning"
-
-
-def mark_pipeline_failed(flow, flow_run, state) -> None:
-    """Flow failure hook: close the parent run of this flow run as FAILED (none if the flow
-    failed before the MLflow store existed: do not create one just to search it)."""
-    paths = StatePaths.from_env()
-    if not paths.mlflow_db.exists():
-        return
-    client = tracking_client(paths)
-    runs = client.search_runs(
-        experiment_ids=[e.experiment_id for e in client.search_experiments()],
-        filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run.id}' AND tags.`r1.stage` = 'pipeline'",
-    )
-    for run in runs:
-        finish_run(client, run.info.run_id, failed=True)
-    # the reason, in the flow run's own logs (`prefect flow-run logs <id>`), not only on stderr
-    reason = (state.message or "").removeprefix("Flow run encountered an exception: ")
-    flow_run_logger(flow_run, flow).error(
-        "flow run %s: %s\nMLflow parent run: %s",
-        state.name,
-        reason,
-        ", ".join(run.info.run_id for run in runs) or "none",
-    )

@@ -341,16 +341,3 @@ def close_evaluation_run(client: MlflowClient, verdict: EvaluationVerdict) -> No
     if verdict.regressions:
         client.set_tag(run_id, "regression", "\n".join(verdict.regressions))
     finish_run(client, run_id, failed=bool(verdict.regressions))
-
-
-def mark_evaluation_failed(flow, flow_run, state) -> None:
-    """Flow failure hook: close this flow run's evaluation run as FAILED if it is still open."""
-    client = tracking_client(StatePaths.from_env())
-    runs = client.search_runs(
-        experiment_ids=[e.experiment_id for e in client.search_experiments()],
-        filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run.id}' "
-        f"AND tags.`{STAGE_TAG}` = '{EVALUATION_STAGE}' AND attributes.status = 'RUNNING'",
-    )
-    for run in runs:
-        finish_run(client, run.info.run_id, failed=True)
-        log.error("evaluation run %s marked FAILED: %s", run.info.run_id, state.message)

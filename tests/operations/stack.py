@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,6 +156,17 @@ def wait_for_end(env: dict, run_id: str, timeout: int = 900) -> str:
         check=True,
     )
     return out.stdout.strip()
+
+
+def wait_for_log(env: dict, run_id: str, text: str, timeout: int = 300) -> str:
+    """The flow run's logs (`prefect flow-run logs`) once they hold `text`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = prefect(env, "flow-run", "logs", run_id).stdout
+        if text in logs:
+            return logs
+        assert time.monotonic() < deadline, f"no {text!r} in the logs of {run_id}: {logs[-3000:]}"
+        time.sleep(2)
 
 
 def task_runs(env: dict, run_id: str) -> list:

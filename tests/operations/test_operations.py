@@ -33,12 +33,13 @@ from tests.operations.stack import (
     session_of,
     task_runs,
     wait_for_end,
+    wait_for_log,
 )
 
 # Heavy: a Prefect server and worker (scripts/serve.sh) and deployment runs of the pipeline.
 pytestmark = [pytest.mark.heavy, pytest.mark.slow]  # a real stack: CI runs it (-m slow)
 
-CRASH_REPORT_SECONDS = 15
+CRASH_REPORT_SECONDS = 5  # the worker's second report: one API call after the hook returns
 FAULT = "reasoning_rl@2"  # micro's stage 3 checkpoints every step and runs 2
 EARLIER_TASKS = {"prepare-problems", "bootstrap", "cold_start_curation", "cold_start_sft"}
 REASON = "InjectedFailure: reasoning_rl: injected failure at step 2 (faults.fail_once_at)"
@@ -232,8 +233,9 @@ def test_a_flow_run_killed_mid_stage_is_retried_into_one_whole_stage_run(stack):
     (engine,) = [p for p in psutil.process_iter() if flow_run_process(p, run_id)]
     engine.send_signal(signal.SIGKILL)
     assert wait_for_end(env, run_id) == "CRASHED"
-    # the worker reports the crash on its own, seconds after the state is set; a retry before
-    # that report is overwritten by it
+    # the runner runs the crash hook (flows/hooks.py) and then the worker reports the crash a
+    # second time: a retry before that report is overwritten by it
+    wait_for_log(env, run_id, "Hook 'pipeline_failed' finished running")
     time.sleep(CRASH_REPORT_SECONDS)
     retry = prefect(env, "flow-run", "retry", run_id)
     assert retry.returncode == 0, retry.stdout + retry.stderr
