@@ -72,14 +72,18 @@ def store(tmp_path, monkeypatch):
     return client, experiment_id(client, "r1-test", paths)
 
 
+def pipeline_mid_stage(client, experiment: str) -> tuple[FlowRun, str, str]:
+    """A flow run, its MLflow parent run and the stage run open under it."""
+    flow_run = FlowRun(flow_id=uuid4())
+    parent = start_pipeline_run(client, experiment, "r1_pipeline-x", str(flow_run.id), {})
+    tags = {PARENT_TAG: parent, STAGE_TAG: "reasoning_rl"}
+    return flow_run, parent, client.create_run(experiment, tags=tags).info.run_id
+
+
 @pytest.mark.parametrize("flow", [r1_pipeline, r1_zero, distill], ids=lambda f: f.name)
 def test_a_cancelled_pipeline_leaves_no_mlflow_run_running(store, flow):
     client, experiment = store
-    flow_run = FlowRun(flow_id=uuid4())
-    parent = start_pipeline_run(client, experiment, "r1_pipeline-x", str(flow_run.id), {})
-    stage = client.create_run(
-        experiment, tags={PARENT_TAG: parent, STAGE_TAG: "reasoning_rl"}
-    ).info.run_id
+    flow_run, parent, stage = pipeline_mid_stage(client, experiment)
     done = client.create_run(experiment, tags={PARENT_TAG: parent, STAGE_TAG: "bootstrap"})
     client.set_terminated(done.info.run_id, "FINISHED")
 
@@ -95,16 +99,17 @@ def test_a_cancelled_pipeline_leaves_no_mlflow_run_running(store, flow):
     assert client.get_run(parent).info.status == "RUNNING"
 
 
-def test_a_cancelled_evaluation_leaves_no_mlflow_run_running(store):
+@pytest.mark.parametrize(("end", "status"), [(cancel, "KILLED"), (crash, "FAILED")])
+def test_a_cancelled_or_crashed_evaluation_leaves_no_mlflow_run_running(store, end, status):
     client, experiment = store
     flow_run = FlowRun(flow_id=uuid4())
     tags = {FLOW_RUN_TAG: str(flow_run.id), STAGE_TAG: "evaluation"}
     run_id = client.create_run(experiment, tags=tags).info.run_id
     other = client.create_run(experiment, tags={**tags, FLOW_RUN_TAG: "another"}).info.run_id
 
-    cancel(evaluate_registered, flow_run)
+    end(evaluate_registered, flow_run)
 
-    assert client.get_run(run_id).info.status == "KILLED"
+    assert client.get_run(run_id).info.status == status
     assert client.get_run(other).info.status == "RUNNING"
 
 
@@ -119,11 +124,7 @@ def test_a_crashed_pipeline_ends_its_parent_run_failed_and_leaves_the_stage_to_t
     store, flow, caplog
 ):
     client, experiment = store
-    flow_run = FlowRun(flow_id=uuid4())
-    parent = start_pipeline_run(client, experiment, "r1_pipeline-x", str(flow_run.id), {})
-    stage = client.create_run(
-        experiment, tags={PARENT_TAG: parent, STAGE_TAG: "reasoning_rl"}
-    ).info.run_id
+    flow_run, parent, stage = pipeline_mid_stage(client, experiment)
 
     crash(flow, flow_run)
 
@@ -134,19 +135,6 @@ def test_a_crashed_pipeline_ends_its_parent_run_failed_and_leaves_the_stage_to_t
     assert "flow run Crashed: Flow run process exited with non-zero status code -9." in said
     assert f"MLflow parent run: {parent}" in said
     assert held_by_nobody(client.get_run(parent), socket.gethostname())
-
-
-def test_a_crashed_evaluation_ends_its_run_failed(store):
-    client, experiment = store
-    flow_run = FlowRun(flow_id=uuid4())
-    tags = {FLOW_RUN_TAG: str(flow_run.id), STAGE_TAG: "evaluation"}
-    run_id = client.create_run(experiment, tags=tags).info.run_id
-    other = client.create_run(experiment, tags={**tags, FLOW_RUN_TAG: "another"}).info.run_id
-
-    crash(evaluate_registered, flow_run)
-
-    assert client.get_run(run_id).info.status == "FAILED"
-    assert client.get_run(other).info.status == "RUNNING"
 
 
 HOOK_IN_A_WORKER = """
