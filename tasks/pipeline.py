@@ -53,6 +53,7 @@ from tasks.result import PipelineResult
 from tasks.resume import hold_pipeline_run, resumed_command_run
 from tasks.run_pages import RUN_DESCRIPTION_TAG, report_description
 from tasks.stage_cache import code_version
+from training.disk_fit import check_disk_room
 from training.memory_fit import check_memory_fit
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
     log.info("torch threads %d (CPUs usable %d); %s; models on %s", torch.get_num_threads(),
              usable_cpus(), waits, config.device)  # fmt: skip
     paths = StatePaths.from_env()
+    if trains:
+        check_disk_room(config, paths.root, f"profile {config.name}")
     check_tracking_store(paths)
     paths.ensure()
     return paths

@@ -1,0 +1,216 @@
+"""A state folder whose disk fills, or that cannot be written, while the pipeline runs: the stage
+stops in one line naming the folder and its free space (and what it needed, where known), the
+last checkpoint stays the checkpoint, and a run on a disk without room for one stage is refused
+before anything runs.
+
+A small disk is a tmpfs mounted in a user namespace (`unshare -Urm`), where a process may mount
+without root."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def can_mount() -> bool:
+    """Whether a user namespace may mount a tmpfs here."""
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            made = subprocess.run(
+                ["unshare", "-Urm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {folder}"],
+                capture_output=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return made.returncode == 0
+
+
+needs_mount = pytest.mark.skipif(
+    not can_mount(), reason="unshare -Urm cannot mount a tmpfs here (user namespaces refused)"
+)
+
+
+def on_small_disk(
+    folder: Path, size: str, program: list[str], timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """Run `program` (from the project's root) where `folder` is a tmpfs of `size`."""
+    script = 'mount -t tmpfs -o size="$1" tmpfs "$2" && shift 2 && exec "$@"'
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", script, "sh", size, str(folder), *program],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+# Saves a small checkpoint, then one larger than the disk; prints what the second save raised
+# and what is left to resume from.
+CHECKPOINTS = """
+import json, sys, torch
+from pathlib import Path
+from training.checkpoints import load_checkpoint, save_checkpoint
+
+folder = Path(sys.argv[1]) / "runs" / "sft" / "key" / "checkpoints"
+save_checkpoint(folder, {"fingerprint": "run", "weights": torch.ones(100_000)})
+try:
+    save_checkpoint(folder, {"fingerprint": "run", "weights": torch.zeros(2_000_000)})
+    raised = None
+except Exception as error:
+    raised = [type(error).__name__, str(error)]
+state = load_checkpoint(folder, "run")
+print(json.dumps({"raised": raised, "left": sorted(p.name for p in folder.iterdir()),
+                  "resumes_from": float(state["weights"].sum())}))
+"""
+
+
+@needs_mount
+def test_a_checkpoint_the_disk_cannot_hold_is_told_in_one_line_and_the_last_one_kept(tmp_path):
+    ran = on_small_disk(tmp_path, "4m", [sys.executable, "-c", CHECKPOINTS, str(tmp_path)])
+    assert ran.returncode == 0, ran.stderr
+    found = json.loads(ran.stdout.strip().splitlines()[-1])
+    kind, message = found["raised"]
+    assert kind == "StateDiskError"  # torch.save said only "unexpected pos 576 vs 534"
+    assert "\n" not in message
+    folder = tmp_path / "runs" / "sft" / "key" / "checkpoints"
+    assert f"the last one, {folder / 'last'}, is kept" in message
+    assert f"the disk of {folder} is full (" in message
+    assert "free of 4.0 MiB; about 7.6 MiB needed)" in message
+    assert "run the same command again" in message
+    assert found["left"] == ["last"]  # no part of the new one left behind
+    assert found["resumes_from"] == 100_000.0  # the last checkpoint, whole
+
+
+@needs_mount
+def test_a_run_on_a_disk_without_room_for_a_stage_is_refused_before_anything_runs(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    command = [sys.executable, "-m", "cli.main", "run", "--profile", "micro"]
+    ran = on_small_disk(state, "12m", [*command, "--state-dir", str(state / "new")])
+    assert ran.returncode == 3, ran.stderr[-3000:]
+    lines = ran.stderr.strip().splitlines()
+    assert len(lines) == 1, ran.stderr[-3000:]
+    assert (
+        lines[0].startswith("r1: ")
+        and "configs/micro.yaml: the disk of the state folder" in lines[0]
+    )
+    assert f"{state / 'new'} has 12.0 MiB free of 12.0 MiB" in lines[0]
+    assert "a training stage needs about 17.1 MiB (bootstrap: 35,104 parameters" in lines[0]
+    assert "nothing has run" in lines[0]
+    assert not (state / "new").exists()  # the run touched nothing
+
+
+# Fills the disk, then writes through each store's library; prints the line `r1 run` ends with
+# for each failure, and for a failure that names no disk (a Prefect server whose database is on
+# the full disk answers 500).
+WRITERS = """
+import json, sqlite3, sys
+from pathlib import Path
+import duckdb, torch
+from safetensors.torch import save_file
+from cli.failures import run_failure_line
+
+root = Path(sys.argv[1])
+with open(root / "filler", "wb") as filler:
+    try:
+        while True:
+            filler.write(b"x" * 65536)
+    except OSError:
+        pass
+
+def duck():
+    with duckdb.connect(str(root / "r1.duckdb")) as con:
+        con.execute("create table t as select range i, repeat('a', 100) s from range(100000)")
+
+def lite():
+    con = sqlite3.connect(root / "mlflow.db")
+    con.execute("create table t(s)")
+    con.executemany("insert into t values (?)", [("a" * 1000,)] * 1000)
+    con.commit()
+
+def weights():
+    save_file({"w": torch.zeros(100_000)}, str(root / "model.safetensors"))
+
+def plain():
+    (root / "config.json").write_text("{}" * 10_000)
+
+def server():
+    raise RuntimeError("Server error '500 Internal Server Error' for url '.../set_state'")
+
+lines = {}
+for write in (duck, lite, weights, plain, server):
+    try:
+        write()
+        lines[write.__name__] = None
+    except Exception as error:
+        lines[write.__name__] = run_failure_line(error, root)
+print(json.dumps(lines))
+"""
+
+
+@needs_mount
+def test_each_stores_full_disk_ends_the_run_in_one_line_naming_the_folder(tmp_path):
+    ran = on_small_disk(tmp_path, "2m", [sys.executable, "-c", WRITERS, str(tmp_path)])
+    assert ran.returncode == 0, ran.stderr
+    lines = json.loads(ran.stdout.strip().splitlines()[-1])
+    for writer, line in lines.items():
+        assert line is not None, writer
+        assert "\n" not in line
+        assert line.startswith(f"r1: the run failed: the disk of {tmp_path} is full ("), line
+        assert "free of 2.0 MiB" in line and "run the same command again" in line, line
+    assert lines["server"].endswith("(RuntimeError: Server error '500 Internal Server Error' "
+                                    "for url '.../set_state')")  # fmt: skip
+
+
+# A stage that writes more than the disk holds, run as a pipeline's stage task is; prints what
+# the flow raised.
+STAGE = """
+import json, sys
+from pathlib import Path
+from prefect import flow
+from tasks.context import RunContext
+from tasks.stage_cache import stage_task
+from tests.prefect_harness import prefect_harness
+
+@stage_task("writing-stage", stage="writer")
+def writer(ctx):
+    (ctx.state_root / "runs").mkdir()
+    (ctx.state_root / "runs" / "weights.bin").write_bytes(b"w" * (3 << 20))
+    return "written"
+
+@flow(name="one-writing-stage")
+def one_writing_stage(state):
+    return writer(RunContext(Path(state), "parent", "flow-run", "r1-test"))
+
+with prefect_harness():
+    try:
+        one_writing_stage(sys.argv[1])
+        raised = None
+    except Exception as error:
+        raised = [type(error).__name__, str(error)]
+print(json.dumps(raised))
+"""
+
+
+@needs_mount
+def test_a_stage_that_fills_the_disk_stops_naming_the_stage_and_the_state_folder(tmp_path):
+    ran = on_small_disk(tmp_path, "2m", [sys.executable, "-c", STAGE, str(tmp_path)])
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    kind, message = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert kind == "StateDiskError"  # before: OSError: [Errno 28] No space left on device
+    assert "\n" not in message
+    assert message.startswith(f"writer: the disk of {tmp_path} is full (")
+    assert "free of 2.0 MiB)" in message
+    assert "free space on that disk and run the same command again" in message
+    assert message.endswith("(OSError: [Errno 28] No space left on device)")

@@ -1,0 +1,67 @@
+"""Preflight: room on the state folder's disk for one training stage, before anything runs.
+
+A stage that trains holds at once, in its folder and the MLflow store: its last checkpoint and
+the one being written beside it (fp32 weights and AdamW's two moments: 12 bytes a parameter
+each), the model it saves and MLflow's copy of it (4 bytes a parameter each): 32 bytes a
+parameter of the largest model the run trains. The stores take some more as a run starts
+(Prefect's database, copied in, about 6 MiB; MLflow's, with its write-ahead log of up to 4 MiB;
+DuckDB's): STORES_BYTES. A disk with less free than that fails at the start, or at the first
+checkpoint or saved model, so such a run is refused before it starts, naming the folder, the
+space and the need. It is the least a run needs, not what the whole run keeps: every stage keeps
+its model and checkpoints (the micro profile's state folder ends at about 22 MiB, the tiny
+profile's at about 365 MiB), and a run that fills the disk later stops in one line saying so
+(storage/disk.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from configs.schema import PipelineConfig
+from storage.disk import disk_space, size_text
+from training.memory import ModelShape
+from training.memory_fit import model_shape
+
+STAGE_BYTES_PER_PARAMETER = 32  # two checkpoints (12 bytes each), the saved model and its copy
+STORES_BYTES = 16 << 20  # Prefect's, MLflow's (its write-ahead log too), DuckDB's, as a run starts
+
+
+class DiskRoomError(ValueError):
+    """The state folder's disk has less free space than one training stage needs."""
+
+
+def trained_models(config: PipelineConfig) -> dict[str, ModelShape]:
+    """The models a run trains, by the setting that names each: the policy's base and each
+    student (a checkpoint's shape from its config.json, else the profile's model spec)."""
+    boot = config.bootstrap
+    vocab = boot.vocab_size
+    found = {"bootstrap": model_shape(boot.path, boot.model, vocab)}
+    for i, student in enumerate(config.distillation.students):
+        found[f"distillation.students.{i}"] = model_shape(
+            student.path, student.model or boot.model, vocab
+        )
+    return found
+
+
+def disk_room_needed(config: PipelineConfig) -> tuple[str, int, int]:
+    """(the setting of the largest model trained, its parameters, the bytes one of its training
+    stages needs free, the stores' included)."""
+    key, shape = max(trained_models(config).items(), key=lambda item: item[1].parameters)
+    need = shape.parameters * STAGE_BYTES_PER_PARAMETER + STORES_BYTES
+    return key, shape.parameters, need
+
+
+def check_disk_room(config: PipelineConfig, root: Path, source: str) -> None:
+    """Raise DiskRoomError when the disk of the state folder `root` (or of the folder it would be
+    made in) has less free space than one training stage of `config` needs."""
+    space = disk_space(root)
+    key, parameters, need = disk_room_needed(config)
+    if space is None or space.free >= need:
+        return
+    raise DiskRoomError(
+        f"{source}: the disk of the state folder {root} has {space.text()}; a training stage "
+        f"needs about {size_text(need)} ({key}: {parameters:,} parameters x "
+        f"{STAGE_BYTES_PER_PARAMETER} bytes for two checkpoints, the saved model and MLflow's "
+        f"copy, and {size_text(STORES_BYTES)} for the stores); nothing has run: free space on "
+        "that disk, or name a state folder on another (--state-dir, R1_STATE_DIR)"
+    )
