@@ -217,6 +217,7 @@ def command(argv: list[str] | None) -> int:
     try:  # the stores' waits from the environment, and the state folder, before anything starts
         check_wait_settings()
         paths.ensure()
+        paths.check_writable()  # before Prefect's server starts on its database there
     except ValueError as err:
         print(f"r1: {err}", file=sys.stderr)
         return 2

@@ -86,6 +86,7 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
         check_disk_room(config, paths.root, f"profile {config.name}")
     check_tracking_store(paths)
     paths.ensure()
+    paths.check_writable()
     return paths
 
 

@@ -3,8 +3,8 @@ stops in one line naming the folder and its free space (and what it needed, wher
 last checkpoint stays the checkpoint, and a run on a disk without room for one stage is refused
 before anything runs.
 
-A small disk is a tmpfs mounted in a user namespace (`unshare -Urm`), where a process may mount
-without root."""
+A small disk (or a read-only one) is a tmpfs mounted in a user namespace (`unshare -Urm`), where
+a process may mount without root."""
 
 import functools
 import json
@@ -214,3 +214,30 @@ def test_a_stage_that_fills_the_disk_stops_naming_the_stage_and_the_state_folder
     assert "free of 2.0 MiB)" in message
     assert "free space on that disk and run the same command again" in message
     assert message.endswith("(OSError: [Errno 28] No space left on device)")
+
+
+@needs_mount
+def test_a_state_folder_on_a_read_only_disk_is_refused_in_one_line_before_anything_starts(
+    tmp_path,
+):
+    state = tmp_path / "state"
+    command = [sys.executable, "-m", "cli.main", "run", "--profile", "micro"]
+    script = (
+        'mount -t tmpfs tmpfs "$1" && mkdir -p "$1/state/prefect" "$1/state/runs" '
+        '"$1/state/mlartifacts" && echo 5e1f > "$1/state/state_id" && mount -o remount,ro "$1" '
+        '&& shift && exec "$@"'
+    )
+    ran = subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", script, "sh", str(tmp_path), *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT), "R1_STATE_DIR": str(state)},
+    )
+    assert ran.returncode == 2, ran.stderr[-3000:]
+    lines = ran.stderr.strip().splitlines()
+    assert lines == [
+        f"r1: state folder {state}: cannot write in {state}: Read-only file system; make it "
+        "writable, or name another (--state-dir, R1_STATE_DIR)"
+    ], ran.stderr[-3000:]  # before: Prefect's server tracebacks, then a 500 from it
