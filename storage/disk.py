@@ -126,7 +126,7 @@ def full_disk_message(who: str, folder: Path, space: DiskSpace | None, needed: i
     return (
         f"{_whose(who)}the disk of {folder} is full ({have}{need}): free space on that disk "
         "and run the same command again: finished stages come from the cache and the stage "
-        "that failed resumes from its last checkpoint"
+        "that failed resumes from what it saved last (its checkpoint, its stored chunks)"
     )
 
 
