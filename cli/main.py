@@ -206,7 +206,7 @@ def command(argv: list[str] | None) -> int:
         return 0
     from training.disk_fit import DiskRoomError, check_disk_room
 
-    try:  # one training stage fits the free space of the state folder's disk
+    try:  # a pretraining or SFT stage fits the free space of the state folder's disk
         check_disk_room(config, paths.root, str(profile_path(args.profile)))
     except DiskRoomError as err:
         print(f"r1: {err}", file=sys.stderr)

@@ -1,16 +1,17 @@
-"""Preflight: room on the state folder's disk for one training stage, before anything runs.
+"""Preflight: room on the state folder's disk for a pretraining or SFT stage, before anything runs.
 
-A stage that trains holds at once, in its folder and the MLflow store: its last checkpoint and
-the one being written beside it (fp32 weights and AdamW's two moments: 12 bytes a parameter
-each), the model it saves and MLflow's copy of it (4 bytes a parameter each): 32 bytes a
+Such a stage holds at once, in its folder and the MLflow store: its last checkpoint and the one
+being written beside it (fp32 weights and AdamW's two moments: 12 bytes a parameter each),
+the model it saves and MLflow's copy of it (4 bytes a parameter each): 32 bytes a
 parameter of the largest model the run trains. The stores take some more as a run starts
 (Prefect's database, copied in, about 6 MiB; MLflow's, with its write-ahead log of up to 4 MiB;
 DuckDB's): STORES_BYTES, less what they hold already. A disk with less free than that fails at
 the start, or at the first checkpoint or saved model, so such a run is refused before it starts,
 naming the folder, the space and the need. It is the least a run needs, not what the whole run
-keeps: every stage keeps its model and checkpoints (the micro profile's state folder ends at
-about 22 MiB, the tiny profile's at about 365 MiB), and a run that fills the disk later stops in
-one line saying so (storage/disk.py).
+keeps: every stage keeps its model and checkpoints, a GRPO stage under the RL guard keeps those
+its rules may roll back to besides (tiny's `reasoning_rl` folder holds 7 checkpoints, 78 MiB),
+the micro profile's state folder ends at about 22 MiB, the tiny profile's at about 365 MiB; a run
+that fills the disk later stops in one line saying so (storage/disk.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ STORES_BYTES = 16 << 20  # Prefect's, MLflow's (its write-ahead log too), DuckDB
 
 
 class DiskRoomError(ValueError):
-    """The state folder's disk has less free space than one training stage needs."""
+    """The state folder's disk has less free space than a pretraining or SFT stage needs."""
 
 
 def trained_models(config: PipelineConfig) -> dict[str, ModelShape]:
@@ -47,7 +48,7 @@ def trained_models(config: PipelineConfig) -> dict[str, ModelShape]:
 
 @dataclass(frozen=True)
 class DiskRoom:
-    """What one training stage of a run needs free on the state folder's disk."""
+    """What a pretraining or SFT stage of a run needs free on the state folder's disk."""
 
     key: str  # the setting of the largest model the run trains
     parameters: int
@@ -60,7 +61,7 @@ class DiskRoom:
 
 
 def disk_room_needed(config: PipelineConfig, root: Path) -> DiskRoom:
-    """The room one training stage of `config` needs in the state folder `root`: the stores'
+    """The room a pretraining or SFT stage of `config` needs in the state folder `root`: the stores'
     part less what they hold there already."""
     key, shape = max(trained_models(config).items(), key=lambda item: item[1].parameters)
     stores = max(0, STORES_BYTES - stores_bytes(StatePaths(root)))
@@ -80,16 +81,16 @@ def stores_bytes(paths: StatePaths) -> int:
 
 def check_disk_room(config: PipelineConfig, root: Path, source: str) -> None:
     """Raise DiskRoomError when the disk of the state folder `root` (or of the folder it would be
-    made in) has less free space than one training stage of `config` needs."""
+    made in) has less free space than a pretraining or SFT stage of `config` needs."""
     space = disk_space(root)
     room = disk_room_needed(config, root)
     if space is None or space.free >= room.need:
         return
     stores = f", and {size_text(room.stores)} for the stores" if room.stores else ""
     raise DiskRoomError(
-        f"{source}: the disk of the state folder {root} has {space.text()}; a training stage "
-        f"needs about {size_text(room.need)} ({room.key}: {room.parameters:,} parameters x "
-        f"{STAGE_BYTES_PER_PARAMETER} bytes for two checkpoints, the saved model and MLflow's "
-        f"copy{stores}); nothing has run: free space on that disk, or name a state folder on "
-        "another (--state-dir, R1_STATE_DIR)"
+        f"{source}: the disk of the state folder {root} has {space.text()}; a pretraining or "
+        f"SFT stage needs about {size_text(room.need)} ({room.key}: {room.parameters:,} "
+        f"parameters x {STAGE_BYTES_PER_PARAMETER} bytes for two checkpoints, the saved model "
+        f"and MLflow's copy{stores}); nothing has run: free space on that disk, or name a state "
+        "folder on another (--state-dir, R1_STATE_DIR)"
     )

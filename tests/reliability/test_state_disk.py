@@ -1,7 +1,7 @@
 """A state folder whose disk fills, or that cannot be written, while the pipeline runs: the stage
 stops in one line naming the folder and its free space (and what it needed, where known), the
-last checkpoint stays the checkpoint, and a run on a disk without room for one stage is refused
-before anything runs.
+last checkpoint stays the checkpoint, and a run on a disk without room for a training stage is
+refused before anything runs.
 
 A small disk (or a read-only one) is a tmpfs mounted in a user namespace (`unshare -Urm`), where
 a process may mount without root."""
@@ -111,7 +111,7 @@ def test_a_run_on_a_disk_without_room_for_a_stage_is_refused_before_anything_run
         and "configs/micro.yaml: the disk of the state folder" in lines[0]
     )
     assert f"{state / 'new'} has 12.0 MiB free of 12.0 MiB" in lines[0]
-    assert "a training stage needs about 17.1 MiB (bootstrap: 35,104 parameters" in lines[0]
+    assert "or SFT stage needs about 17.1 MiB (bootstrap: 35,104 parameters" in lines[0]
     assert "nothing has run" in lines[0]
     assert not (state / "new").exists()  # the run touched nothing
 
@@ -228,3 +228,20 @@ def test_a_state_folder_on_a_read_only_disk_is_refused_in_one_line_before_anythi
         f"r1: state folder {state}: cannot write in {state}: Read-only file system; make it "
         "writable, or name another (--state-dir, R1_STATE_DIR)"
     ], ran.stderr[-3000:]  # before: Prefect's server tracebacks, then a 500 from it
+
+
+def test_what_the_stores_hold_already_counts_toward_the_room_they_need(tmp_path):
+    """The flow checks again once `r1 run` has started Prefect's server, whose database is then
+    in the state folder: the run the command accepted is not refused for the room it took."""
+    from configs.profiles import load_profile
+    from training.disk_fit import STORES_BYTES, disk_room_needed
+
+    config = load_profile("micro", [])
+    new = disk_room_needed(config, tmp_path / "new")
+    assert new.stores == STORES_BYTES and new.stage == 35_104 * 32
+    (tmp_path / "state" / "prefect").mkdir(parents=True)
+    (tmp_path / "state" / "prefect" / "prefect.db").write_bytes(b"\0" * (5 << 20))
+    (tmp_path / "state" / "mlflow.db-wal").write_bytes(b"\0" * (4 << 20))
+    started = disk_room_needed(config, tmp_path / "state")
+    assert started.stores == STORES_BYTES - (9 << 20)
+    assert started.need == new.need - (9 << 20)
