@@ -137,6 +137,20 @@ def unwritable_message(who: str, folder: Path, cause: str) -> str:
     )
 
 
+def full_disk_reading(error: BaseException, folder: Path, what: str) -> str | None:
+    """The line for a read of `what` in `folder` that failed while the disk of `folder` is full
+    (SQLite in write-ahead-log mode makes a shared-memory file beside a database to read it: on
+    a full disk MLflow's store fails with `disk I/O error`); None while that disk has room, where
+    the error is another's."""
+    space = disk_space(folder)
+    if space is None or space.free >= NEARLY_FULL:
+        return None
+    return (
+        f"the disk of {folder} is full ({space.text()}) and {what} cannot be read without some "
+        f"room on it ({cause_text(error)}): free space on that disk and run the command again"
+    )
+
+
 def _whose(who: str) -> str:
     return f"{who}: " if who else ""
 

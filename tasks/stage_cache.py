@@ -428,6 +428,27 @@ def told_disk_error(error: Exception, run_name: RunName) -> Exception | None:
     return disk_error(error, Path(root), run_name(parameters))
 
 
+def telling_full_disks(fn: Callable) -> Callable:
+    """A task function with no stage folder (opening and closing a pipeline run, the steps of a
+    scheduled evaluation) whose failure on a full disk or a state folder it cannot write is told
+    in one line naming the task run and the state folder (`R1_STATE_DIR`), as a stage's is
+    (`told_disk_error`). Put it under `@task`."""
+
+    @functools.wraps(fn)
+    def told(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            context = TaskRunContext.get()
+            who = context.task_run.name if context is not None else fn.__name__
+            found = disk_error(error, StatePaths.from_env().root, who)
+            if found is None:
+                raise
+            raise found from error
+
+    return told
+
+
 class StageBusyError(RuntimeError):
     """Another process computes the same stage, on the same inputs, in this state folder now."""
 

@@ -15,11 +15,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from prefect import flow
+from prefect import flow, task
 
 from storage.disk import StateDiskError
 from tasks.context import RunContext
-from tasks.stage_cache import stage_task
+from tasks.stage_cache import stage_task, telling_full_disks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -203,6 +203,35 @@ def test_a_stage_that_meets_a_full_disk_stops_in_one_line_naming_the_stage(tmp_p
     assert message.endswith(": free space on the disk it wrote to and run the same command again")
 
 
+@task(name="closing-task", task_run_name="closing-task")
+@telling_full_disks
+def closing() -> str:
+    with open("/dev/full", "wb") as disk:
+        disk.write(b"report" * (1 << 18))
+    return "closed"
+
+
+@flow(name="one-closing-task")
+def one_closing_task() -> str:
+    return closing()
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_task_with_no_stage_folder_that_meets_a_full_disk_stops_in_one_line(
+    tmp_path, monkeypatch
+):
+    """Opening and closing a pipeline run, a scheduled evaluation's steps: the same line."""
+    monkeypatch.setenv("R1_STATE_DIR", str(tmp_path))
+    with pytest.raises(StateDiskError) as info:  # before: OSError: [Errno 28] No space left ...
+        one_closing_task()
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "closing-task: a disk it writes to is full (OSError: [Errno 28] No space left on "
+        f"device), though the state folder's, {tmp_path}, has "
+    )
+
+
 @needs_mount
 def test_a_state_folder_on_a_read_only_disk_is_refused_in_one_line_before_anything_starts(
     tmp_path,
@@ -245,3 +274,41 @@ def test_what_the_stores_hold_already_counts_toward_the_room_they_need(tmp_path)
     started = disk_room_needed(config, tmp_path / "state")
     assert started.stores == STORES_BYTES - (9 << 20)
     assert started.need == new.need - (9 << 20)
+
+
+# Makes an MLflow store as a run leaves it (write-ahead-log mode, closed), then fills the disk.
+STORE_THEN_FILL = """
+import sys
+from pathlib import Path
+from mlflow import MlflowClient
+from storage.paths import StatePaths
+from storage.tracking import write_ahead_log
+
+paths = StatePaths(Path(sys.argv[1])).ensure()
+MlflowClient(tracking_uri=paths.tracking_uri).search_experiments()
+write_ahead_log(paths.mlflow_db, 5)
+with open(paths.root.parent / "filler", "wb") as filler:
+    try:
+        while True:
+            filler.write(b"x" * 65536)
+    except OSError:
+        pass
+"""
+
+
+@needs_mount
+def test_r1_lineage_on_a_full_disk_says_so_in_one_line(tmp_path):
+    state = tmp_path / "state"
+    python = sys.executable
+    script = (
+        f'{python} -c "$1" "$2" && exec {python} -m cli.main lineage models:/r1-micro@final '
+        '--state-dir "$2"'
+    )
+    ran = on_small_disk(tmp_path, "8m", ["sh", "-c", script, "sh", STORE_THEN_FILL, str(state)])
+    assert ran.returncode == 2, ran.stderr[-3000:]  # before: 1, an SQLAlchemy traceback
+    assert ran.stderr.strip().splitlines()[-1:] == [  # after MLflow's lines making the store
+        f"r1: the disk of {state} is full (0 B free of 8.0 MiB) and MLflow's store (SQLite makes "
+        "a file beside it to read it) cannot be read without some room on it (OperationalError: "
+        "(sqlite3.OperationalError) disk I/O error): free space on that disk and run the command "
+        "again"
+    ]
