@@ -312,3 +312,36 @@ def test_r1_lineage_on_a_full_disk_says_so_in_one_line(tmp_path):
         "(sqlite3.OperationalError) disk I/O error): free space on that disk and run the command "
         "again"
     ]
+
+
+# Makes an MLflow store and a run, fills the disk, then logs a metric to the run.
+METRIC_ON_FULL_DISK = """
+import sys
+from pathlib import Path
+from storage.paths import StatePaths
+from storage.tracking import tracking_client
+
+paths = StatePaths(Path(sys.argv[1])).ensure()
+client = tracking_client(paths)
+run = client.create_run(client.create_experiment("x")).info.run_id
+with open(paths.root.parent / "filler", "wb") as filler:
+    try:
+        while True:
+            filler.write(b"x" * 65536)
+    except OSError:
+        pass
+try:
+    client.log_metric(run, "loss", 1.0, step=1)
+except Exception as error:
+    print("raised", type(error).__name__)
+"""
+
+
+@needs_mount
+def test_mlflows_own_log_of_a_full_disk_is_its_words_without_the_traceback(tmp_path):
+    ran = on_small_disk(
+        tmp_path, "8m", [sys.executable, "-c", METRIC_ON_FULL_DISK, str(tmp_path / "state")]
+    )
+    assert ran.stdout.strip().endswith("raised MlflowException"), ran.stderr[-3000:]
+    assert "database or disk is full" in ran.stderr
+    assert "Traceback" not in ran.stderr, ran.stderr[-3000:]  # before: 40 lines of SQLAlchemy
