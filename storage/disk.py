@@ -93,6 +93,12 @@ def _says(error: BaseException, errnos: frozenset[int], words: tuple[str, ...]) 
     return any(word in text for word in words)
 
 
+def _refused_file(error: BaseException) -> bool:
+    """EPERM on a named file (an immutable one, a folder that takes no new entries); EPERM with no
+    file (a signal, a limit) is no write refused."""
+    return isinstance(error, OSError) and error.errno == errno.EPERM and bool(error.filename)
+
+
 def write_failure(error: BaseException) -> tuple[str, BaseException] | None:
     """("full", the error in `error`'s chain that says so) for a disk that ran out of space,
     ("unwritable", ...) for a folder or file that cannot be written, else None (also for an
@@ -102,7 +108,7 @@ def write_failure(error: BaseException) -> tuple[str, BaseException] | None:
             return None
         if _says(link, FULL_ERRNOS, FULL_WORDS):
             return "full", link
-        if _says(link, UNWRITABLE_ERRNOS, UNWRITABLE_WORDS):
+        if _says(link, UNWRITABLE_ERRNOS, UNWRITABLE_WORDS) or _refused_file(link):
             return "unwritable", link
     return None
 

@@ -203,6 +203,41 @@ def test_a_stage_that_meets_a_full_disk_stops_in_one_line_naming_the_stage(tmp_p
     assert message.endswith(": free space on the disk it wrote to and run the same command again")
 
 
+@stage_task("refused-stage", stage="refused")
+def refused(ctx: RunContext) -> str:
+    Path("/sys/r1-checkpoints").mkdir()  # a folder no process may write in, root's included
+    return "written"
+
+
+@flow(name="one-refused-stage")
+def one_refused_stage(state: str) -> str:
+    return refused(RunContext(Path(state), "parent", "flow-run", "r1-test"))
+
+
+def sysfs_takes_folders() -> bool:
+    try:
+        Path("/sys/r1-probe").mkdir()
+    except OSError:
+        return False
+    Path("/sys/r1-probe").rmdir()
+    return True
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_stage_that_cannot_write_a_folder_stops_in_one_line_naming_it(tmp_path):
+    if sysfs_takes_folders():
+        pytest.skip("/sys takes new folders here")
+    with pytest.raises(StateDiskError) as info:  # before: PermissionError: [Errno 1] ...
+        one_refused_stage(str(tmp_path))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("refused: cannot write in /sys (PermissionError: [Errno 1] ")
+    assert message.endswith(
+        "make the state folder writable (or name another with --state-dir or R1_STATE_DIR) "
+        "and run the same command again"
+    )
+
+
 @task(name="closing-task", task_run_name="closing-task")
 @telling_full_disks
 def closing() -> str:
