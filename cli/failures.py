@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from pathlib import Path
 from typing import Any
 
 WIDTH = 80  # columns of the terminal a person reads these on
@@ -125,3 +126,29 @@ def reason_lines(reason: str, indent: str) -> list[str]:
             break_on_hyphens=False,
         ) or [own.rstrip()]
     return lines
+
+
+def run_failure_line(error: BaseException, state_root: Path) -> str:
+    """What `r1 run` says last of a run that failed: its error in one line; where a full disk or
+    a state folder that cannot be written caused it (said in its chain, or the disk of the state
+    folder nearly full now, as when Prefect's own database ran out of space and its server
+    answered 500), that instead, naming the folder and its free space (storage/disk.py)."""
+    from storage.disk import (
+        NEARLY_FULL,
+        StateDiskError,
+        chain,
+        disk_error,
+        disk_space,
+        full_disk_message,
+    )
+    from tasks.progress import exception_line
+
+    told = next((link for link in chain(error) if isinstance(link, StateDiskError)), None)
+    told = told or disk_error(error, state_root, "")
+    if told is not None:
+        return f"r1: the run failed: {told}"
+    space = disk_space(state_root)
+    if space is not None and space.free < NEARLY_FULL:
+        full = full_disk_message("", state_root, space)
+        return f"r1: the run failed: {full} ({exception_line(error)})"
+    return f"r1: the run failed: {exception_line(error)}"

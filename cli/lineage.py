@@ -245,7 +245,9 @@ LINEAGE_GONE = (
 
 
 def lineage_command(model: str, state_dir: str | None = None, json_output: bool = False) -> int:
-    """Print the chain of `model`; 2 with a message naming what is missing."""
+    """Print the chain of `model`; 2 with a message naming what is missing, or the full disk
+    that keeps the stores from being read."""
+    paths = None
     try:
         spec = parse_model(model)
         paths = state_paths(state_dir)
@@ -258,6 +260,15 @@ def lineage_command(model: str, state_dir: str | None = None, json_output: bool 
         return 2
     except (LineageCommandError, LineageError, RegistryError, ValueError) as err:
         print(f"r1: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        from storage.disk import full_disk_reading
+
+        store = "MLflow's store (SQLite makes a file beside it to read it)"
+        told = full_disk_reading(err, paths.root, store) if paths is not None else None
+        if told is None:
+            raise
+        print(f"r1: {told}", file=sys.stderr)
         return 2
     names = run_names(client, root.run_ids())
     guards = run_guards(client, root.run_ids())

@@ -204,12 +204,20 @@ def command(argv: list[str] | None) -> int:
         return 3
     if args.command == "config":
         return 0
+    from training.disk_fit import DiskRoomError, check_disk_room
+
+    try:  # a pretraining or SFT stage fits the free space of the state folder's disk
+        check_disk_room(config, paths.root, str(profile_path(args.profile)))
+    except DiskRoomError as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 3
 
     from storage.tracking import check_wait_settings
 
     try:  # the stores' waits from the environment, and the state folder, before anything starts
         check_wait_settings()
         paths.ensure()
+        paths.check_writable()  # before Prefect's server starts on its database there
     except ValueError as err:
         print(f"r1: {err}", file=sys.stderr)
         return 2
@@ -243,9 +251,9 @@ def command(argv: list[str] | None) -> int:
         print(f"r1: stopped by {signum.name}: the flow run is marked crashed", file=sys.stderr)
         return 128 + signum
     except Exception as error:  # its traceback is in the run's log above, once
-        from tasks.progress import exception_line
+        from cli.failures import run_failure_line
 
-        print(f"r1: the run failed: {exception_line(error)}", file=sys.stderr)
+        print(run_failure_line(error, paths.root), file=sys.stderr)
         return 1
     console = Console()
     print_report(console, result, config.evaluation.k)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,22 @@ class StatePaths:
         if not found.is_dir():
             where = "is a file" if found == self.root else f"lies under a file, {found}"
             raise StateFolderError(f"state folder {self.root}: {where}, not a folder")
+
+    def check_writable(self) -> None:
+        """Raise StateFolderError where a file cannot be made in the folder or in the parts of
+        it every run writes (Prefect's home, the stage folders, MLflow's artifacts): a folder on
+        a disk mounted read-only, or without write permission. Prefect's server, whose database
+        is in the folder, would otherwise meet it first, and the run end in pages of its
+        tracebacks and a 500 from it."""
+        for folder in (self.root, self.prefect_home, self.runs, self.mlflow_artifacts):
+            try:
+                with tempfile.TemporaryFile(dir=folder):
+                    pass
+            except OSError as err:
+                raise StateFolderError(
+                    f"state folder {self.root}: cannot write in {folder}: {err.strerror or err}; "
+                    "make it writable, or name another (--state-dir, R1_STATE_DIR)"
+                ) from None
 
     def ensure(self) -> StatePaths:
         for path in (self.root, self.mlflow_artifacts, self.prefect_home, self.runs):

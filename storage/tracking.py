@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlparse
 from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Run, RunStatus
 
+from storage.disk import write_failure
 from storage.file_lock import FileBusy, held
 from storage.paths import StatePaths, env_seconds
 from storage.sqlite_lock import (
@@ -32,6 +33,22 @@ from storage.sqlite_lock import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class FullDiskBrief(logging.Filter):
+    """MLflow logs each SQL error of its store with the traceback before it raises it again. On
+    a full disk the stage then tells the error in one line (storage/disk.py), so MLflow's record
+    keeps its words and loses the traceback: about forty lines for each write that failed, and
+    a failed stage's record of its failure is one more."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and write_failure(error) is not None:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(FullDiskBrief())
 
 os.environ.setdefault("MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK", "true")
 

@@ -20,6 +20,7 @@ from problems.types import ProblemSet
 from stages.reward_model import RewardModelRef
 from storage import store
 from storage.digests import file_digest, tree_digest
+from storage.disk import disk_error
 from storage.lineage import InputRef
 from storage.model_registry import source_present
 from storage.paths import StatePaths
@@ -263,10 +264,14 @@ def tracked_stage(
             tracker.fail_if_asked()
             yield tracker, timing
         except Exception as err:
+            told = disk_error(err, ctx.state_root, stage)  # a full disk, in one line
+            shown = told or err
             at = f" at step {tracker.step}" if tracker.step else ""
             run_logger().error(
-                "%s failed%s:\n%s: %s", tracker.position, at, type(err).__name__, err
+                "%s failed%s:\n%s: %s", tracker.position, at, type(shown).__name__, shown
             )
+            if told is not None:
+                raise told from err
             raise
         timing["seconds"] = run.attempts.earlier_seconds + time.perf_counter() - began
         tracker.log_metrics({"stage/seconds": timing["seconds"]})

@@ -52,7 +52,8 @@ from tasks.plan import check_fault_stage, planned_stages
 from tasks.result import PipelineResult
 from tasks.resume import hold_pipeline_run, resumed_command_run
 from tasks.run_pages import RUN_DESCRIPTION_TAG, report_description
-from tasks.stage_cache import code_version
+from tasks.stage_cache import code_version, telling_full_disks
+from training.disk_fit import check_disk_room
 from training.memory_fit import check_memory_fit
 
 log = logging.getLogger(__name__)
@@ -81,12 +82,16 @@ def open_state(config: PipelineConfig, flow: str, trains: bool = True) -> StateP
     log.info("torch threads %d (CPUs usable %d); %s; models on %s", torch.get_num_threads(),
              usable_cpus(), waits, config.device)  # fmt: skip
     paths = StatePaths.from_env()
+    if trains:
+        check_disk_room(config, paths.root, f"profile {config.name}")
     check_tracking_store(paths)
     paths.ensure()
+    paths.check_writable()
     return paths
 
 
 @task(name="open-pipeline-run", task_run_name="open-pipeline-run")
+@telling_full_disks
 def open_pipeline_run(config: PipelineConfig, flow: str = "r1_pipeline") -> RunContext:
     paths = open_state(config, flow)
     client = tracking_client(paths)
@@ -171,6 +176,7 @@ def retried_pipeline_run(client: MlflowClient, experiment: str, flow_run_id: str
 
 
 @task(name="close-pipeline-run", task_run_name="close-pipeline-run")
+@telling_full_disks
 def close_pipeline_run(
     ctx: RunContext, stages: list[StageResult], evals: dict[str, EvalReport], k: int = 4
 ) -> PipelineResult:

@@ -54,6 +54,7 @@ from storage.tracking import (
     log_dataset,
     tracking_client,
 )
+from tasks.stage_cache import telling_full_disks
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ def settings_of(
 
 
 @task(name="open-evaluation-run", task_run_name="open-evaluation-run")
+@telling_full_disks
 def open_evaluation_run(
     paths: StatePaths, model: RegisteredModel, settings: dict[str, Any], config: EvalConfig
 ) -> str:
@@ -216,6 +218,7 @@ def open_evaluation_run(
 
 
 @task(name="prepare-heldout-data", task_run_name="prepare-heldout-data")
+@telling_full_disks
 def prepare_data(config: DataConfig, paths: StatePaths, run_id: str) -> EvalData:
     """Regenerate the profile's held-out problems and general prompts (the same seeds give the
     same files the pipeline evaluated on) and record them as the run's inputs."""
@@ -238,6 +241,7 @@ def prepare_data(config: DataConfig, paths: StatePaths, run_id: str) -> EvalData
 
 
 @task(name="evaluate-registered-model", task_run_name="evaluate-registered-model")
+@telling_full_disks
 def evaluate_registered_model(
     config: EvalConfig,
     paths: StatePaths,
@@ -285,6 +289,7 @@ def evaluate_registered_model(
 
 
 @task(name="record-evaluation", task_run_name="record-evaluation")
+@telling_full_disks
 def record_evaluation(
     paths: StatePaths,
     model: RegisteredModel,

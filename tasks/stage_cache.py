@@ -47,6 +47,7 @@ from pydantic import BaseModel
 
 from configs.strict import computed_settings
 from storage.digests import file_digest, tree_digest, tree_files
+from storage.disk import disk_error
 from storage.file_lock import FileBusy, held
 from storage.paths import StatePaths
 from tasks.progress import name_task_run_logs, run_logger
@@ -394,7 +395,13 @@ def stage_task(
         @functools.wraps(fn)
         def computed_alone(*args: Any, **kwargs: Any) -> Any:
             with stage_held(stage, run_name or named):
-                return fn(*args, **kwargs)
+                try:
+                    return fn(*args, **kwargs)
+                except Exception as error:
+                    told = told_disk_error(error, run_name or named)
+                    if told is None:
+                        raise
+                    raise told from error
 
         made = task(
             name=name,
@@ -407,6 +414,39 @@ def stage_task(
         return made
 
     return decorate
+
+
+def told_disk_error(error: Exception, run_name: RunName) -> Exception | None:
+    """The one-line StateDiskError of a stage task that failed on a full disk or a state folder
+    it cannot write (storage/disk.py), naming the stage and the state folder; None for any
+    other failure, and outside a pipeline run's stage."""
+    context = TaskRunContext.get()
+    parameters = context.parameters if context is not None else {}
+    root = getattr(parameters.get("ctx"), "state_root", None)
+    if root is None:
+        return None
+    return disk_error(error, Path(root), run_name(parameters))
+
+
+def telling_full_disks(fn: Callable) -> Callable:
+    """A task function with no stage folder (opening and closing a pipeline run, the steps of a
+    scheduled evaluation) whose failure on a full disk or a state folder it cannot write is told
+    in one line naming the task run and the state folder (`R1_STATE_DIR`), as a stage's is
+    (`told_disk_error`). Put it under `@task`."""
+
+    @functools.wraps(fn)
+    def told(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            context = TaskRunContext.get()
+            who = context.task_run.name if context is not None else fn.__name__
+            found = disk_error(error, StatePaths.from_env().root, who)
+            if found is None:
+                raise
+            raise found from error
+
+    return told
 
 
 class StageBusyError(RuntimeError):

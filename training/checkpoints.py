@@ -9,6 +9,15 @@ from pathlib import Path
 
 import torch
 
+from storage.disk import (
+    NEARLY_FULL,
+    StateDiskError,
+    cause_text,
+    disk_error,
+    disk_space,
+    full_disk_message,
+)
+
 log = logging.getLogger(__name__)
 
 
@@ -18,12 +27,52 @@ def save_checkpoint(ckpt_dir: Path, state: dict) -> None:
     tmp, last, old = ckpt_dir / "last.tmp", ckpt_dir / "last", ckpt_dir / "last.old"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save(state, tmp / "state.pt")
+    try:
+        torch.save(state, tmp / "state.pt")
+    except (OSError, RuntimeError) as error:
+        shutil.rmtree(tmp, ignore_errors=True)  # the part written: `last` stays the checkpoint
+        told = unsaved_checkpoint_error(error, ckpt_dir, state_bytes(state))
+        if told is None:
+            raise
+        raise told from error
     if last.exists():
         shutil.rmtree(old, ignore_errors=True)  # left by a kill before its removal finished
         last.rename(old)
     tmp.rename(last)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def state_bytes(state: object) -> int:
+    """The bytes of the tensors in a checkpoint's state (nested in dicts, lists and tuples): about
+    what `torch.save` writes of it."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(value) for value in state)
+    return 0
+
+
+def unsaved_checkpoint_error(
+    error: BaseException, ckpt_dir: Path, needed: int
+) -> StateDiskError | None:
+    """A checkpoint that could not be written for want of space, in one line naming its folder,
+    the free space and about what it needs. `torch.save` on a full disk says only `unexpected
+    pos 576 vs 534` (a RuntimeError), so the disk is taken for full also when it has less room
+    than the checkpoint needs. None for any other failure."""
+    last = checkpoint_file(ckpt_dir)
+    kept = f"the last one, {last.parent}, is kept" if last else "none was saved before"
+    who = f"saving a checkpoint ({kept})"
+    told = disk_error(error, ckpt_dir, who, needed)
+    if told is not None:
+        return told
+    space = disk_space(ckpt_dir)
+    if space is None or space.free >= needed + NEARLY_FULL:
+        return None
+    return StateDiskError(
+        f"{full_disk_message(who, ckpt_dir, space, needed)} ({cause_text(error)})"
+    )
 
 
 def checkpoint_file(ckpt_dir: Path) -> Path | None:
