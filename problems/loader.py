@@ -289,9 +289,10 @@ def _script(language: str | None, question: str) -> str:
 def _tests(row: dict[str, Any], name: str = "tests") -> tuple[str, ...]:
     """A code problem's tests from column `name`, each as text: assert statements (MBPP's
     `test_list`, or one text of statements), or stdin/stdout cases (a list of `{"input",
-    "output"}`, or APPS's `{"inputs": [...], "outputs": [...]}`, as such or as JSON text), each
-    case kept as its JSON. An assert-style test must be Python and assert something outside any
-    function it defines: HumanEval's `def check(candidate)` alone asserts nothing."""
+    "output"}`, each as such or as JSON text, or APPS's `{"inputs": [...], "outputs": [...]}`, as
+    such or as JSON text), each case kept as its JSON. An assert-style test must be Python and
+    assert something outside any function it defines: HumanEval's `def check(candidate)` alone
+    asserts nothing."""
     tests = row.get(name)
     if tests is None:
         return ()
@@ -304,6 +305,7 @@ def _tests(row: dict[str, Any], name: str = "tests") -> tuple[str, ...]:
         raise BadRow("wrong_type", f"{name!r} is a {type(tests).__name__}, not a list of tests")
     kept = []
     for i, test in enumerate(tests, 1):
+        test = _case_or_test(test)
         if isinstance(test, dict):
             kept.append(json.dumps(_io_case(test, f"{name!r} case {i}")))
         elif not isinstance(test, str):
@@ -312,6 +314,16 @@ def _tests(row: dict[str, Any], name: str = "tests") -> tuple[str, ...]:
             _check_asserts(test, f"{name!r} test {i}")
             kept.append(test)
     return tuple(kept)
+
+
+def _case_or_test(test: Any) -> Any:
+    """One test as given, or a stdin/stdout case written as JSON text (`{"input": ..., "output":
+    ...}`): how the prepared files keep each case, and no assert statement is a JSON object."""
+    if isinstance(test, str):
+        decoded = _json_or_none(test)
+        if isinstance(decoded, dict):
+            return decoded
+    return test
 
 
 def _json_or_none(text: str) -> Any:
