@@ -64,7 +64,7 @@ def data_fit_problems(config: PipelineConfig, flow: str = "r1_pipeline") -> list
         and not with_solution
     ):
         found.append(
-            f"bootstrap from scratch: the {where} have neither worked steps nor worked "
+            f"bootstrap from scratch: {where} have neither worked steps nor worked "
             "solutions to build a corpus from; give a pretrained checkpoint (bootstrap.path) or "
             "data with solutions"
         )

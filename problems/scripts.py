@@ -60,6 +60,14 @@ def char_script(ch: str) -> str | None:
     return name.split(" ", 1)[0].lower() if name else None
 
 
+@lru_cache(maxsize=1 << 14)
+def _known_char_script(ch: str) -> str | None:
+    """`char_script`, remembered: a data set's texts share a few hundred characters, and a
+    Unicode name looked up for each of each text's distinct letters was most of the time a
+    100,000-row file took to load."""
+    return char_script(ch)
+
+
 def strip_markup(text: str) -> str:
     """Drop the format's tags and LaTeX math commands (MATH_COMMANDS), which are ASCII whatever
     the language; other markup stays, and its letters count."""
@@ -70,9 +78,9 @@ def strip_markup(text: str) -> str:
 def script_counts(text: str) -> Counter[str]:
     """Letters per script in `text`, markup aside."""
     counts: Counter[str] = Counter()
-    # each distinct character's script looked up once
+    # each distinct character's script looked up once a text, and remembered across texts
     for ch, n in Counter(strip_markup(text)).items():
-        script = char_script(ch)
+        script = _known_char_script(ch)
         if script:
             counts[script] += n
     return counts

@@ -42,4 +42,4 @@ def solution_trace(problem: Problem) -> str | None:
 def traceable(problem: Problem) -> bool:
     """Whether the programmatic teacher can write this problem's traces: a tiny-world problem
     with worked steps (math, logic) or operations (code); a real data set's problem has none."""
-    return problem.family == "code" or bool(problem.steps)
+    return bool(problem.steps)

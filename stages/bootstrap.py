@@ -64,7 +64,14 @@ def run(
     docs = build_corpus(train_problems, config.corpus, seed=seed)
     styles = Counter(d.style for d in docs)
     tracker.log_metrics({f"corpus/{style}": float(n) for style, n in styles.items()})
-    tokenizer = train_tokenizer(tokenizer_texts(docs, train_problems, seed), config.vocab_size)
+    texts = tokenizer_texts(docs, train_problems, seed)
+    log.info(
+        "bootstrap: %s problems, %s corpus documents; training a %d-token tokenizer on %s texts "
+        "(%.0f MB)", f"{len(train_problems):,}", f"{len(docs):,}", config.vocab_size,
+        f"{len(texts):,}", sum(map(len, texts)) / 1e6,
+    )  # fmt: skip
+    tokenizer = train_tokenizer(texts, config.vocab_size)
+    del texts
     return pretrain(
         config.model,
         config.train,
@@ -175,6 +182,7 @@ def pretrain(
     init: PreTrainedModel | None = None,
 ) -> ModelRef:
     """A decoder trained as a causal LM on the corpus documents: fresh, or from `init`."""
+    log.info("%s: tokenising %s corpus documents", desc, f"{len(docs):,}")
     examples = corpus_examples(tokenizer, docs, train_config.max_length)
     examples.cuts.report(tracker.log_metrics, desc)
     model = init

@@ -41,7 +41,7 @@ def run(
     """The filtered cold-start set; with `max_example_tokens` (the cold-start SFT's max_length),
     the length filter also removes a trace whose whole example, prompt and completion as SFT
     renders them, is longer, where SFT would cut it."""
-    train = load_problems(problems.train_path)[: config.max_problems]
+    train = load_problems(problems.train_path, limit=config.max_problems)  # reads no further
     tokenizer = load_tokenizer(base.path)
 
     def count_tokens(text: str) -> int:

@@ -13,7 +13,6 @@ from configs.schema import RejectionConfig
 from evaluation.report import packed
 from models.saved import ModelRef
 from problems.general_files import GeneralFiles
-from problems.loader import load_problems
 from problems.types import ProblemSet
 from stages import rejection as rejection_stage
 from stages.reward_model import RewardModelRef
@@ -70,7 +69,9 @@ def rejection_sample(
         tracker.client.set_tag(tracker.run_id, "policy.digest", policy.digest)
         tracker.client.set_tag(tracker.run_id, "rollouts.key", key)
         prompts = rejection_stage.select_prompts(
-            config, load_problems(problems.train_path), general_prompts(general, "train")
+            config,
+            rejection_stage.reasoning_problems(config, problems.train_path),
+            general_prompts(general, "train"),
         )
         report = rejection_stage.run(
             config,

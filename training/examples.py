@@ -8,7 +8,7 @@ for the stage to log and warn about: nothing is cut without a word.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +17,10 @@ from transformers import PreTrainedTokenizerBase
 from models.chat import render_completions, render_prompt
 
 IGNORE = -100  # label that the loss skips
+# Texts handed to the tokenizer at once. Its output for a batch holds every token's text and
+# offsets beside the ids; a whole corpus at once (NuminaMath's 860k solutions) held all of them
+# until the last text was encoded, gigabytes more than the ids kept.
+TOKENIZE_CHUNK = 1024
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +73,23 @@ class Examples(list[Example]):
         self.cuts = cuts
 
 
+def token_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> Iterator[list[int]]:
+    """Each text's token ids, in order, tokenised TOKENIZE_CHUNK texts at a time (the same ids
+    as all at once: each text is encoded on its own), so memory holds the ids the caller keeps,
+    not the tokenizer's whole output for every text."""
+    for start in range(0, len(texts), TOKENIZE_CHUNK):
+        chunk = list(texts[start : start + TOKENIZE_CHUNK])
+        yield from tokenizer(chunk, add_special_tokens=False, return_attention_mask=False)[
+            "input_ids"
+        ]
+
+
 def lm_examples(
     tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int
 ) -> Examples:
     """Every token is a target (pretraining)."""
     examples, cut, tokens_cut = [], 0, 0
-    for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]:
+    for ids in token_ids(tokenizer, texts):
         if len(ids) > max_length:
             cut, tokens_cut = cut + 1, tokens_cut + len(ids) - max_length
         ids = ids[:max_length]
@@ -89,10 +104,11 @@ def sft_examples(
     max_length: int,
 ) -> Examples:
     """Prompt tokens are context only; the loss falls on the completion tokens."""
-    prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-    completion_ids = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
     examples, cut, dropped, tokens_cut = [], 0, 0, 0
-    for p, c in zip(prompt_ids, completion_ids, strict=True):
+    pairs = zip(token_ids(tokenizer, prompts), token_ids(tokenizer, completions), strict=True)
+    for p, c in pairs:
         if len(p) + len(c) > max_length:
             cut, tokens_cut = cut + 1, tokens_cut + len(p) + len(c) - max_length
         ids = (p + c)[:max_length]
@@ -101,7 +117,7 @@ def sft_examples(
             examples.append(Example(ids, labels))
         else:
             dropped += 1
-    return Examples(examples, Cuts(len(prompt_ids), cut, dropped, tokens_cut, max_length))
+    return Examples(examples, Cuts(len(prompts), cut, dropped, tokens_cut, max_length))
 
 
 def dataset_examples(

@@ -105,3 +105,24 @@ def test_the_loader_keeps_the_solution_and_our_files_keep_it_apart(tmp_path):
 def test_solutions_need_real_data():
     with pytest.raises(ConfigError, match="curation.source 'solutions' needs data"):
         load_profile("micro", ["curation.source=solutions"])
+
+
+def test_curation_reads_the_training_file_no_further_than_max_problems(tmp_path, tokenizer):
+    """A large data set's prepared file is read up to `max_problems`, not whole and then cut:
+    the row after them, unreadable, is never reached."""
+    from models.saved import ModelRef
+    from problems.types import ProblemSet
+    from stages import curation
+    from stages.tracker import NullTracker
+
+    train = write_problems(tmp_path / "train.jsonl", [gsm8k(), gsm8k()])
+    with train.open("a") as f:
+        f.write("not a row of the prepared file\n")
+    base = tmp_path / "base"
+    tokenizer.save_pretrained(base)
+    problems = ProblemSet(train, train, n_train=3, n_heldout=3)
+    config = CurationConfig(source="solutions", max_problems=2)
+
+    curated = curation.run(config, problems, ModelRef(base), tmp_path / "out", NullTracker())
+
+    assert curated.n_candidates == 2

@@ -87,6 +87,36 @@ def test_combinations_that_cannot_run_are_refused_naming_the_fix(
     assert fix in capsys.readouterr().err
 
 
+def code_rows(n: int) -> list[dict]:
+    """Stdin/stdout code problems as a data set ships them: tests, a program, no worked steps."""
+    return [
+        {
+            "question": f"Read x and print x plus {k}.",
+            "answer": f"print(int(input()) + {k})",
+            "tests": [{"input": "1\n", "output": f"{1 + k}\n"}],
+        }
+        for k in range(n)
+    ]
+
+
+def test_a_code_data_sets_problems_are_not_traced_as_the_tiny_worlds(data, tmp_path):
+    """The programmatic teacher knows only the tiny world's functions (their operations are
+    its steps): a data set's code problems are refused it up front, and the corpus of a data
+    set mixing them with worked solutions answers them from their own programs."""
+    code = tmp_path / "code.jsonl"
+    code.write_text("".join(json.dumps(r) + "\n" for r in code_rows(40)))
+    only_code = ["data.source=files", f"data.files.train_path={code}"]
+    only_code += [f"data.files.heldout_path={code}", "curation.source=teacher"]
+
+    reasons = data_fit_problems(load_profile("micro", only_code))
+
+    assert any("set curation.source=solutions" in reason for reason in reasons), reasons
+    assert any("bootstrap.path" in reason for reason in reasons), reasons
+    mixed = load_problems(data["train"]) + load_problems(code)
+    docs = build_corpus(mixed, load_profile("micro").bootstrap.corpus, seed=0)
+    assert any("print(int(input()) + 3)" in d.response for d in docs)
+
+
 def test_bare_answers_from_scratch_need_a_checkpoint(data):
     config = load_profile("micro", settings(data, "bare", "solutions"))
     reasons = data_fit_problems(config, "r1_zero")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from problems.loader import ProblemFileError, read_problems
+from problems.loader import ProblemFileError, load_problems, read_problems
 from rewards.accuracy import grade
 from rewards.code import CodeReward
 from sandbox import capabilities
@@ -105,6 +105,27 @@ def test_apps_stdin_stdout_cases_are_judged_by_output(tmp_path, as_text):
     for wrong in ("print('wrong')", "pass"):
         value, why = score(problem.tests, wrong)
         assert value == 0.0 and why == {"wrong_output": 2.0}
+
+
+def test_stdin_stdout_problems_read_back_from_the_prepared_files_as_they_were(tmp_path):
+    """The problems stage writes each case as JSON text; every later stage reads that file: a
+    case must come back a case, not an assert-style test that asserts nothing."""
+    from configs.data import DataConfig
+    from stages import problems as problems_stage
+
+    mbpp = {"question": MBPP["text"], "input_output": MBPP["test_list"]}
+    train = write(tmp_path, APPS, mbpp)
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text(json.dumps(APPS | {"question": "Print the difference."}) + "\n")
+    files = {"train_path": train, "heldout_path": heldout, "tests_field": "input_output"}
+    config = DataConfig(source="files", files=files)
+
+    prepared = problems_stage.run(config, tmp_path / "prepared")
+
+    read, _ = read_problems(train, tests_field="input_output")
+    assert [len(p.tests) for p in read] == [2, 2] and read[0].tests[0].startswith('{"input"')
+    assert load_problems(prepared.train_path) == read
+    assert load_problems(prepared.heldout_path)[0].tests == read[0].tests
 
 
 @judged

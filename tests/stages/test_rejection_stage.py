@@ -8,6 +8,7 @@ import pytest
 from configs.reinforcement import RewardTerm
 from configs.schema import FunnelConfig, RejectionConfig
 from models.saved import ModelRef, save_model
+from problems.loader import write_problems
 from problems.types import Problem
 from stages import rejection
 from stages.tracker import NullTracker
@@ -70,6 +71,19 @@ def test_select_prompts_caps_each_kind():
     picked = rejection.select_prompts(
         CONFIG.model_copy(update={"reasoning_prompts": 3}), REASONING, GENERAL
     )
+    assert [p.id for p in picked] == ["r0", "r1", "r2", "g0", "g1"]
+
+
+def test_the_training_file_is_read_no_further_than_the_prompts_it_gives(tmp_path):
+    """A large data set's prepared file is read up to `reasoning_prompts`, not whole and then
+    cut: the row after them, unreadable, is never reached."""
+    train = write_problems(tmp_path / "train.jsonl", REASONING[:3])
+    with train.open("a") as f:
+        f.write("not a row of the prepared file\n")
+    config = CONFIG.model_copy(update={"reasoning_prompts": 3})
+
+    picked = rejection.select_prompts(config, rejection.reasoning_problems(config, train), GENERAL)
+
     assert [p.id for p in picked] == ["r0", "r1", "r2", "g0", "g1"]
 
 
