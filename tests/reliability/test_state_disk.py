@@ -311,8 +311,19 @@ def test_what_the_stores_hold_already_counts_toward_the_room_they_need(tmp_path)
     assert started.need == new.need - (9 << 20)
 
 
+# Fills the disk of the state folder `paths` to its last byte.
+FILL_THE_DISK = """
+with open(paths.root.parent / "filler", "wb") as filler:
+    try:
+        while True:
+            filler.write(b"x" * 65536)
+    except OSError:
+        pass
+"""
+
 # Makes an MLflow store as a run leaves it (write-ahead-log mode, closed), then fills the disk.
-STORE_THEN_FILL = """
+STORE_THEN_FILL = (
+    """
 import sys
 from pathlib import Path
 from mlflow import MlflowClient
@@ -322,13 +333,9 @@ from storage.tracking import write_ahead_log
 paths = StatePaths(Path(sys.argv[1])).ensure()
 MlflowClient(tracking_uri=paths.tracking_uri).search_experiments()
 write_ahead_log(paths.mlflow_db, 5)
-with open(paths.root.parent / "filler", "wb") as filler:
-    try:
-        while True:
-            filler.write(b"x" * 65536)
-    except OSError:
-        pass
 """
+    + FILL_THE_DISK
+)
 
 
 @needs_mount
@@ -350,7 +357,8 @@ def test_r1_lineage_on_a_full_disk_says_so_in_one_line(tmp_path):
 
 
 # Makes an MLflow store and a run, fills the disk, then logs a metric to the run.
-METRIC_ON_FULL_DISK = """
+METRIC_ON_FULL_DISK = (
+    """
 import sys
 from pathlib import Path
 from storage.paths import StatePaths
@@ -359,17 +367,15 @@ from storage.tracking import tracking_client
 paths = StatePaths(Path(sys.argv[1])).ensure()
 client = tracking_client(paths)
 run = client.create_run(client.create_experiment("x")).info.run_id
-with open(paths.root.parent / "filler", "wb") as filler:
-    try:
-        while True:
-            filler.write(b"x" * 65536)
-    except OSError:
-        pass
+"""
+    + FILL_THE_DISK
+    + """
 try:
     client.log_metric(run, "loss", 1.0, step=1)
 except Exception as error:
     print("raised", type(error).__name__)
 """
+)
 
 
 @needs_mount
