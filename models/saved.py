@@ -9,6 +9,7 @@ from pathlib import Path
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from models.loading import parameter_count
+from storage.durable import sync_folder, sync_tree
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,13 @@ class ModelRef:
 def save_model(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path
 ) -> ModelRef:
-    """Save a stage's model with its tokenizer under `out_dir/model` and refer to it."""
+    """Save a stage's model with its tokenizer under `out_dir/model` and refer to it, its files
+    on disk before the stage's result names them (storage/durable.py)."""
     model_dir = out_dir / "model"
     model.save_pretrained(model_dir)
     save_tokenizer(tokenizer, model_dir)
+    sync_tree(model_dir)
+    sync_folder(out_dir)
     return ModelRef(path=model_dir, parameters=parameter_count(model))
 
 

@@ -17,18 +17,22 @@ from storage.disk import (
     disk_space,
     full_disk_message,
 )
+from storage.durable import sync_folder, sync_tree
 
 log = logging.getLogger(__name__)
 
 
 def save_checkpoint(ckpt_dir: Path, state: dict) -> None:
     """Write to a scratch folder, then swap it in: a process killed at any point leaves a whole
-    checkpoint (`last`, or `last.old` between the two renames) that `load_checkpoint` finds."""
+    checkpoint (`last`, or `last.old` between the two renames) that `load_checkpoint` finds. The
+    new one is on disk before the swap, and the swap after it (storage/durable.py): a machine
+    that goes down leaves one whole checkpoint too."""
     tmp, last, old = ckpt_dir / "last.tmp", ckpt_dir / "last", ckpt_dir / "last.old"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         torch.save(state, tmp / "state.pt")
+        sync_tree(tmp)
     except (OSError, RuntimeError) as error:
         shutil.rmtree(tmp, ignore_errors=True)  # the part written: `last` stays the checkpoint
         told = unsaved_checkpoint_error(error, ckpt_dir, state_bytes(state))
@@ -39,6 +43,7 @@ def save_checkpoint(ckpt_dir: Path, state: dict) -> None:
         shutil.rmtree(old, ignore_errors=True)  # left by a kill before its removal finished
         last.rename(old)
     tmp.rename(last)
+    sync_folder(ckpt_dir)
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from configs.supervised import EngineConfig
+from storage.durable import sync_file, sync_folder, sync_tree
 from training.checkpoints import load_checkpoint, save_checkpoint
 from training.finite import LossGuard, NonFiniteNorm, check_norm_before_update
 
@@ -369,12 +370,15 @@ class DeepSpeedEngine:
         root = ckpt_dir / "deepspeed"
         tag = f"step-{state['step']}"
         self.engine.save_checkpoint(str(root), tag=tag, client_state=state, save_latest=False)
+        sync_tree(root / tag)  # each rank: the shards it sees, its own among them
         dist.barrier()  # every rank's shard is on disk before the record names the tag
         if self.engine.global_rank == 0:
             record = root / "committed.json"
             partial = record.with_suffix(".partial")
             partial.write_text(json.dumps({"tag": tag, "fingerprint": state["fingerprint"]}))
+            sync_file(partial)
             os.replace(partial, record)
+            sync_folder(root)
             for old in root.iterdir():
                 if old.is_dir() and old.name != tag:
                     shutil.rmtree(old, ignore_errors=True)
