@@ -8,8 +8,8 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from host.durable import sync_folder, sync_tree
 from models.loading import parameter_count
-from storage.durable import sync_folder, sync_tree
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ def save_model(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path
 ) -> ModelRef:
     """Save a stage's model with its tokenizer under `out_dir/model` and refer to it, its files
-    on disk before the stage's result names them (storage/durable.py)."""
+    on disk before the stage's result names them (host/durable.py)."""
     model_dir = out_dir / "model"
     model.save_pretrained(model_dir)
     save_tokenizer(tokenizer, model_dir)

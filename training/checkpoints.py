@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from host.durable import sync_folder, sync_tree
 from storage.disk import (
     NEARLY_FULL,
     StateDiskError,
@@ -17,7 +18,6 @@ from storage.disk import (
     disk_space,
     full_disk_message,
 )
-from storage.durable import sync_folder, sync_tree
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def save_checkpoint(ckpt_dir: Path, state: dict) -> None:
     """Write to a scratch folder, then swap it in: a process killed at any point leaves a whole
     checkpoint (`last`, or `last.old` between the two renames) that `load_checkpoint` finds. The
-    new one is on disk before the swap, and the swap after it (storage/durable.py): a machine
+    new one is on disk before the swap, and the swap after it (host/durable.py): a machine
     that goes down leaves one whole checkpoint too."""
     tmp, last, old = ckpt_dir / "last.tmp", ckpt_dir / "last", ckpt_dir / "last.old"
     shutil.rmtree(tmp, ignore_errors=True)

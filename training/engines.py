@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from configs.supervised import EngineConfig
-from storage.durable import sync_file, sync_folder, sync_tree
+from host.durable import sync_file, sync_folder, sync_tree
 from training.checkpoints import load_checkpoint, save_checkpoint
 from training.finite import LossGuard, NonFiniteNorm, check_norm_before_update
 

@@ -1,4 +1,4 @@
-"""What is swapped in, or named by a stage's result, is on disk first (storage/durable.py): a
+"""What is swapped in, or named by a stage's result, is on disk first (host/durable.py): a
 machine that goes down leaves a whole checkpoint. A power cut cannot be made here; these tests
 watch the order of the system calls instead: every file of a checkpoint synced before the rename
 that swaps it in, the folder holding the rename synced after it, a saved model's files synced
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from host.durable import sync_folder, sync_tree
 from models.saved import save_model
-from storage.durable import sync_folder, sync_tree
 from tests.tiny_models import make_tokenizer, tiny_model
 from training.checkpoints import load_checkpoint, save_checkpoint
 
