@@ -110,8 +110,7 @@ class StatePaths:
         tracebacks and a 500 from it."""
         for folder in (self.root, self.prefect_home, self.runs, self.mlflow_artifacts):
             try:
-                with tempfile.TemporaryFile(dir=folder):
-                    pass
+                tempfile.TemporaryFile(dir=folder).close()  # made, then gone
             except OSError as err:
                 raise StateFolderError(
                     f"state folder {self.root}: cannot write in {folder}: {err.strerror or err}; "

@@ -120,19 +120,16 @@ def test_a_run_on_a_disk_without_room_for_a_stage_is_refused_before_anything_run
 # for each failure, and for a failure that names no disk (a Prefect server whose database is on
 # the full disk answers 500).
 WRITERS = """
-import json, sqlite3, sys
+import contextlib, json, sqlite3, sys
 from pathlib import Path
 import duckdb, torch
 from safetensors.torch import save_file
 from cli.failures import run_failure_line
 
 root = Path(sys.argv[1])
-with open(root / "filler", "wb") as filler:
-    try:
-        while True:
-            filler.write(b"x" * 65536)
-    except OSError:
-        pass
+with open(root / "filler", "wb") as filler, contextlib.suppress(OSError):  # to the last byte
+    while True:
+        filler.write(b"x" * 65536)
 
 def duck():
     with duckdb.connect(str(root / "r1.duckdb")) as con:
@@ -313,12 +310,10 @@ def test_what_the_stores_hold_already_counts_toward_the_room_they_need(tmp_path)
 
 # Fills the disk of the state folder `paths` to its last byte.
 FILL_THE_DISK = """
-with open(paths.root.parent / "filler", "wb") as filler:
-    try:
-        while True:
-            filler.write(b"x" * 65536)
-    except OSError:
-        pass
+import contextlib
+with open(paths.root.parent / "filler", "wb") as filler, contextlib.suppress(OSError):
+    while True:
+        filler.write(b"x" * 65536)
 """
 
 # Makes an MLflow store as a run leaves it (write-ahead-log mode, closed), then fills the disk.
