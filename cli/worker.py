@@ -4,7 +4,8 @@ when it stops: `python -m cli.worker --pool r1-local` (what `scripts/serve.sh` s
 `prefect worker start` (Prefect 3.8.8) turns its first SIGTERM into a SIGINT to itself, which an
 idle worker swallows: it goes on polling, and only a second SIGTERM ends it, by the SIGKILL the
 worker sends itself (checked here: still running 40 s after the first). This runs the same
-`ProcessWorker` and, on the first SIGTERM or SIGINT, stops polling, closes its client and exits.
+`ProcessWorker` (whose late report of a crash leaves a retried run alone: cli/late_reports.py)
+and, on the first SIGTERM or SIGINT, stops polling, closes its client and exits.
 
 A flow run that the worker started is a process in a session of its own (Prefect isolates it), so
 a signal to the worker's session does not reach it, and cancelling the worker's task group kills
@@ -187,7 +188,8 @@ async def serve(pool: str, grace: float) -> None:
     """Poll `pool` for flow runs until a SIGTERM or SIGINT arrives; then end the flow runs this
     worker started (they end Crashed) and stop."""
     from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
-    from prefect.workers.process import ProcessWorker
+
+    from cli.late_reports import RetryKeepingWorker
 
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -208,7 +210,7 @@ async def serve(pool: str, grace: float) -> None:
     for line in await end_orphaned_runs(pool):
         print(line, flush=True)
     print(f"{READY} {pool}", flush=True)  # scripts/serve.sh waits for this line
-    worker = ProcessWorker(work_pool_name=pool)
+    worker = RetryKeepingWorker(work_pool_name=pool)
     query = {} if query_interval_set() else {PREFECT_WORKER_QUERY_SECONDS: QUERY_SECONDS}
     try:
         with temporary_settings(query):

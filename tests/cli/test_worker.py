@@ -44,7 +44,7 @@ def test_the_messages_say_why_and_what_to_do():
 
 
 class Polling:
-    """Prefect's ProcessWorker where it starts polling: the interval it polls at (Prefect's
+    """The worker (cli/late_reports.py) where it starts polling: the interval it polls at (Prefect's
     polling loop reads the setting there)."""
 
     seen: list[float] = []
@@ -59,15 +59,14 @@ class Polling:
 
 
 def polling_interval(monkeypatch) -> float:
-    import prefect.workers.process
-
+    import cli.late_reports
     import cli.worker
 
     async def no_orphans(pool: str) -> list[str]:
         return []
 
     monkeypatch.setattr(cli.worker, "end_orphaned_runs", no_orphans)
-    monkeypatch.setattr(prefect.workers.process, "ProcessWorker", Polling)
+    monkeypatch.setattr(cli.late_reports, "RetryKeepingWorker", Polling)
     monkeypatch.setattr(Polling, "seen", [])
     asyncio.run(cli.worker.serve("pool", grace=1.0))
     (seen,) = Polling.seen
