@@ -151,27 +151,46 @@ def on_disk(stage: str, folder: Path) -> int:
     return 0 if state is None else state["step"]
 
 
-def uninterrupted(server: StageServer, stage: str, folder: Path, model_dir: Path | None) -> float:
-    """Run the stage to its end; return the seconds from its first checkpoint to its end."""
+@dataclass
+class Reference:
+    """An uninterrupted run's pace: seconds from its start to its first checkpoint (`lead`) and
+    from there to its end (`window`)."""
+
+    lead: float
+    window: float
+
+
+def uninterrupted(
+    server: StageServer, stage: str, folder: Path, model_dir: Path | None
+) -> Reference:
+    """Run the stage to its end; its pace."""
     pid = server.start(stage, folder, model_dir)
+    began = time.monotonic()
     first = wait_until(lambda: has_progress(stage, folder), "first checkpoint")
     end = wait_until(lambda: result_path(stage, folder).exists(), "result")
     assert server.wait(pid) == 0, output(folder, pid)
-    return end - first
+    return Reference(lead=first - began, window=end - first)
 
 
 def killed_and_restarted(
-    server: StageServer, stage: str, folder: Path, model_dir: Path | None, window: float
+    server: StageServer, stage: str, folder: Path, model_dir: Path | None, reference: Reference
 ) -> Attempts:
     """Kill a run at a random moment after its first checkpoint, kill its restart at a random
-    moment after it begins, then let a third run finish."""
+    moment after it begins, then let a third run finish. The moments are fractions of the
+    reference's window, shortened where this run reached its first checkpoint faster than the
+    reference did (the machine's load changes while the test runs: a run twice as fast as its
+    reference once ended before its kill); a slower run is killed earlier in its course, still
+    after its first checkpoint."""
     rng = random.Random(f"{stage}-{SEED}")
     attempts = Attempts()
+    window = reference.window
     for kill in range(2):
         pid = server.start(stage, folder, model_dir)
         began = time.monotonic()
         if kill == 0:
+            started = began
             began = wait_until(lambda: has_progress(stage, folder), "first checkpoint")
+            window = reference.window * min(1.0, (began - started) / reference.lead)
         delay = window * (rng.uniform(0.05, 0.45) if kill == 0 else rng.uniform(0.0, 0.25))
         time.sleep(max(0.0, began + delay - time.monotonic()))
         os.kill(pid, signal.SIGKILL)
@@ -244,8 +263,8 @@ def assert_same_metrics(got: dict[int, dict[str, float]], want: dict[int, dict[s
 
 @pytest.mark.parametrize("stage", ["sft", "grpo", "distill"])
 def test_a_training_stage_killed_twice_ends_as_an_uninterrupted_run(server, tmp_path, stage):
-    window = uninterrupted(server, stage, tmp_path / "straight", None)
-    attempts = killed_and_restarted(server, stage, tmp_path / "killed", None, window)
+    reference = uninterrupted(server, stage, tmp_path / "straight", None)
+    attempts = killed_and_restarted(server, stage, tmp_path / "killed", None, reference)
     assert_same_end(tmp_path, attempts)
 
 
@@ -257,8 +276,8 @@ def test_asynchronous_grpo_killed_twice_ends_as_an_uninterrupted_run(server, tmp
     the same sample rows (each with its policy version) and reaches the same curves and
     weights; what was drawn ahead at a kill was kept in the checkpoint or is drawn again."""
     stage = f"grpo-k{k}"
-    window = uninterrupted(server, stage, tmp_path / "straight", policy)
-    attempts = killed_and_restarted(server, stage, tmp_path / "killed", policy, window)
+    reference = uninterrupted(server, stage, tmp_path / "straight", policy)
+    attempts = killed_and_restarted(server, stage, tmp_path / "killed", policy, reference)
     assert_same_end(tmp_path, attempts)
     want = sorted((tmp_path / "straight" / "samples").glob("step_*.json"))
     assert len(want) == driver.ASYNC_GRPO[k].steps
@@ -298,8 +317,8 @@ def stored(db: Path) -> tuple[list[tuple], int, list[tuple]]:
 
 
 def test_rejection_sampling_killed_twice_stores_each_rollout_once(server, tmp_path, policy):
-    window = uninterrupted(server, "rejection", tmp_path / "straight", policy)
-    attempts = killed_and_restarted(server, "rejection", tmp_path / "killed", policy, window)
+    reference = uninterrupted(server, "rejection", tmp_path / "straight", policy)
+    attempts = killed_and_restarted(server, "rejection", tmp_path / "killed", policy, reference)
     want_rows, want_keys, want_kept = stored(tmp_path / "straight" / "rollouts.duckdb")
     got_rows, got_keys, got_kept = stored(tmp_path / "killed" / "rollouts.duckdb")
     assert len(got_rows) == got_keys == want_keys == len(want_rows)  # none missing, none twice
