@@ -9,6 +9,7 @@ import argparse
 import logging
 import math
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -19,8 +20,9 @@ from typing import Any
 import yaml
 
 from cli.environment import prepare_environment
-from cli.runs import MAX_RUNS, STATE_TYPES
+from cli.runs import MAX_RUNS, STATE_TYPES, command_path
 from host.threads import settle_process
+from storage.paths import StatePaths
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -257,13 +259,31 @@ def command(argv: list[str] | None) -> int:
         return 1
     console = Console()
     print_report(console, result, config.evaluation.k)
-    console.print(f"state folder:   {paths.root}")
-    console.print(f"DuckDB:         {paths.duckdb}")
-    console.print(f"MLflow run:     {result.parent_run_id}")
-    console.print(f"MLflow UI:      mlflow ui --backend-store-uri {paths.tracking_uri}")
     experiment = tracking_client(paths).get_run(result.parent_run_id).info.experiment_id
-    console.print(f"  then open     {run_url(experiment, result.parent_run_id)}")
+    print_whole(
+        console, where_lines(paths, result.parent_run_id, run_url(experiment, result.parent_run_id))
+    )
     return 0
+
+
+def print_whole(console: Any, lines: list[str]) -> None:
+    """Each line as it is: no folds put in at the terminal's width, no markup read in it."""
+    for line in lines:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def where_lines(paths: StatePaths, run_id: str, url: str) -> list[str]:
+    """Where a finished run's records are, each on one line (a terminal narrower than a path
+    folds it, a copy keeps it whole), the command to paste as typed at the project's root, its
+    path quoted for the shell."""
+    ui = f"{command_path('mlflow')} ui --backend-store-uri {shlex.quote(paths.tracking_uri)}"
+    return [
+        f"state folder:   {paths.root}",
+        f"DuckDB:         {paths.duckdb}",
+        f"MLflow run:     {run_id}",
+        f"MLflow UI:      {ui}",
+        f"  then open     {url}",
+    ]
 
 
 def show_logs() -> None:
