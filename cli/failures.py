@@ -84,13 +84,24 @@ def failure_reason(client: Any, flow_run: Any) -> str:
         failed = [t for t in task_runs(client, flow_run) if t.state.type == StateType.FAILED]
         if failed:
             task_run = max(failed, key=lambda t: t.state.timestamp)
-            return f"{task_run.name}: {exception_text(task_run.state.message or '')}"
+            said = exception_text(task_run.state.message or "")
+            return f"{task_run.name}: {named_once(task_run.name, said)}"
     message = exception_text(flow_run.state.message or "") or flow_run.state.name
     if flow_run.state.type != StateType.CRASHED:
         return message
     said = crash_text(message, getattr(flow_run, "deployment_id", None) is not None)
     stage = crashed_stage(task_runs(client, flow_run))
     return f"in {stage}: {said}" if stage else said
+
+
+def named_once(stage: str, said: str) -> str:
+    """`InjectedFailure: injected failure at step 2` for an exception whose own message begins
+    with the stage's name (`InjectedFailure: reasoning_rl: injected ...`), which the line names
+    already; any other text as it is."""
+    error, colon, rest = said.partition(": ")
+    if colon and ERROR_NAME.fullmatch(error) and rest.startswith(f"{stage}: "):
+        return f"{error}: {rest.removeprefix(f'{stage}: ')}"
+    return said
 
 
 def task_runs(client: Any, flow_run: Any) -> list[Any]:

@@ -8,7 +8,14 @@ from uuid import uuid4
 import pytest
 from prefect.client.schemas.objects import StateType
 
-from cli.failures import WIDTH, crashed_stage, exception_text, failure_reason, reason_lines
+from cli.failures import (
+    WIDTH,
+    crashed_stage,
+    exception_text,
+    failure_reason,
+    named_once,
+    reason_lines,
+)
 from cli.heartbeats import crash_message
 from cli.worker import orphan_message
 
@@ -78,8 +85,23 @@ def test_a_failed_stage_and_a_bad_setting_read_as_before():
     failed = task_run("reasoning_rl", "FAILED", 3)
     failed.state.message = "Task run encountered an exception InjectedFailure: reasoning_rl: x"
     reason = failure_reason(Client([*STAGES[:3], failed]), flow_run("FAILED", "x"))
-    assert reason == "reasoning_rl: InjectedFailure: reasoning_rl: x"
+    assert reason == "reasoning_rl: InjectedFailure: x"  # the stage named once
     assert exception_text(CONFIG_ERROR).startswith("ConfigError: /work/main/configs/micro.yaml")
+
+
+def test_the_stage_is_named_once_where_the_exception_names_it_too():
+    said = "StateDiskError: rejection_sampling: the disk of /s is full (0 B free of 18.0 MiB)"
+    assert named_once("rejection_sampling", said) == (
+        "StateDiskError: the disk of /s is full (0 B free of 18.0 MiB)"
+    )
+    kept = [
+        "InjectedFailure: cold_start_sft: x",  # another stage's name: said as it is
+        "reasoning_rl: x",  # no exception's name in front
+        "ValueError: reasoning_rl_old: x",  # a name that only begins like the stage's
+        "ValueError: reasoning_rl",
+        "",
+    ]
+    assert [named_once("reasoning_rl", text) for text in kept] == kept
 
 
 def test_reason_lines_fit_the_terminal_and_indent_alike():
