@@ -39,7 +39,9 @@ PROC_STAT = Path("/proc/stat")
 PROC_MAPS = Path("/proc/self/maps")
 INTERVAL_S = 0.25  # between two readings of the CPUs
 CALM_READINGS = 2  # quiet readings in a row before the long spin comes back (half a second)
-OWN_BUSY = 0.5  # CPUs of this process's own time under which a reading counts as calm
+# CPUs this process's threads were on or waited for, under which a reading counts as calm
+OWN_BUSY = 0.5
+PROC_TASKS = Path("/proc/self/task")
 # /proc/stat's columns after the CPU's name: user nice system idle iowait irq softirq steal ...
 IDLE_COLUMNS = (3, 4)  # idle, iowait: the rest (steal included: another machine's) is busy
 BUSY_COLUMNS = 8  # user .. steal; guest time is counted inside user already
@@ -245,11 +247,41 @@ def read_cpus(cpus: frozenset[int]) -> Reading:
     return Reading(time.monotonic(), busy_ticks(PROC_STAT.read_text(), cpus), time.process_time())
 
 
+def thread_demand_seconds(schedstat: str) -> float:
+    """A thread's seconds on a CPU plus its seconds runnable in a run queue, waiting for one
+    (`/proc/<pid>/task/<tid>/schedstat`: nanoseconds on the CPU, nanoseconds waiting, slices)."""
+    on_cpu, waiting, _ = schedstat.split()
+    return (int(on_cpu) + int(waiting)) / 1e9
+
+
+def demand_seconds(tasks: Path = PROC_TASKS) -> float:
+    """Seconds this process's threads were on a CPU or runnable waiting for one: what it asked
+    of the CPUs, which its CPU time alone under-reads on a crowded machine (two threads at work
+    among eight runnable tasks on two cores got 0.2 CPUs of time). Its CPU time where the kernel
+    keeps no schedstat. A thread that ended takes its seconds with it: readings are compared
+    clamped at zero."""
+    total = 0.0
+    try:
+        for task in tasks.iterdir():
+            try:
+                total += thread_demand_seconds((task / "schedstat").read_text())
+            except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+                continue
+    except (OSError, ValueError):
+        return time.process_time()
+    return total
+
+
+def demand_clocks() -> tuple[float, float]:
+    return time.monotonic(), demand_seconds()
+
+
 class Governor(threading.Thread):
     """Every `interval` seconds a reading of `gauge` (against `limit`); holds the ballast while
-    `Hysteresis` says to. A reading taken while this process hardly worked (under `OWN_BUSY`
-    CPUs of its own time: waiting on its children, say, a GRPO step's sandboxed programs) counts
-    as calm: its threads were not there to spin. `changes` counts the switches (both ways) and
+    `Hysteresis` says to. A reading taken while this process hardly asked for a CPU (its
+    threads on one or runnable waiting for one, `demand_seconds`, under `OWN_BUSY` CPUs: it was
+    waiting on its children, say, a GRPO step's sandboxed programs) counts as calm: its threads
+    were not there to spin. `changes` counts the switches (both ways) and
     `throttled` says where it stands, for logs and tests."""
 
     def __init__(
@@ -258,7 +290,7 @@ class Governor(threading.Thread):
         gauge: Callable[[], float],
         limit: float,
         interval: float = INTERVAL_S,
-        clocks: Callable[[], tuple[float, float]] = lambda: (time.monotonic(), time.process_time()),
+        clocks: Callable[[], tuple[float, float]] = demand_clocks,
     ):
         super().__init__(name="openmp-governor", daemon=True)
         self.ballast, self.gauge, self.interval, self.clocks = ballast, gauge, interval, clocks
@@ -275,7 +307,7 @@ class Governor(threading.Thread):
         before = self.clocks()
         while not self.stopped.wait(self.interval):
             value, after = self.gauge(), self.clocks()
-            wall, own = after[0] - before[0], after[1] - before[1]
+            wall, own = after[0] - before[0], max(0.0, after[1] - before[1])
             before = after
             throttle = self.rule.update(value if wall > 0 and own >= OWN_BUSY * wall else 0.0)
             if throttle != self.ballast.held:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,11 @@ from host.waiting import (
     PressureGauge,
     Reading,
     busy_ticks,
+    demand_seconds,
     others_cpus,
     spare_cpus_limit,
     stalled_microseconds,
+    thread_demand_seconds,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +100,30 @@ class FakeBallast:
     def let_go(self) -> None:
         self.seen += [False] if self.held else []
         self.held = False
+
+
+def test_demand_is_each_threads_time_on_a_cpu_and_waiting_for_one(tmp_path):
+    assert thread_demand_seconds("433063502 166382251 159\n") == pytest.approx(0.599445753)
+    for tid, stat in (("11", "1000000000 500000000 9"), ("12", "250000000 0 3")):
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "schedstat").write_text(stat)
+    (tmp_path / "13").mkdir()  # a thread that ended between the listing and the read
+    assert demand_seconds(tmp_path) == pytest.approx(1.75)
+
+
+@linux_only
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc/self/task")
+def test_a_busy_thread_is_demand_and_a_sleeping_one_is_not():
+    """A second of a thread at work is a second of demand, on a CPU or waiting for one (on a
+    crowded machine mostly waiting); a second asleep adds almost nothing."""
+    before = demand_seconds()
+    time.sleep(0.5)
+    slept = demand_seconds() - before
+    stop = time.monotonic() + 0.5
+    while time.monotonic() < stop:
+        pass
+    worked = demand_seconds() - before - slept
+    assert slept < 0.05 and 0.45 < worked < 0.6, (slept, worked)
 
 
 def test_the_governor_holds_the_ballast_while_the_cpus_are_contended_and_lets_go_when_calm():
