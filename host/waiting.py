@@ -247,7 +247,7 @@ def read_cpus(cpus: frozenset[int]) -> Reading:
     return Reading(time.monotonic(), busy_ticks(PROC_STAT.read_text(), cpus), time.process_time())
 
 
-def thread_demand_seconds(schedstat: str) -> float:
+def thread_demand_seconds(schedstat: str | bytes) -> float:
     """A thread's seconds on a CPU plus its seconds runnable in a run queue, waiting for one
     (`/proc/<pid>/task/<tid>/schedstat`: nanoseconds on the CPU, nanoseconds waiting, slices)."""
     on_cpu, waiting, _ = schedstat.split()
@@ -259,17 +259,25 @@ def demand_seconds(tasks: Path = PROC_TASKS) -> float:
     of the CPUs, which its CPU time alone under-reads on a crowded machine (two threads at work
     among eight runnable tasks on two cores got 0.2 CPUs of time). Its CPU time where the kernel
     keeps no schedstat. A thread that ended takes its seconds with it: readings are compared
-    clamped at zero."""
-    total = 0.0
+    clamped at zero. About 0.5 ms for 60 threads (plain reads: a reading comes four times a
+    second)."""
     try:
-        for task in tasks.iterdir():
-            try:
-                total += thread_demand_seconds((task / "schedstat").read_text())
-            except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
-                continue
-    except (OSError, ValueError):
+        tids = os.listdir(tasks)
+    except OSError:
         return time.process_time()
-    return total
+    total = 0.0
+    for tid in tids:
+        try:
+            fd = os.open(f"{tasks}/{tid}/schedstat", os.O_RDONLY)
+        except OSError:  # the thread ended meanwhile, or the kernel keeps no schedstat
+            continue
+        try:
+            total += thread_demand_seconds(os.read(fd, 128))
+        except (OSError, ValueError):  # ended while read
+            continue
+        finally:
+            os.close(fd)
+    return total if total or not tids else time.process_time()
 
 
 def demand_clocks() -> tuple[float, float]:
