@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import unquote
 
 from storage.paths import STATE_ENV, StatePaths
 
@@ -38,6 +40,31 @@ def prepare_environment(state_dir: str | Path | None = None, create: bool = True
         os.environ.setdefault(key, value)
     name_deepspeed_accelerator()
     return paths
+
+
+# MLflow's settings that name a store; the pipeline's runs and models go to the state folder's
+MLFLOW_STORE_SETTINGS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
+def same_store(uri: str, paths: StatePaths) -> bool:
+    """Whether `uri` names the state folder's MLflow store (`sqlite:///` and its path, however
+    spelled: relative, or through a symlink)."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return False
+    return Path(unquote(uri.removeprefix(prefix))).resolve() == paths.mlflow_db.resolve()
+
+
+def unused_mlflow_settings(paths: StatePaths, environ: Mapping[str, str]) -> list[str]:
+    """A line for each MLflow setting of the shell that names another store than the state
+    folder's: the pipeline's runs and models never go there, and a user who set it would look
+    for them in the wrong place."""
+    return [
+        f"mlflow: {name}={environ[name]} is not used: the run's runs and models go to the state "
+        f"folder's store, {paths.tracking_uri}"
+        for name in MLFLOW_STORE_SETTINGS
+        if environ.get(name) and not same_store(environ[name], paths)
+    ]
 
 
 def name_deepspeed_accelerator() -> None:

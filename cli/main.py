@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from cli.environment import prepare_environment
+from cli.environment import prepare_environment, unused_mlflow_settings
 from cli.runs import MAX_RUNS, STATE_TYPES
 from host.threads import settle_process
 
@@ -225,6 +225,8 @@ def command(argv: list[str] | None) -> int:
         print(f"r1: state folder {paths.root}: cannot be made: {err}", file=sys.stderr)
         return 2
     show_logs()
+    for line in unused_mlflow_settings(paths, os.environ):
+        logging.getLogger("cli.environment").info(line)
     from cli.prefect_server import EarlyServer
 
     server = EarlyServer.start(paths.prefect_home)  # comes up while the code below imports
