@@ -224,8 +224,15 @@ def command(argv: list[str] | None) -> int:
     except OSError as err:
         print(f"r1: state folder {paths.root}: cannot be made: {err}", file=sys.stderr)
         return 2
+    from cli.prefect_api import PrefectApiUnreachable, reported_to
+
+    try:  # a Prefect server that PREFECT_API_URL names answers (Prefect makes its home here)
+        reporting = reported_to()
+    except PrefectApiUnreachable as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 2
     show_logs()
-    for line in unused_mlflow_settings(paths, os.environ):
+    for line in unused_mlflow_settings(paths, os.environ) + ([reporting] if reporting else []):
         logging.getLogger("cli.environment").info(line)
     from cli.prefect_server import EarlyServer
 
