@@ -18,9 +18,15 @@ from typing import Any
 
 import yaml
 
-from cli.environment import prepare_environment, unused_mlflow_settings
-from cli.runs import MAX_RUNS, STATE_TYPES
-from host.threads import settle_process
+from cli.import_path import project_first
+
+# before any other package of the project is imported: a PYTHONPATH of another project's
+# `training` or `models` must not stand in for ours (cli/import_path.py)
+PUT_FIRST = project_first()
+
+from cli.environment import prepare_environment, unused_mlflow_settings  # noqa: E402
+from cli.runs import MAX_RUNS, STATE_TYPES  # noqa: E402
+from host.threads import settle_process  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 def command(argv: list[str] | None) -> int:
     settle_process()  # before anything imports torch: its OpenMP runtime reads it at load
     args = _parser().parse_args(argv)
+    if PUT_FIRST is not None:
+        print(PUT_FIRST, file=sys.stderr)
     if args.state_dir is not None and not args.state_dir.strip():
         print(f"r1 {args.command}: --state-dir is empty; name a folder", file=sys.stderr)
         return 2
