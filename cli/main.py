@@ -24,7 +24,11 @@ from cli.import_path import project_first
 # `training` or `models` must not stand in for ours (cli/import_path.py)
 PUT_FIRST = project_first()
 
-from cli.environment import prepare_environment, unused_mlflow_settings  # noqa: E402
+from cli.environment import (  # noqa: E402
+    prepare_environment,
+    unused_mlflow_settings,
+    unused_result_settings,
+)
 from cli.runs import MAX_RUNS, STATE_TYPES  # noqa: E402
 from host.threads import settle_process  # noqa: E402
 
@@ -151,6 +155,7 @@ def command(argv: list[str] | None) -> int:
         from cli.watch import watch_command
 
         return watch_command(args.state_dir, args.flow_run_id)
+    shell = dict(os.environ)  # as the user's shell set it
     paths = prepare_environment(args.state_dir, create=False)  # a refused run touches nothing
     from storage.paths import StateFolderError
 
@@ -240,7 +245,8 @@ def command(argv: list[str] | None) -> int:
         print(f"r1: {err}", file=sys.stderr)
         return 2
     show_logs()
-    for line in unused_mlflow_settings(paths, os.environ) + ([reporting] if reporting else []):
+    unused = unused_mlflow_settings(paths, os.environ) + unused_result_settings(shell, paths)
+    for line in unused + ([reporting] if reporting else []):
         logging.getLogger("cli.environment").info(line)
     from cli.prefect_server import EarlyServer
 

@@ -1,7 +1,8 @@
-"""`r1 run` from a shell whose `PREFECT_API_URL` (or a `.env` file in the working folder) names a
-Prefect server that is not there: refused in one line that names the setting, where it was set
-and what to do, before the run starts. In a process of their own: Prefect reads its
-settings once, as it is imported."""
+"""`r1 run` from a shell set up for other Prefect work. A `PREFECT_API_URL` (or a `.env` file in
+the working folder) that names a server that is not there: refused in one line that names the
+setting, where it was set and what to do, before the run starts. A `PREFECT_LOCAL_STORAGE_PATH`:
+the stage cache stays in Prefect's home. In processes of their own: Prefect reads its settings
+once, as it is imported."""
 
 import http.server
 import os
@@ -73,3 +74,39 @@ def test_a_server_that_answers_passes_the_check_and_one_that_does_not_is_refused
     check_api_answers(answering_url)  # what it answers is Prefect's to judge
     with pytest.raises(PrefectApiUnreachable, match="no Prefect server answers there"):
         check_api_answers(dead_url())
+
+
+def test_the_stage_cache_stays_in_prefects_home_whatever_the_shell_says(tmp_path):
+    """Prefect's settings as a run's flow reads them, after `prepare_environment`."""
+    elsewhere = tmp_path / "results-of-another-project"
+    shell = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    shell |= {"PREFECT_LOCAL_STORAGE_PATH": str(elsewhere), "PYTHONPATH": str(REPO)}
+    read = (
+        "from cli.environment import prepare_environment\n"
+        "prepare_environment('state')\n"
+        "from prefect.settings import get_current_settings\n"
+        "print(get_current_settings().results.local_storage_path)\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", read], cwd=tmp_path, env=shell, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.strip() == str(tmp_path / "state" / "prefect" / "storage")
+
+
+def test_a_shell_setting_that_moves_the_stage_cache_is_said_not_to_be_used(tmp_path):
+    from cli.environment import unused_result_settings
+    from storage.paths import StatePaths
+
+    paths = StatePaths(tmp_path / "state")
+    shell = {"PREFECT_LOCAL_STORAGE_PATH": "/elsewhere"}
+    assert unused_result_settings(shell, paths) == [
+        "prefect: PREFECT_LOCAL_STORAGE_PATH=/elsewhere is not used: the stage cache stays in "
+        f"{paths.prefect_home / 'storage'}"
+    ]
+    home = {"PREFECT_HOME": "/home/me/.prefect", "PREFECT_LOCAL_STORAGE_PATH": "/elsewhere"}
+    assert unused_result_settings(home, paths) == [  # a PREFECT_HOME of the user's keeps it
+        "prefect: PREFECT_LOCAL_STORAGE_PATH=/elsewhere is not used: the stage cache stays in "
+        "/home/me/.prefect/storage"
+    ]
+    assert unused_result_settings({}, paths) == []
