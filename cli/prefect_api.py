@@ -30,14 +30,18 @@ def configured_api_url() -> str | None:
     return PREFECT_API_URL.value() or None
 
 
-def api_url_origin(cwd: Path | None = None) -> str:
-    """Where `PREFECT_API_URL` was set, in the order Prefect's settings read it."""
+def api_url_origin(cwd: Path | None = None) -> tuple[str, str]:
+    """Where `PREFECT_API_URL` was set, in the order Prefect's settings read it, and how to take
+    it away."""
     if os.environ.get("PREFECT_API_URL"):
-        return "set in the environment"
+        return "set in the environment", "unset PREFECT_API_URL"
     env_file = (cwd or Path.cwd()) / ENV_FILE
     if env_file.is_file() and "PREFECT_API_URL" in env_file.read_text(errors="replace"):
-        return f"set in {env_file}"
-    return "set in Prefect's profile or a prefect.toml"
+        return f"set in {env_file}", f"take PREFECT_API_URL out of {env_file}"
+    return (
+        "set in Prefect's profile or a prefect.toml",
+        "take it out of them (prefect config unset PREFECT_API_URL, for the profile)",
+    )
 
 
 def check_api_answers(url: str, timeout: float = ANSWER_SECONDS) -> None:
@@ -49,11 +53,11 @@ def check_api_answers(url: str, timeout: float = ANSWER_SECONDS) -> None:
     try:
         httpx.get(f"{url.rstrip('/')}/health", timeout=timeout)
     except httpx.TransportError as error:
+        where, drop = api_url_origin()
         raise PrefectApiUnreachable(
-            f"PREFECT_API_URL={url} ({api_url_origin()}), and no Prefect server answers there "
+            f"PREFECT_API_URL={url} ({where}), and no Prefect server answers there "
             f"({type(error).__name__}: {error}): start that server (this project's stack: "
-            "bash scripts/serve.sh), or unset PREFECT_API_URL to run on a temporary server of "
-            "the run's own"
+            f"bash scripts/serve.sh), or {drop} to run on a temporary server of the run's own"
         ) from None
 
 
@@ -66,5 +70,5 @@ def reported_to() -> str | None:
     check_api_answers(url)
     return (
         f"prefect: the flow run reports to the Prefect server at {url} "
-        f"(PREFECT_API_URL, {api_url_origin()})"
+        f"(PREFECT_API_URL, {api_url_origin()[0]})"
     )

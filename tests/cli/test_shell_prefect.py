@@ -57,6 +57,7 @@ def test_a_prefect_api_url_from_a_dotenv_file_names_the_file(tmp_path):
     ran = r1_run(tmp_path / "state", tmp_path, {})
     assert ran.returncode == 2, ran.stderr[-3000:]
     assert f"PREFECT_API_URL={url} (set in {tmp_path / '.env'})" in ran.stderr
+    assert f"or take PREFECT_API_URL out of {tmp_path / '.env'} to run on a temporary" in ran.stderr
 
 
 @pytest.fixture
