@@ -46,10 +46,11 @@ def state_paths(state_dir: str | None) -> StatePaths:
 
 
 def registry(paths: StatePaths) -> Any:
-    """An MLflow client on the state's store (imported here: MLflow takes seconds to import)."""
-    from mlflow import MlflowClient
+    """An MLflow client on the state's store, its registry included (imported here: MLflow takes
+    seconds to import)."""
+    from storage.tracking import tracking_client
 
-    return MlflowClient(tracking_uri=paths.tracking_uri)
+    return tracking_client(paths)
 
 
 def model_row(db: Path, client: Any, model: ResolvedModel) -> LineageRow:

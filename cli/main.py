@@ -19,10 +19,20 @@ from typing import Any
 
 import yaml
 
-from cli.environment import prepare_environment
-from cli.runs import MAX_RUNS, STATE_TYPES, command_path
-from host.threads import settle_process
-from storage.paths import StatePaths
+from cli.import_path import project_first
+
+# before any other package of the project is imported: a PYTHONPATH of another project's
+# `training` or `models` must not stand in for ours (cli/import_path.py)
+PUT_FIRST = project_first()
+
+from cli.environment import (  # noqa: E402
+    prepare_environment,
+    unused_mlflow_settings,
+    unused_result_settings,
+)
+from cli.runs import MAX_RUNS, STATE_TYPES, command_path  # noqa: E402
+from host.threads import settle_process  # noqa: E402
+from storage.paths import StatePaths  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -130,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
 def command(argv: list[str] | None) -> int:
     settle_process()  # before anything imports torch: its OpenMP runtime reads it at load
     args = _parser().parse_args(argv)
+    if PUT_FIRST is not None:
+        print(PUT_FIRST, file=sys.stderr)
     if args.state_dir is not None and not args.state_dir.strip():
         print(f"r1 {args.command}: --state-dir is empty; name a folder", file=sys.stderr)
         return 2
@@ -145,6 +157,7 @@ def command(argv: list[str] | None) -> int:
         from cli.watch import watch_command
 
         return watch_command(args.state_dir, args.flow_run_id)
+    shell = dict(os.environ)  # as the user's shell set it
     paths = prepare_environment(args.state_dir, create=False)  # a refused run touches nothing
     from storage.paths import StateFolderError
 
@@ -226,7 +239,17 @@ def command(argv: list[str] | None) -> int:
     except OSError as err:
         print(f"r1: state folder {paths.root}: cannot be made: {err}", file=sys.stderr)
         return 2
+    from cli.prefect_api import PrefectApiUnreachable, reported_to
+
+    try:  # a Prefect server that PREFECT_API_URL names answers (Prefect makes its home here)
+        reporting = reported_to()
+    except PrefectApiUnreachable as err:
+        print(f"r1: {err}", file=sys.stderr)
+        return 2
     show_logs()
+    unused = unused_mlflow_settings(paths, os.environ) + unused_result_settings(shell, paths)
+    for line in unused + ([reporting] if reporting else []):
+        logging.getLogger("cli.environment").info(line)
     from cli.prefect_server import EarlyServer
 
     server = EarlyServer.start(paths.prefect_home)  # comes up while the code below imports

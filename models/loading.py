@@ -6,6 +6,7 @@ to provide.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -43,11 +44,20 @@ def use_device(name: str) -> None:
     if name == "cuda" and not torch.cuda.is_available():
         raise DeviceError(
             "the profile says device: cuda, but torch sees no CUDA device here "
-            f"(torch {torch.__version__}); run it on a GPU machine or set device: cpu"
+            f"(torch {torch.__version__}{hidden_devices()}); run it on a GPU machine or set "
+            "device: cpu"
         )
     if name not in ("cpu", "cuda"):
         raise DeviceError(f"device {name!r}: expected cpu or cuda")
     _DEVICE["name"] = name
+
+
+def hidden_devices() -> str:
+    """`, CUDA_VISIBLE_DEVICES=...` where the environment sets it: a shell that hides the GPUs
+    (an empty value, or ids this machine does not have) makes a GPU machine look like one
+    without, and the variable is the thing to change."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "" if visible is None else f", CUDA_VISIBLE_DEVICES={visible!r} in the environment"
 
 
 def model_device() -> torch.device:

@@ -82,6 +82,9 @@ mlflow_port="$(choose_port R1_MLFLOW_UI R1_MLFLOW_PORT 5000)"
 
 export R1_STATE_DIR="$state"
 export PREFECT_HOME="$state/prefect"
+# the stage cache (persisted task results) in it, whatever the shell says (cli/environment.py)
+export PREFECT_RESULTS_LOCAL_STORAGE_PATH="$PREFECT_HOME/storage"
+export PREFECT_LOCAL_STORAGE_PATH="$PREFECT_HOME/storage"
 export PREFECT_API_URL="http://127.0.0.1:$port/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_SERVER_API_HOST=127.0.0.1

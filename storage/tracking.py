@@ -73,7 +73,8 @@ def alias_for(stage: str) -> str:
 
 
 def tracking_client(paths: StatePaths) -> MlflowClient:
-    return MlflowClient(tracking_uri=paths.tracking_uri)
+    """The state folder's store for runs and registry alike (never `MLFLOW_REGISTRY_URI`'s)."""
+    return MlflowClient(tracking_uri=paths.tracking_uri, registry_uri=paths.tracking_uri)
 
 
 TIMEOUT_ENV = "R1_MLFLOW_TIMEOUT"

@@ -47,6 +47,20 @@ def test_a_gpu_profile_without_a_gpu_is_refused_by_name():
     assert model_device() == torch.device("cpu")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_shell_that_hides_the_gpus_is_named_in_the_refusal(monkeypatch):
+    """A GPU machine whose shell sets `CUDA_VISIBLE_DEVICES=""` looks like one without GPUs:
+    the refusal names the variable, the thing to change (here, a machine without GPUs stands in
+    for it)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(DeviceError, match="CUDA_VISIBLE_DEVICES='' in the environment"):
+        use_device("cuda")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with pytest.raises(DeviceError) as refused:
+        use_device("cuda")
+    assert "CUDA_VISIBLE_DEVICES" not in str(refused.value)
+
+
 def cpu_cut() -> dict:
     """gpu-tiny at the micro profile's sizes and steps, on the CPU: its engines stay DeepSpeed
     (fp32, which the CPU runs), one worker each."""
