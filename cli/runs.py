@@ -113,8 +113,10 @@ class RunLine:
 
 
 def run_lines(client: Any, states: list[str], limit: int) -> list[RunLine]:
-    """The `limit` latest flow runs, newest first: those in `states`, or when none is given,
-    every run but the scheduled ones (the nightly evaluation's calendar)."""
+    """The `limit` latest flow runs, newest first by the time each line shows (when it started,
+    else when it was to start): those in `states`, or when none is given, every run but the
+    scheduled ones (the nightly evaluation's calendar). A run that started late (a scheduled run
+    the worker took days after its time) is where it started, not where it was due."""
     from prefect.client.schemas.filters import (
         FlowRunFilter,
         FlowRunFilterState,
@@ -127,7 +129,7 @@ def run_lines(client: Any, states: list[str], limit: int) -> list[RunLine]:
     types = [StateType(state.upper()) for state in wanted]
     state_filter = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=types)))
     runs = client.read_flow_runs(
-        flow_run_filter=state_filter, sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit
+        flow_run_filter=state_filter, sort=FlowRunSort.START_TIME_DESC, limit=limit
     )
     names = flow_names(client, runs)
     lines = []
