@@ -298,13 +298,15 @@ def record_evaluation(
     max_drop: dict[str, float],
     settings: dict[str, str],
 ) -> EvaluationVerdict:
-    """Append to the history with its settings, compare with the latest earlier evaluation of
-    the alias with the same settings (no verdict when there is none), publish the verdict, and
-    close the MLflow run (FAILED on a regression)."""
+    """Compare with the latest earlier evaluation of the alias with the same settings that did
+    not regress (no verdict when there is none), append to the history with its settings and
+    verdict, publish the verdict, and close the MLflow run (FAILED on a regression)."""
     alias = model.alias or ""
     client = tracking_client(paths)
     for name, value in settings.items():
         client.log_param(run_id, SETTINGS_PREFIX + name, value)
+    earlier = eval_history.earlier(paths.duckdb, model.name, alias, run_id)
+    verdict = judge(model, run_id, metrics, settings, earlier, max_drop)
     eval_history.append(
         paths.duckdb,
         model.name,
@@ -315,9 +317,8 @@ def record_evaluation(
         model.source_run_id,
         metrics,
         settings=settings,
+        verdict=verdict.outcome,
     )
-    earlier = eval_history.earlier(paths.duckdb, model.name, alias, run_id)
-    verdict = judge(model, run_id, metrics, settings, earlier, max_drop)
     get_run_logger().info("%s", verdict_line(verdict, max_drop))
     close_evaluation_run(client, verdict)
     create_markdown_artifact(
