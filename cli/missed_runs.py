@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from cli.failures import SKIPPED
 from cli.late_reports import RetryKeepingWorker
 
 # A scheduled run due longer ago than this, with a later one of its deployment due too, was
 # missed; runs due within it are on time (an interval schedule of a few seconds).
 MISSED_SECONDS = 60.0
-SKIPPED = "Skipped"  # the name of the Cancelled state a missed run ends in
 
 
 def due_at(flow_run: Any) -> datetime | None:

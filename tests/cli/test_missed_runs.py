@@ -1,6 +1,7 @@
 """The stack's worker, back after days away, on a real Prefect server: of the nightly runs that
 the schedule made meanwhile, it starts only the latest and ends the others Skipped, naming the
-run that takes their place; a run started by hand is never skipped. Before, Prefect's worker
+run that takes their place (and `r1 runs` says so under each); a run started by hand is never
+skipped. Before, Prefect's worker
 took every due run at once: five missed nights were five evaluations of the same model started
 together on the machine."""
 
@@ -15,8 +16,10 @@ from prefect.client.schemas.actions import DeploymentScheduleCreate, WorkPoolCre
 from prefect.client.schemas.schedules import CronSchedule
 from prefect.states import Scheduled
 
-from cli.missed_runs import SKIPPED
+from cli.failures import SKIPPED
+from cli.runs import Served, next_steps, run_lines
 from cli.worker import pool_worker
+from tests.operations.stack import ROOT
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -75,6 +78,12 @@ async def taken_and_states(due: list) -> tuple[list, dict]:
     return taken, states
 
 
+def listed(ids: set) -> list:
+    """`r1 runs`' lines of the runs `ids`."""
+    with get_client(sync_client=True) as client:
+        return [line for line in run_lines(client, [], 15) if line.id in ids]
+
+
 def test_a_worker_back_after_missed_nights_starts_only_the_latest():
     due, by_hand = asyncio.run(missed_nights())
     assert len(due) == NIGHTS
@@ -87,3 +96,11 @@ def test_a_worker_back_after_missed_nights_starts_only_the_latest():
         state = states[run.id]
         assert state.is_cancelled() and state.name == SKIPPED, state
         assert state.message.startswith("Skipped: due ") and str(latest.id) in state.message
+
+    lines = listed({str(run.id) for run in due[:-1]})
+    assert [line.state for line in lines] == [SKIPPED] * (NIGHTS - 1)
+    for line in lines:
+        said = " ".join(part.strip() for part in line.lines()[1:])
+        assert said.startswith("deployment evaluate-model/final-nightly due "), said
+        assert "while no worker took its pool's runs" in said and str(latest.id) in said
+    assert next_steps(lines, Served("http://127.0.0.1:4200/api", ROOT / "state")) == []
