@@ -20,6 +20,9 @@ RESUME = "Retry it to resume from its last checkpoint."
 AGAIN = "Run the same r1 run command again to resume it from its last checkpoint."
 # What tasks/resume.py says of a crashed run whose command, run again, resumed it: done with.
 RESUMED = "run again resumed it"
+# The name of the Cancelled state of a scheduled run that the worker skipped: due while no
+# worker took runs, with a later run of its deployment due too (cli/missed_runs.py).
+SKIPPED = "Skipped"
 # Prefect's own crash messages, each with what happened in the project's words beside it
 CRASHES = {
     "Execution was aborted by a termination signal.": (

@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cli.failures import WIDTH, failure_reason, reason_lines, retry_helps, settled
+from cli.failures import SKIPPED, WIDTH, failure_reason, reason_lines, retry_helps, settled
 from storage.paths import StatePaths
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -99,22 +99,36 @@ class RunLine:
     started: datetime | None
     reason: str = ""  # for a failed or crashed run: the stage that failed, and why
     deployed: bool = True  # False for a run `r1 run` started: Prefect cannot retry it
+    note: str = ""  # for a skipped run: when it was due and the run that took its place
 
     def lines(self) -> list[str]:
         """The run's line; its deployment on the next when the line would pass 80 columns
-        (`evaluate-model/final-nightly`), then the reason, each line indented under the run."""
+        (`evaluate-model/final-nightly`), then the reason or note, each line indented under the
+        run."""
         when = self.started.strftime("%m-%d %H:%M") if self.started else "-"
         head = f"{self.id}  {self.state:<10} {when:<11}"
         if len(f"{head} {self.source}") <= WIDTH:
             lines = [f"{head} {self.source}"]
         else:
             lines = [head.rstrip(), f"    deployment {self.source}"]
-        return lines + reason_lines(self.reason, "    ") if self.reason else lines
+        said = self.reason or self.note
+        return lines + reason_lines(said, "    ") if said else lines
+
+
+def skipped_note(run: Any) -> str:
+    """For a scheduled run the worker skipped (cli/missed_runs.py), what its state says: when
+    it was due and the run that took its place; nothing for any other run."""
+    state = run.state
+    if state is None or not state.is_cancelled() or state.name != SKIPPED:
+        return ""
+    return (state.message or "").removeprefix(f"{SKIPPED}: ")
 
 
 def run_lines(client: Any, states: list[str], limit: int) -> list[RunLine]:
-    """The `limit` latest flow runs, newest first: those in `states`, or when none is given,
-    every run but the scheduled ones (the nightly evaluation's calendar)."""
+    """The `limit` latest flow runs, newest first by the time each line shows (when it started,
+    else when it was to start): those in `states`, or when none is given, every run but the
+    scheduled ones (the nightly evaluation's calendar). A run that started late (a scheduled run
+    the worker took days after its time) is where it started, not where it was due."""
     from prefect.client.schemas.filters import (
         FlowRunFilter,
         FlowRunFilterState,
@@ -127,7 +141,7 @@ def run_lines(client: Any, states: list[str], limit: int) -> list[RunLine]:
     types = [StateType(state.upper()) for state in wanted]
     state_filter = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=types)))
     runs = client.read_flow_runs(
-        flow_run_filter=state_filter, sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit
+        flow_run_filter=state_filter, sort=FlowRunSort.START_TIME_DESC, limit=limit
     )
     names = flow_names(client, runs)
     lines = []
@@ -141,6 +155,7 @@ def run_lines(client: Any, states: list[str], limit: int) -> list[RunLine]:
                 run.start_time or run.expected_start_time,
                 failure_reason(client, run) if failed else "",
                 run.deployment_id is not None,
+                skipped_note(run),
             )
         )
     return lines

@@ -4,8 +4,10 @@ for a failure, which stage failed, why, and the commands that retry it.
 
 `prefect deployment run --watch` prints every event beside the logs (three per task run), and
 `prefect flow-run watch` replays a retried run's events from its first attempt and stops at that
-attempt's `Failed`. This reads the server's logs of the latest attempt only, every two seconds;
-a server that stops answering meanwhile is waited for (cli/outage.py).
+attempt's `Failed`. This reads the server's logs of the latest attempt only, every two seconds,
+each time those written since the newest line it has, less the time a line may take to reach the
+server (`LogCursor`): a run of tens of thousands of lines is not read whole at every poll. A
+server that stops answering meanwhile is waited for (cli/outage.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -24,6 +27,10 @@ from cli.runs import NoServer, Served, connect, unreachable
 POLL_SECONDS = 2.0
 STRAGGLER_SECONDS = 6.0  # a flow run's last lines reach the server as its process exits
 PAGE = 200  # logs the server returns at most per request
+# How long after it was written a log line may reach the server: Prefect's log handler sends a
+# process's lines in batches every 2 s, its last ones as it exits, the worker's from its own
+# process. Each poll reads again the lines written this long before the newest one read.
+LATE_LOG_SECONDS = 60.0
 
 
 def attempt_start(client: Any, flow_run_id: UUID) -> datetime | None:
@@ -36,25 +43,57 @@ def attempt_start(client: Any, flow_run_id: UUID) -> datetime | None:
     return max(scheduled) if scheduled else None
 
 
-def new_logs(client: Any, flow_run_id: UUID, since: datetime | None, seen: set) -> list[Any]:
-    """The run's logs from `since` on that `seen` does not hold yet (and adds them to it)."""
+@dataclass
+class LogCursor:
+    """Where the next read of a run's logs starts: at the latest attempt's start (`since`; None:
+    from the first line), or once lines have been read, `LATE_LOG_SECONDS` before the newest
+    of them, so that a line that reaches the server late is still found. `seen` holds the lines
+    read within that window, each by id with its time: none is shown twice."""
+
+    since: datetime | None
+    newest: datetime | None = None
+    seen: dict[Any, datetime] = field(default_factory=dict)
+
+    def start(self) -> datetime | None:
+        """The time the next read starts from."""
+        if self.newest is None:
+            return self.since
+        window = self.newest - timedelta(seconds=LATE_LOG_SECONDS)
+        return window if self.since is None else max(self.since, window)
+
+    def take(self, logs: list[Any]) -> list[Any]:
+        """Those of `logs` not read before, noted as read; forgets the lines the next read no
+        longer reaches."""
+        found = [log for log in logs if log.id not in self.seen]
+        for log in found:
+            self.seen[log.id] = log.timestamp
+            if self.newest is None or log.timestamp > self.newest:
+                self.newest = log.timestamp
+        start = self.start()
+        if start is not None:
+            self.seen = {key: at for key, at in self.seen.items() if at >= start}
+        return found
+
+
+def new_logs(client: Any, flow_run_id: UUID, cursor: LogCursor) -> list[Any]:
+    """The run's logs from where `cursor` stands that it has not read yet (and notes them)."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
     from prefect.client.schemas.sorting import LogSort
 
     log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-    if since is not None:
-        log_filter.timestamp = LogFilterTimestamp(after_=since)
+    start = cursor.start()
+    if start is not None:
+        log_filter.timestamp = LogFilterTimestamp(after_=start)
     found, offset = [], 0
     while True:
         page = client.read_logs(
             log_filter=log_filter, sort=LogSort.TIMESTAMP_ASC, limit=PAGE, offset=offset
         )
-        found += [log for log in page if log.id not in seen]
+        found += page
         offset += len(page)
         if len(page) < PAGE:
             break
-    seen.update(log.id for log in found)
-    return found
+    return cursor.take(found)
 
 
 def log_text(log: Any) -> str:
@@ -77,13 +116,13 @@ def follow(
     for a while is waited for."""
     ask = outage.call if outage is not None else _at_once
     since = ask(lambda: attempt_start(client, flow_run_id))
-    seen: set = set()
+    cursor = LogCursor(since)
     shown_state = None
     while True:
         run, logs = ask(
             lambda: (
                 client.read_flow_run(flow_run_id),
-                new_logs(client, flow_run_id, since, seen),
+                new_logs(client, flow_run_id, cursor),
             )
         )
         for log in logs:
@@ -97,7 +136,7 @@ def follow(
     quiet_until = time.monotonic() + straggler_wait(run.state.timestamp)
     while time.monotonic() < quiet_until:
         nap(poll)
-        for log in ask(lambda: new_logs(client, flow_run_id, since, seen)):
+        for log in ask(lambda: new_logs(client, flow_run_id, cursor)):
             out(log_text(log))
     return run
 

@@ -4,8 +4,10 @@ when it stops: `python -m cli.worker --pool r1-local` (what `scripts/serve.sh` s
 `prefect worker start` (Prefect 3.8.8) turns its first SIGTERM into a SIGINT to itself, which an
 idle worker swallows: it goes on polling, and only a second SIGTERM ends it, by the SIGKILL the
 worker sends itself (checked here: still running 40 s after the first). This runs the same
-`ProcessWorker` (whose late report of a crash leaves a retried run alone: cli/late_reports.py)
-and, on the first SIGTERM or SIGINT, stops polling, closes its client and exits.
+`ProcessWorker` (whose late report of a crash leaves a retried run alone: cli/late_reports.py;
+which skips the scheduled runs missed while it was away, all but the latest of each deployment:
+cli/missed_runs.py) and, on the first SIGTERM or SIGINT, stops polling, closes its client and
+exits.
 
 A flow run that the worker started is a process in a session of its own (Prefect isolates it), so
 a signal to the worker's session does not reach it, and cancelling the worker's task group kills
@@ -35,6 +37,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import psutil
 
@@ -184,12 +187,19 @@ def query_interval_set() -> bool:
     return "query_seconds" in get_current_settings().worker.model_fields_set
 
 
+def pool_worker(pool: str) -> Any:
+    """The worker that serves `pool`: Prefect's process worker that leaves a retried run alone
+    (cli/late_reports.py) and skips the scheduled runs missed while none polled, all but the
+    latest of each deployment (cli/missed_runs.py)."""
+    from cli.missed_runs import MissedRunsWorker
+
+    return MissedRunsWorker(work_pool_name=pool)
+
+
 async def serve(pool: str, grace: float) -> None:
     """Poll `pool` for flow runs until a SIGTERM or SIGINT arrives; then end the flow runs this
     worker started (they end Crashed) and stop."""
     from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
-
-    from cli.late_reports import RetryKeepingWorker
 
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -210,7 +220,7 @@ async def serve(pool: str, grace: float) -> None:
     for line in await end_orphaned_runs(pool):
         print(line, flush=True)
     print(f"{READY} {pool}", flush=True)  # scripts/serve.sh waits for this line
-    worker = RetryKeepingWorker(work_pool_name=pool)
+    worker = pool_worker(pool)
     query = {} if query_interval_set() else {PREFECT_WORKER_QUERY_SECONDS: QUERY_SECONDS}
     try:
         with temporary_settings(query):

@@ -1,8 +1,9 @@
 """A scheduled evaluation's verdict: its figures against the latest earlier evaluation of the
-same alias with the same settings (evaluation/settings.py), the regressions beyond the allowed
-drop, and how they are shown (a markdown table for the Prefect artifact, one line for the flow
-run's log, one message for the failed flow run). Where no earlier evaluation has the same
-settings there is no verdict: what is shown names the settings that differ instead."""
+same alias with the same settings (evaluation/settings.py) that did not itself regress, the
+regressions beyond the allowed drop, and how they are shown (a markdown table for the Prefect
+artifact, one line for the flow run's log, one message for the failed flow run). Where no earlier
+evaluation has the same settings there is no verdict: what is shown names the settings that
+differ instead."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from evaluation.settings import Difference, differences, same_settings, set_aside
+from evaluation.settings import Difference, comparable, differences, same_settings, set_aside
 from storage.eval_history import Evaluation, regressions
 from storage.model_registry import RegisteredModel
 
@@ -39,6 +40,7 @@ class EvaluationVerdict:
     unlike_settings: list[Difference] = field(default_factory=list)
     set_aside: list[str] = field(default_factory=list)  # watched metrics left out of `previous`'s
     passed_over: int = 0  # later evaluations than `previous`, with other settings
+    regressed_since: int = 0  # later evaluations than `previous`, with its settings, that regressed
 
     @property
     def outcome(self) -> str:
@@ -78,9 +80,12 @@ def judge(
     max_drop: dict[str, float],
 ) -> EvaluationVerdict:
     """The verdict on an evaluation with `settings`, given the earlier evaluations of its alias
-    (newest first): regressions against the latest with the same settings (the general metrics
-    set aside where only their own settings differ), or no verdict when none has them."""
-    found = same_settings(settings, earlier)
+    (newest first): regressions against the latest with the same settings that did not regress
+    itself (the general metrics set aside where only their own settings differ), or no verdict
+    when none has them. A regression held against the evaluation before it would let the next
+    night's figures, as low, pass against it: the drop stays judged until figures that hold
+    against the baseline come back (or an evaluation with a larger `max_drop` accepts them)."""
+    found = baseline(settings, earlier)
     if found is None:
         latest = earlier[0] if earlier else None
         known = latest.settings if latest is not None else None
@@ -92,6 +97,7 @@ def judge(
     unlike = differences(previous.settings or {}, settings)  # general-only ones at most
     aside = set_aside(max_drop, unlike)
     judged = {metric: drop for metric, drop in max_drop.items() if metric not in aside}
+    regressed = sum(1 for e in earlier[:found] if comparable(e.settings, settings))
     return EvaluationVerdict(
         model,
         run_id,
@@ -101,8 +107,18 @@ def judge(
         settings=settings,
         unlike_settings=unlike,
         set_aside=aside,
-        passed_over=found,
+        passed_over=found - regressed,
+        regressed_since=regressed,
     )
+
+
+def baseline(settings: dict[str, str], earlier: list[Evaluation]) -> int | None:
+    """The index in `earlier` (newest first) of the evaluation to hold one with `settings` to:
+    the latest comparable one that did not regress (the latest comparable one where all did);
+    None when none is comparable."""
+    kept = [i for i, e in enumerate(earlier) if not e.regressed]
+    found = same_settings(settings, [earlier[i] for i in kept])
+    return kept[found] if found is not None else same_settings(settings, earlier)
 
 
 def artifact_key(alias: str) -> str:
@@ -150,6 +166,12 @@ def verdict_paragraph(verdict: EvaluationVerdict) -> list[str]:
         lines[0] += (
             f" The latest with the same settings: {verdict.passed_over} later evaluation(s) "
             "with other settings passed over."
+        )
+    if verdict.regressed_since:
+        lines[0] += (
+            f" {verdict.regressed_since} later evaluation(s) with the same settings regressed "
+            "against it and are passed over: a drop stays a regression until the figures hold "
+            "against this one again."
         )
     if verdict.set_aside:
         lines += ["", f"Not compared: {', '.join(verdict.set_aside)} ({changes(verdict)})."]

@@ -131,10 +131,13 @@ status() {
   echo "state:      $state"
 }
 
-# start_one NAME LOG COMMAND...: COMMAND in a session of its own, its output in LOG
+# start_one NAME LOG COMMAND...: COMMAND in a session of its own, its output in LOG; the log of
+# its previous start (what happened before a reboot or a stop: a crashed run's traceback in the
+# worker's) is kept as LOG.1, the one before it dropped
 start_one() {
   local name="$1" log="$2"
   shift 2
+  if [ -s "$log" ]; then mv -f "$log" "$log.1"; fi
   setsid "$@" > "$log" 2>&1 &
   echo $! > "$pids/$name"
 }

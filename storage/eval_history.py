@@ -1,9 +1,11 @@
 """Evaluation history: every evaluation of a registered model, one row per metric, in DuckDB.
 
 A scheduled evaluation of `models:/NAME@ALIAS` appends its figures here and compares them with
-the latest earlier evaluation of the same alias with the same settings (evaluation/settings.py),
-whichever version the alias pointed at then. The settings are kept in `eval_settings`, one row per
-setting; an evaluation recorded before they were has none there, and its settings are unknown.
+the latest earlier evaluation of the same alias with the same settings that did not regress
+(evaluation/verdict.py), whichever version the alias pointed at then. The settings are kept in
+`eval_settings`, one row per setting; an evaluation recorded before they were has none there, and
+its settings are unknown. Each evaluation's verdict is kept in `eval_verdicts` (`ok`,
+`regression`, `settings-differ`); one recorded before verdicts were has none there.
 Connections are opened and closed within each call (see storage/store.py).
 """
 
@@ -32,7 +34,13 @@ CREATE TABLE IF NOT EXISTS eval_settings (
     setting         VARCHAR NOT NULL,
     value           VARCHAR NOT NULL
 );
+CREATE TABLE IF NOT EXISTS eval_verdicts (
+    mlflow_run_id   VARCHAR NOT NULL, -- the evaluation run
+    verdict         VARCHAR NOT NULL  -- ok, regression or settings-differ
+);
 """
+TABLES = ("eval_history", "eval_settings", "eval_verdicts")  # each keyed by the evaluation run
+REGRESSION = "regression"  # the verdict of an evaluation that fell below the one it was held to
 
 # A drop larger than the allowance by less than this is rounding, not a regression.
 TOLERANCE = 1e-9
@@ -51,6 +59,12 @@ class Evaluation:
     source_run_id: str
     metrics: dict[str, float]
     settings: dict[str, str] | None = None  # None: recorded before settings were (unknown)
+    verdict: str | None = None  # None: recorded before verdicts were
+
+    @property
+    def regressed(self) -> bool:
+        """Whether it fell below the evaluation it was held to: no baseline for later ones."""
+        return self.verdict == REGRESSION
 
 
 def append(
@@ -64,9 +78,10 @@ def append(
     metrics: dict[str, float],
     evaluated_at: datetime | None = None,
     settings: dict[str, str] | None = None,
+    verdict: str | None = None,
 ) -> datetime:
-    """Store one evaluation's metrics and settings; a retry of the same run replaces its rows,
-    never doubles.
+    """Store one evaluation's metrics, settings and verdict; a retry of the same run replaces
+    its rows, never doubles.
 
     Returns the time recorded (now, in UTC, unless `evaluated_at` is given).
     """
@@ -77,7 +92,7 @@ def append(
     ]
     with connect(db, SCHEMA) as con:
         con.execute("BEGIN")
-        for table in ("eval_history", "eval_settings"):
+        for table in TABLES:
             con.execute(f"DELETE FROM {table} WHERE mlflow_run_id = ?", [mlflow_run_id])
         if rows:
             con.executemany("INSERT INTO eval_history VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
@@ -86,6 +101,8 @@ def append(
                 "INSERT INTO eval_settings VALUES (?, ?, ?)",
                 [[mlflow_run_id, name, value] for name, value in sorted(settings.items())],
             )
+        if verdict is not None:
+            con.execute("INSERT INTO eval_verdicts VALUES (?, ?)", [mlflow_run_id, verdict])
         con.execute("COMMIT")
     return when
 
@@ -132,7 +149,7 @@ def previous(
 
 def history(db: Path, model_name: str, alias: str | None = None) -> list[Evaluation]:
     """Every recorded evaluation of `model_name` (of one alias when given), oldest first, with
-    its settings (None where none were recorded)."""
+    its settings and verdict (None where none were recorded)."""
     with connect(db, SCHEMA) as con:
         rows = con.execute(
             """
@@ -152,6 +169,17 @@ def history(db: Path, model_name: str, alias: str | None = None) -> list[Evaluat
             """,
             [model_name],
         ).fetchall()
+        verdicts = dict(
+            con.execute(
+                """
+                SELECT mlflow_run_id, verdict FROM eval_verdicts
+                WHERE mlflow_run_id IN (
+                    SELECT mlflow_run_id FROM eval_history WHERE model_name = ?
+                )
+                """,
+                [model_name],
+            ).fetchall()
+        )
     recorded: dict[str, dict[str, str]] = {}
     for run_id, name, value in settings:
         recorded.setdefault(run_id, {})[name] = value
@@ -161,7 +189,16 @@ def history(db: Path, model_name: str, alias: str | None = None) -> list[Evaluat
         found = runs.setdefault(
             run_id,
             Evaluation(
-                at, model_name, run_alias, version, digest, run_id, source, {}, recorded.get(run_id)
+                at,
+                model_name,
+                run_alias,
+                version,
+                digest,
+                run_id,
+                source,
+                {},
+                recorded.get(run_id),
+                verdicts.get(run_id),
             ),
         )
         found.metrics[metric] = value

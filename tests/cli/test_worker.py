@@ -44,8 +44,8 @@ def test_the_messages_say_why_and_what_to_do():
 
 
 class Polling:
-    """The worker (cli/late_reports.py) where it starts polling: the interval it polls at (Prefect's
-    polling loop reads the setting there)."""
+    """The worker (cli/worker.py `pool_worker`) where it starts polling: the interval it polls at
+    (Prefect's polling loop reads the setting there)."""
 
     seen: list[float] = []
 
@@ -59,14 +59,13 @@ class Polling:
 
 
 def polling_interval(monkeypatch) -> float:
-    import cli.late_reports
     import cli.worker
 
     async def no_orphans(pool: str) -> list[str]:
         return []
 
     monkeypatch.setattr(cli.worker, "end_orphaned_runs", no_orphans)
-    monkeypatch.setattr(cli.late_reports, "RetryKeepingWorker", Polling)
+    monkeypatch.setattr(cli.worker, "pool_worker", Polling)
     monkeypatch.setattr(Polling, "seen", [])
     asyncio.run(cli.worker.serve("pool", grace=1.0))
     (seen,) = Polling.seen

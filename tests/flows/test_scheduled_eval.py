@@ -503,9 +503,13 @@ def test_without_a_model_the_profiles_final_model_is_evaluated(evaluations):
     from flows.evaluate_registered import evaluate_registered
 
     kwargs = {k: v for k, v in evaluations["kwargs"].items() if k != "model"}
-    result = evaluate_registered(**kwargs)  # profile micro: models:/r1-micro@final
-    assert result["model"] == URI
-    assert result["version"] == evaluations["versions"]["untrained"]
+    state = evaluate_registered(**kwargs, return_state=True)  # profile micro: r1-micro@final
+    # the untrained version again: still a regression against the good one, not held against
+    # its own regressed evaluation
+    versions = evaluations["versions"]
+    assert state.is_failed()
+    assert f"{URI} version {versions['untrained']} (this evaluation" in state.message
+    assert f"regressed against version {versions['good']}" in state.message
 
 
 @pytest.mark.heavy
