@@ -36,9 +36,10 @@ def end_failed(flow: Any, flow_run: Any, state: Any, stage: str, what: str) -> N
     """Failure and crash hook: end FAILED the MLflow runs of `flow_run` tagged `stage` still
     RUNNING (`what` they are), and give the reason in the flow run's own logs (`prefect
     flow-run logs <id>`), not only on stderr. After a crash the worker waits for it (Prefect
-    3.8.8 runs it in a process of its own) and then reports the crash a second time, which
-    overwrites a retry made before: so it loads only the stores' code (2.0 s and 288 MB in
-    all, against 6.6 s and 617 MB with the stages' code and torch, on two busy cores)."""
+    3.8.8 runs it in a process of its own) before it reports the crash a second time (which
+    leaves a retry made meanwhile alone: cli/late_reports.py), so it loads only the stores'
+    code (2.0 s and 288 MB in all, against 6.6 s and 617 MB with the stages' code and torch,
+    on two busy cores)."""
     from prefect.logging.loggers import flow_run_logger
 
     from storage.paths import StatePaths

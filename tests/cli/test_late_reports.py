@@ -4,6 +4,7 @@ a run retried before it stays retried, and a run nobody marked still ends Crashe
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -41,56 +42,87 @@ def test_no_retry_without_an_ending_then_a_schedule_after_the_worker_took_the_ru
     assert not retried_since(earlier, T0 + timedelta(seconds=3))
 
 
-@pytest.fixture
-def flow_run(prefect_server):
-    """A flow run as the worker took it (Scheduled), then Pending and Running; the client."""
-    from prefect import flow, get_client
-    from prefect.states import Pending, Running, Scheduled
-
-    @flow
-    def noop() -> None:
-        pass
-
-    async def make():
-        async with get_client() as client:
-            run = await client.create_flow_run(noop, state=Scheduled())
-            taken = await client.read_flow_run(run.id)
-            for state in (Pending(), Running()):
-                await client.set_flow_run_state(run.id, state)
-            return taken
-
-    return asyncio.run(make())
+# ---- through the worker's own path, against a real Prefect server -----------------------------
 
 
-def late_report(flow_run, *then) -> StateType:
-    """Set the run's states `then` (forced, as `prefect flow-run retry` does), make the worker's
-    report of the crash the run was taken for, and return the state the run is left in."""
+def attempt(killed: tuple = (), meanwhile: tuple = (), before: tuple = ()) -> StateType:
+    """A deployment's flow run (with `before` set on it first: an earlier attempt) taken by
+    the worker in one poll (`get_and_submit_flow_runs`, what its `start` loops on) and run by a
+    stand-in for the process worker's `run` that does what Prefect's runner does to a process
+    killed mid-run: Running, then the states `killed` (the runner's Crashed, which it may fail
+    to set), then the states `meanwhile` (set while the crash hook runs: a user's retry, the
+    worker taking the retry) before it returns the process's exit status, -9, to the worker,
+    whose late report follows. The state the run is left in."""
     from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.states import Running
+    from prefect.workers.process import ProcessWorkerResult
 
-    async def report() -> StateType:
+    pool = f"late-{uuid.uuid4().hex[:8]}"
+
+    async def run() -> StateType:
         async with get_client() as client:
-            for state in then:
-                await client.set_flow_run_state(flow_run.id, state, force=True)
-            worker = RetryKeepingWorker(work_pool_name="late-reports")
-            await worker._propose_crashed_state(flow_run, "exit -9", client=client)
-            return (await client.read_flow_run(flow_run.id)).state.type
+            await client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+            flow_id = await client.create_flow_from_name("late-report")
+            deployment = await client.create_deployment(
+                flow_id=flow_id, name=pool, work_pool_name=pool
+            )
+            made = await client.create_flow_run_from_deployment(deployment)
+            for state in before:
+                await client.set_flow_run_state(made.id, state, force=True)
+        worker = RetryKeepingWorker(work_pool_name=pool)
 
-    return asyncio.run(report())
+        async def killed_process(flow_run, configuration, task_status=None):
+            if task_status is not None:
+                task_status.started(4242)
+            for state in (Running(), *killed, *meanwhile):
+                await worker.client.set_flow_run_state(flow_run.id, state, force=True)
+            return ProcessWorkerResult(status_code=-9, identifier="4242")
+
+        worker.run = killed_process
+        async with worker:
+            await worker.sync_with_backend()
+            (taken,) = await worker.get_and_submit_flow_runs()  # one poll, as `start` polls
+        assert taken.id == made.id
+        async with get_client() as client:
+            return (await client.read_flow_run(made.id)).state.type
+
+    return asyncio.run(run())
 
 
-def test_a_retry_sent_before_the_workers_report_is_kept(flow_run):
-    from prefect.states import Crashed, Scheduled
+def crashed() -> tuple:
+    from prefect.states import Crashed
 
-    retry = Scheduled(message="Retried via CLI")  # what `prefect flow-run retry` sets
-    assert late_report(flow_run, Crashed(message="killed"), retry) == StateType.SCHEDULED
-
-
-def test_a_retry_already_running_again_is_kept(flow_run):
-    from prefect.states import Crashed, Pending, Running, Scheduled
-
-    again = (Crashed(message="killed"), Scheduled(message="Retried via CLI"), Pending(), Running())
-    assert late_report(flow_run, *again) == StateType.RUNNING
+    return (Crashed(message="Process exited with status code: -9."),)
 
 
-def test_a_run_left_running_by_its_killed_process_is_reported_crashed(flow_run):
-    assert late_report(flow_run) == StateType.CRASHED
+def retry() -> tuple:
+    from prefect.states import Scheduled
+
+    return (Scheduled(message="Retried via CLI"),)  # what `prefect flow-run retry` sets
+
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def test_a_retry_sent_before_the_workers_report_is_kept():
+    assert attempt(killed=crashed(), meanwhile=retry()) == StateType.SCHEDULED
+
+
+def test_a_retry_already_running_again_is_kept():
+    from prefect.states import Pending, Running
+
+    again = (*retry(), Pending(), Running())
+    assert attempt(killed=crashed(), meanwhile=again) == StateType.RUNNING
+
+
+def test_a_crash_with_no_retry_is_reported():
+    assert attempt(killed=crashed()) == StateType.CRASHED
+
+
+def test_an_attempt_its_runner_left_running_is_reported_crashed_after_an_earlier_retry():
+    """The run crashed and was retried once before this attempt, whose process died with no
+    Crashed set by the runner: the late report is what ends it."""
+    from prefect.states import Running
+
+    assert attempt(before=(Running(), *crashed(), *retry())) == StateType.CRASHED
