@@ -29,7 +29,7 @@ NIGHTS = 5
 
 @flow(name="evaluate-model")
 def nightly() -> None:
-    pass
+    """A flow of the nightly evaluation's name: its runs are made here, never run."""
 
 
 async def missed_nights() -> tuple[list, object]:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 
 @flow(name="evaluate-model")
 def nightly() -> None:
-    pass
+    """A flow of the nightly evaluation's name: its runs are made here, never run."""
 
 
 def test_runs_are_listed_by_when_they_started_newest_first():

@@ -23,7 +23,7 @@ POLLS = 4  # polls while the run is Running
 
 @flow(name="chatty")
 def chatty() -> None:
-    pass
+    """A flow whose run's logs are written here through the client, never run."""
 
 
 def write_lines(client, run_id: UUID, times: list[datetime], first: int = 0) -> None:
