@@ -92,7 +92,14 @@ class StatePaths:
 
     def check_makeable(self) -> None:
         """Raise StateFolderError, making nothing, where the folder cannot be made or used: a
-        file stands at its path or on the way to it, or a name on the way is too long."""
+        file stands at its path or on the way to it, a name on the way is too long, or its path
+        holds a `?`, which ends the MLflow store's path in its SQLite URI (the store would be made
+        in another folder, cut at the `?`)."""
+        if "?" in str(self.root):
+            raise StateFolderError(
+                f"state folder {self.root}: its path holds '?', which MLflow's store address "
+                "(sqlite:///PATH) cannot carry: name a folder without it"
+            )
         for part in (self.root, *self.root.parents):
             if len(part.name.encode()) > _NAME_MAX:
                 raise StateFolderError(f"state folder {self.root}: the name {part.name[:40]!r}... "

@@ -140,6 +140,9 @@ def test_the_command_line_refuses_before_anything_is_made(tmp_path, capsys, monk
     assert f"lies under a file, {a_file}" in capsys.readouterr().err
     assert main([*run, str(tmp_path / ("x" * 300))]) == 2
     assert "is over 255 bytes" in capsys.readouterr().err
+    assert main([*run, str(tmp_path / "runs?v2")]) == 2  # the store would be made in `runs`
+    assert "its path holds '?'" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "runs?v2").exists()
     assert main([*run, str(tmp_path / "s"), "--set", "faults.fail_once_at=nope"]) == 2
     assert "runs no stage 'nope'" in capsys.readouterr().err
     monkeypatch.setenv("R1_DUCKDB_LOCK_WAIT", "abc")
